@@ -1,0 +1,155 @@
+#define _GNU_SOURCE
+#include "rmq_mmap.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+int64_t rmq_page_size(void) { return (int64_t)sysconf(_SC_PAGESIZE); }
+
+static int map_fd(rmq_map_t *m) {
+    int prot = m->readonly ? PROT_READ : PROT_READ | PROT_WRITE;
+    if (m->size == 0) { m->base = NULL; return 0; }
+    void *p = mmap(NULL, (size_t)m->size, prot, MAP_SHARED, m->fd, 0);
+    if (p == MAP_FAILED) return -errno;
+    m->base = (char *)p;
+    return 0;
+}
+
+int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t *m) {
+    struct stat st;
+    int ro = (flags & RMQ_READONLY) != 0;
+    int oflags = ro ? O_RDONLY : O_RDWR;
+    int created = 0, rc;
+    m->fd = -1; m->base = NULL; m->size = 0; m->readonly = ro;
+    if (size < 0) return -EINVAL;
+    int fd = open(path, oflags | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT && (flags & RMQ_CREATE) && !ro && size > 0) {
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+        created = 1;
+    }
+    if (fd < 0) return -errno;
+    if (created) {
+        /* Reserve the blocks now so a full disk fails here, not as SIGBUS later. */
+        rc = posix_fallocate(fd, 0, (off_t)size);
+        if (rc == EOPNOTSUPP || rc == EINVAL) rc = ftruncate(fd, (off_t)size) ? errno : 0;
+        if (rc) { close(fd); unlink(path); return -rc; }
+    }
+    if (fstat(fd, &st)) { rc = -errno; close(fd); return rc; }
+    if (size > 0 && st.st_size != size) { close(fd); return RMQ_ESIZE; }
+    m->fd = fd;
+    m->size = st.st_size;
+    rc = map_fd(m);
+    if (rc) { close(fd); m->fd = -1; m->size = 0; }
+    return rc;
+}
+
+int rmq_map_grow(rmq_map_t *m, int64_t new_size) {
+    if (m->readonly || new_size < m->size) return -EINVAL;
+    if (new_size == m->size) return 0;
+    int rc = posix_fallocate(m->fd, 0, (off_t)new_size);
+    if (rc == EOPNOTSUPP || rc == EINVAL) rc = ftruncate(m->fd, (off_t)new_size) ? errno : 0;
+    if (rc) return -rc;
+    if (m->base == NULL) { m->size = new_size; return map_fd(m); }
+    void *p = mremap(m->base, (size_t)m->size, (size_t)new_size, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED) return -errno;
+    m->base = (char *)p;
+    m->size = new_size;
+    return 0;
+}
+
+/* Clamp [off, off+len) to the mapping and widen it to whole pages. */
+static int page_range(rmq_map_t *m, int64_t off, int64_t len, char **start, size_t *n) {
+    int64_t ps = rmq_page_size();
+    if (off < 0 || len < 0 || m->base == NULL) return -EINVAL;
+    if (off > m->size) off = m->size;
+    if (len > m->size - off) len = m->size - off;
+    int64_t a = off - off % ps;
+    *start = m->base + a;
+    *n = (size_t)(off + len - a);
+    return 0;
+}
+
+int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len) {
+    char *s; size_t n;
+    if (m->readonly) return 0;
+    int rc = page_range(m, off, len, &s, &n);
+    if (rc) return rc;
+    if (n == 0) return 0;
+    return msync(s, n, MS_SYNC) ? -errno : 0;
+}
+
+int rmq_map_advise(rmq_map_t *m, int64_t off, int64_t len, int advice) {
+    static const int table[] = {MADV_NORMAL, MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED};
+    char *s; size_t n;
+    if (advice < 0 || advice > 3) return -EINVAL;
+    int rc = page_range(m, off, len, &s, &n);
+    if (rc) return rc;
+    if (n == 0) return 0;
+    return madvise(s, n, table[advice]) ? -errno : 0;
+}
+
+int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t len, int write) {
+    char *s; size_t n;
+    int64_t ps = rmq_page_size();
+    int rc = page_range(m, off, len, &s, &n);
+    if (rc) return rc;
+    if (n == 0) return 0;
+    write = write && !m->readonly;
+    if (madvise(s, n, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) return 0;
+    /* Older kernels: touch one byte a page (the caller owns these pages alone). */
+    volatile char *p = s;
+    for (size_t i = 0; i < n; i += (size_t)ps) {
+        char c = p[i];
+        if (write) p[i] = c;
+    }
+    return 0;
+}
+
+int rmq_map_close(rmq_map_t *m) {
+    int rc = 0;
+    if (m->base && munmap(m->base, (size_t)m->size)) rc = -errno;
+    m->base = NULL;
+    m->size = 0;
+    if (m->fd >= 0 && close(m->fd) && rc == 0) rc = -errno;
+    m->fd = -1;
+    return rc;
+}
+
+int32_t rmq_java_hash(const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s, *end = p + n;
+    uint32_t h = 0;
+    while (p < end) {
+        uint32_t c = *p, need = 0, min = 0;
+        if (c < 0x80) { p++; h = 31 * h + c; continue; }
+        if ((c & 0xE0) == 0xC0) { need = 1; c &= 0x1F; min = 0x80; }
+        else if ((c & 0xF0) == 0xE0) { need = 2; c &= 0x0F; min = 0x800; }
+        else if ((c & 0xF8) == 0xF0) { need = 3; c &= 0x07; min = 0x10000; }
+        else { p++; h = 31 * h + 0xFFFD; continue; }
+        const unsigned char *q = p + 1;
+        uint32_t k;
+        for (k = 0; k < need && q < end && (*q & 0xC0) == 0x80; k++, q++) c = (c << 6) | (*q & 0x3F);
+        if (k < need || c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) {
+            h = 31 * h + 0xFFFD;
+            p = q > p + 1 ? q : p + 1;
+            continue;
+        }
+        p = q;
+        if (c >= 0x10000) {
+            c -= 0x10000;
+            h = 31 * h + (0xD800 + (c >> 10));
+            h = 31 * h + (0xDC00 + (c & 0x3FF));
+        } else {
+            h = 31 * h + c;
+        }
+    }
+    return (int32_t)h;
+}

@@ -1,0 +1,39 @@
+/* C mmap layer: fixed-size shared file mappings. Every call returns 0 or -errno
+ * (or RMQ_ESIZE) and never touches Python objects, so callers may hold no GIL. */
+#ifndef RMQ_MMAP_H
+#define RMQ_MMAP_H
+#include <stdint.h>
+#include <stddef.h>
+
+#define RMQ_CREATE   1   /* create the file at `size` if it does not exist */
+#define RMQ_READONLY 2   /* PROT_READ mapping of an O_RDONLY descriptor */
+#define RMQ_ESIZE    (-100000)  /* file exists with a size other than the one asked for */
+
+#define RMQ_ADV_NORMAL     0
+#define RMQ_ADV_SEQUENTIAL 1
+#define RMQ_ADV_WILLNEED   2
+#define RMQ_ADV_DONTNEED   3
+
+typedef struct {
+    int fd;
+    char *base;      /* NULL when size == 0 */
+    int64_t size;    /* bytes mapped == file size as fstat saw it */
+    int readonly;
+} rmq_map_t;
+
+/* size > 0: the file must be exactly `size` bytes (created so with RMQ_CREATE);
+ * size == 0: map the file as fstat finds it. `mode` applies to a created file. */
+int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t *m);
+int rmq_map_grow(rmq_map_t *m, int64_t new_size);
+int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len);
+int rmq_map_advise(rmq_map_t *m, int64_t off, int64_t len, int advice);
+/* Fault pages of [off, off+len) in; with `write`, for pages nobody else writes yet. */
+int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t len, int write);
+int rmq_map_close(rmq_map_t *m);
+int64_t rmq_page_size(void);
+
+/* Java String.hashCode() of UTF-8 bytes taken as UTF-16 code units (surrogate pairs
+ * for non-BMP characters, U+FFFD for malformed input, as Java's decoder does). */
+int32_t rmq_java_hash(const char *s, size_t n);
+
+#endif

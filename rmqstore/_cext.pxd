@@ -1,0 +1,31 @@
+# C declarations of cext/: every call is nogil and returns 0 or -errno.
+from libc.stdint cimport int16_t, int32_t, int64_t
+
+cdef extern from "rmq_endian.h" nogil:
+    int16_t rmq_ld16(const char *p)
+    int32_t rmq_ld32(const char *p)
+    int64_t rmq_ld64(const char *p)
+    void rmq_st16(char *p, int16_t x)
+    void rmq_st32(char *p, int32_t x)
+    void rmq_st64(char *p, int64_t x)
+
+cdef extern from "rmq_mmap.h" nogil:
+    int RMQ_CREATE
+    int RMQ_READONLY
+    int RMQ_ESIZE
+    ctypedef struct rmq_map_t:
+        int fd
+        char *base
+        int64_t size
+        int readonly
+    int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t *m)
+    int rmq_map_grow(rmq_map_t *m, int64_t new_size)
+    int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t length)
+    int rmq_map_advise(rmq_map_t *m, int64_t off, int64_t length, int advice)
+    int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t length, int write)
+    int rmq_map_close(rmq_map_t *m)
+    int64_t rmq_page_size()
+    int32_t rmq_java_hash(const char *s, size_t n)
+
+cdef extern from "zlib.h" nogil:
+    unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int length)

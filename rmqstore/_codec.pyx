@@ -1,0 +1,851 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""RocketMQ commitlog record codec: encode straight into a mapped segment, decode one
+record into a MessageExt or a byte range into columns. Every length read from disk is
+checked against what remains before it is used."""
+cimport cython
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from libc.string cimport memcpy, memchr, memset
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint32_t
+import numpy as np
+cimport numpy as cnp
+from rmqstore._cext cimport *
+from rmqstore._segment cimport MappedSegment
+from rmqstore.errors import CorruptRecordError, MessageTooLargeError, InvalidArgumentError, StoreClosedError
+
+cnp.import_array()
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+
+MAGIC_V1 = -626843481
+MAGIC_V2 = -626843477
+BLANK_MAGIC = -875286124
+cdef int32_t C_MAGIC_V1 = -626843481
+cdef int32_t C_MAGIC_V2 = -626843477
+cdef int32_t C_BLANK = -875286124
+
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED = 0x4
+TRANSACTION_COMMIT = 0x8
+TRANSACTION_ROLLBACK = 0xC
+SYSFLAG_BORNHOST_V6 = 0x10
+SYSFLAG_STOREHOST_V6 = 0x20
+cdef int32_t BORN_V6 = 0x10, STORE_V6 = 0x20
+
+# Decoder status codes, translated to exceptions in one place (record_error).
+cdef enum:
+    REC_OK = 0
+    REC_END = 1          # TOTALSIZE 0: end of written data
+    REC_BLANK = 2        # BLANK end-of-file record
+    REC_SHORT = -1       # fewer bytes left than the record claims / than a header needs
+    REC_MAGIC = -2       # unknown MAGICCODE
+    REC_SIZE = -3        # TOTALSIZE out of range
+    REC_FIELDS = -4      # field lengths do not add up to TOTALSIZE
+    REC_CRC = -5         # BODYCRC mismatch
+
+_REASONS = {REC_SHORT: "truncated record", REC_MAGIC: "bad magic code", REC_SIZE: "bad total size",
+            REC_FIELDS: "field lengths do not add up to the total size", REC_CRC: "body CRC mismatch"}
+
+cdef struct RecView:
+    int32_t total
+    int32_t magic
+    int32_t body_crc
+    int32_t queue_id
+    int32_t flag
+    int64_t queue_offset
+    int64_t phy_offset
+    int32_t sys_flag
+    int64_t born_ts
+    int32_t born_off      # relative to the record start
+    int32_t born_len      # address bytes, 4 or 16 (port follows)
+    int64_t store_ts
+    int32_t store_off
+    int32_t store_len
+    int32_t reconsume
+    int64_t prepared
+    int32_t body_off
+    int32_t body_len
+    int32_t topic_off
+    int32_t topic_len
+    int32_t props_off
+    int32_t props_len
+
+
+cdef inline int parse_record(const char *p, int64_t avail, bint check_crc, RecView *r) noexcept nogil:
+    """Validate and index the record at p (avail bytes readable). Pure C, no allocation."""
+    cdef int64_t pos
+    cdef int64_t i
+    if avail < 8:
+        for i in range(avail):
+            if p[i] != 0:
+                return REC_SHORT
+        return REC_END
+    r.total = rmq_ld32(p)
+    r.magic = rmq_ld32(p + 4)
+    if r.total == 0:
+        return REC_END
+    if r.magic == C_BLANK:
+        return REC_BLANK if 8 <= r.total <= avail else REC_SIZE
+    if r.magic != C_MAGIC_V1 and r.magic != C_MAGIC_V2:
+        return REC_MAGIC
+    if r.total < 0 or r.total > avail:
+        return REC_SIZE if r.total < 0 else REC_SHORT
+    if r.total < 91:
+        return REC_SIZE
+    r.body_crc = rmq_ld32(p + 8)
+    r.queue_id = rmq_ld32(p + 12)
+    r.flag = rmq_ld32(p + 16)
+    r.queue_offset = rmq_ld64(p + 20)
+    r.phy_offset = rmq_ld64(p + 28)
+    r.sys_flag = rmq_ld32(p + 36)
+    r.born_ts = rmq_ld64(p + 40)
+    r.born_off = 48
+    r.born_len = 16 if r.sys_flag & BORN_V6 else 4
+    pos = 48 + r.born_len + 4
+    r.store_len = 16 if r.sys_flag & STORE_V6 else 4
+    # fixed part up to BODYLEN: storeTs 8 + host + port 4 + reconsume 4 + prepared 8 + bodylen 4
+    if pos + 8 + r.store_len + 4 + 4 + 8 + 4 > r.total:
+        return REC_FIELDS
+    r.store_ts = rmq_ld64(p + pos)
+    r.store_off = <int32_t>(pos + 8)
+    pos += 8 + r.store_len + 4
+    r.reconsume = rmq_ld32(p + pos)
+    r.prepared = rmq_ld64(p + pos + 4)
+    r.body_len = rmq_ld32(p + pos + 12)
+    pos += 16
+    if r.body_len < 0 or r.body_len > r.total - pos:
+        return REC_FIELDS
+    r.body_off = <int32_t>pos
+    pos += r.body_len
+    if r.magic == C_MAGIC_V1:
+        if pos + 1 > r.total:
+            return REC_FIELDS
+        r.topic_len = <uint8_t>p[pos]   # 0..255; RocketMQ 4.x writes at most 127
+        pos += 1
+    else:
+        if pos + 2 > r.total:
+            return REC_FIELDS
+        r.topic_len = rmq_ld16(p + pos)
+        pos += 2
+    if r.topic_len < 0 or r.topic_len > r.total - pos:
+        return REC_FIELDS
+    r.topic_off = <int32_t>pos
+    pos += r.topic_len
+    if pos + 2 > r.total:
+        return REC_FIELDS
+    r.props_len = rmq_ld16(p + pos)
+    pos += 2
+    if r.props_len < 0 or pos + r.props_len != r.total:
+        return REC_FIELDS
+    r.props_off = <int32_t>pos
+    if check_crc and r.body_crc != body_crc(p + r.body_off, r.body_len):
+        return REC_CRC
+    return REC_OK
+
+
+cdef inline int32_t body_crc(const char *p, int64_t n) noexcept nogil:
+    cdef unsigned long c = crc32(0, NULL, 0)
+    while n > 0x40000000:
+        c = crc32(c, <const unsigned char *>p, 0x40000000)
+        p += 0x40000000
+        n -= 0x40000000
+    c = crc32(c, <const unsigned char *>p, <unsigned int>n)
+    return <int32_t>(c & 0x7FFFFFFF)
+
+
+def crc32_body(const unsigned char[:] data):
+    """BODYCRC as RocketMQ computes it: zlib CRC-32 & 0x7FFFFFFF."""
+    if data.shape[0] == 0:
+        return 0
+    return body_crc(<const char *>&data[0], data.shape[0])
+
+
+def java_hash(s):
+    """Java String.hashCode() of a str (or UTF-8 bytes), as a signed 32-bit int."""
+    cdef Py_ssize_t n
+    cdef const char *p
+    if isinstance(s, str):
+        p = PyUnicode_AsUTF8AndSize(s, &n)
+    elif isinstance(s, bytes):
+        p = PyBytes_AS_STRING(s)
+        n = PyBytes_GET_SIZE(s)
+    else:
+        raise TypeError(f"java_hash takes str or bytes, not {type(s).__name__}")
+    return rmq_java_hash(p, n)
+
+
+cdef int record_error(int code, int64_t offset) except -1:
+    raise CorruptRecordError(f"commitlog offset {offset}: {_REASONS.get(code, code)}", offset)
+
+
+# ---------------------------------------------------------------------------- hosts
+
+def pack_host(host):
+    """'ip:port' / '[v6]:port' / (ip, port) -> address bytes + big-endian port (8 or 20 bytes)."""
+    import ipaddress
+    if isinstance(host, (tuple, list)):
+        ip, port = host
+    else:
+        h = str(host).lstrip("/")
+        ip, sep, port = h.rpartition(":")
+        if not sep:
+            raise InvalidArgumentError(f"host {host!r} is not 'ip:port'")
+        ip = ip.strip("[]")
+    try:
+        addr = ipaddress.ip_address(ip)
+        port = int(port)
+    except ValueError as e:
+        raise InvalidArgumentError(f"host {host!r}: {e}") from None
+    if not 0 <= port <= 0x7FFFFFFF:
+        raise InvalidArgumentError(f"host {host!r}: port out of range")
+    return addr.packed + port.to_bytes(4, "big")
+
+
+cdef str format_host(const char *p, int32_t alen):
+    """Java InetSocketAddress style: a.b.c.d:port or [x:x:x:x:x:x:x:x]:port (no '::')."""
+    cdef const uint8_t *u = <const uint8_t *>p
+    cdef int32_t port = rmq_ld32(p + alen)
+    if alen == 4:
+        return f"{u[0]}.{u[1]}.{u[2]}.{u[3]}:{port}"
+    parts = [format((u[2 * i] << 8) | u[2 * i + 1], "x") for i in range(8)]
+    return f"[{':'.join(parts)}]:{port}"
+
+
+cdef str make_msg_id(const char *host, int32_t alen, int64_t offset):
+    cdef char buf[28]
+    memcpy(buf, host, alen + 4)
+    rmq_st64(buf + alen + 4, offset)
+    return PyBytes_FromStringAndSize(buf, alen + 12).hex().upper()
+
+
+def msg_id(bytes packed_store_host, int64_t offset):
+    """msgId of the record at ``offset`` stored by ``packed_store_host`` (see pack_host)."""
+    if len(packed_store_host) not in (8, 20):
+        raise InvalidArgumentError("store host must be packed as 8 or 20 bytes")
+    return make_msg_id(PyBytes_AS_STRING(packed_store_host), len(packed_store_host) - 4, offset)
+
+
+def parse_msg_id(str msg_id):
+    """msgId -> (packed store host, commitlog offset); raises InvalidArgumentError."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise InvalidArgumentError(f"msgId {msg_id!r} is not hexadecimal") from None
+    if len(raw) not in (16, 28):
+        raise InvalidArgumentError(f"msgId {msg_id!r} must be 32 or 56 hex digits")
+    n = len(raw) - 8
+    return raw[:n], int.from_bytes(raw[n:], "big", signed=True)
+
+
+# ---------------------------------------------------------------------------- properties
+
+cdef dict parse_properties(const char *p, int32_t n):
+    """RocketMQ string2messageProperties: name\\x01value pairs joined by \\x02; pairs with an
+    empty name or value are dropped, a trailing separator is allowed."""
+    cdef dict out = {}
+    cdef int32_t i = 0, j, k
+    while i < n:
+        j = i
+        while j < n and p[j] != b'\x02':
+            j += 1
+        k = i
+        while k < j and p[k] != b'\x01':
+            k += 1
+        if k > i and k < j - 1:
+            out[PyUnicode_DecodeUTF8(p + i, k - i, "replace")] = PyUnicode_DecodeUTF8(p + k + 1, j - k - 1, "replace")
+        i = j + 1
+    return out
+
+
+cdef int find_property(const char *p, int32_t n, const char *name, int32_t nlen,
+                       int32_t *voff, int32_t *vlen) noexcept nogil:
+    """Find property ``name`` (last one wins, like a map); 1 when found with a non-empty value."""
+    cdef int32_t i = 0, j, k
+    cdef int found = 0
+    while i < n:
+        j = i
+        while j < n and p[j] != b'\x02':
+            j += 1
+        k = i
+        while k < j and p[k] != b'\x01':
+            k += 1
+        if k - i == nlen and k < j - 1 and memcmp_(p + i, name, nlen):
+            voff[0] = k + 1
+            vlen[0] = j - k - 1
+            found = 1
+        i = j + 1
+    return found
+
+
+cdef inline bint memcmp_(const char *a, const char *b, int32_t n) noexcept nogil:
+    cdef int32_t i
+    for i in range(n):
+        if a[i] != b[i]:
+            return False
+    return True
+
+
+cdef inline int64_t tags_code_of(const char *props, int32_t plen) noexcept nogil:
+    """Consume-queue tags code: Java hashCode of the TAGS property (0 when absent)."""
+    cdef int32_t voff = 0, vlen = 0
+    if find_property(props, plen, b"TAGS", 4, &voff, &vlen):
+        return rmq_java_hash(props + voff, vlen)
+    return 0
+
+
+# ---------------------------------------------------------------------------- types
+
+cdef class Message:
+    """A message to put. ``tags`` and ``keys`` live in ``properties`` as TAGS / KEYS,
+    like RocketMQ's Message. ``sys_flag`` carries the transaction type and COMPRESSED."""
+    cdef public str topic
+    cdef public object body
+    cdef public dict properties
+    cdef public int32_t flag
+    cdef public int32_t sys_flag
+    cdef public int64_t born_timestamp
+    cdef public bytes born_host_packed
+    cdef public int32_t reconsume_times
+    cdef public int64_t prepared_transaction_offset
+
+    def __init__(self, str topic, body=b"", tags=None, keys=None, properties=None, *,
+                 int flag=0, int sys_flag=0, int64_t born_timestamp=0, born_host=None,
+                 int reconsume_times=0, int64_t prepared_transaction_offset=0, delay_level=None):
+        self.topic = topic
+        self.body = body
+        self.properties = dict(properties) if properties else {}
+        if tags is not None:
+            self.properties["TAGS"] = tags
+        if keys is not None:
+            self.properties["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
+        if delay_level:
+            self.properties["DELAY"] = str(int(delay_level))
+        self.flag = flag
+        self.sys_flag = sys_flag
+        self.born_timestamp = born_timestamp
+        self.born_host_packed = pack_host(born_host) if born_host is not None else None
+        self.reconsume_times = reconsume_times
+        self.prepared_transaction_offset = prepared_transaction_offset
+
+    @property
+    def tags(self):
+        return self.properties.get("TAGS")
+
+    @property
+    def keys(self):
+        return self.properties.get("KEYS", "").split()
+
+    def __repr__(self):
+        return f"Message(topic={self.topic!r}, body={len(self.body)} bytes, properties={self.properties!r})"
+
+
+cdef class PutResult:
+    """Where a put landed: commitlog offset and size, queue id/offset, store time."""
+    cdef readonly int64_t phy_offset
+    cdef readonly int32_t size
+    cdef readonly str topic
+    cdef readonly int32_t queue_id
+    cdef readonly int64_t queue_offset
+    cdef readonly int64_t store_timestamp
+    cdef bytes store_host
+
+    @property
+    def msg_id(self):
+        return make_msg_id(PyBytes_AS_STRING(self.store_host), PyBytes_GET_SIZE(self.store_host) - 4, self.phy_offset)
+
+    def __repr__(self):
+        return (f"PutResult(msg_id={self.msg_id!r}, phy_offset={self.phy_offset}, size={self.size}, "
+                f"topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset})")
+
+
+cdef class MessageExt:
+    """A stored message, decoded from its record. Numeric fields are parsed eagerly;
+    topic, body and properties are decoded from the record bytes on first access."""
+    cdef bytes _raw
+    cdef RecView r
+    cdef object _topic, _props, _body
+    cdef readonly int64_t store_offset   # where the record was read (== phy_offset when sane)
+
+    @property
+    def phy_offset(self): return self.r.phy_offset
+    @property
+    def commitlog_offset(self): return self.r.phy_offset
+    @property
+    def store_size(self): return self.r.total
+    @property
+    def magic(self): return self.r.magic
+    @property
+    def version(self): return 1 if self.r.magic == C_MAGIC_V1 else 2
+    @property
+    def body_crc(self): return self.r.body_crc
+    @property
+    def queue_id(self): return self.r.queue_id
+    @property
+    def flag(self): return self.r.flag
+    @property
+    def queue_offset(self): return self.r.queue_offset
+    @property
+    def sys_flag(self): return self.r.sys_flag
+    @property
+    def born_timestamp(self): return self.r.born_ts
+    @property
+    def store_timestamp(self): return self.r.store_ts
+    @property
+    def reconsume_times(self): return self.r.reconsume
+    @property
+    def prepared_transaction_offset(self): return self.r.prepared
+    @property
+    def transaction_type(self): return self.r.sys_flag & 0xC
+
+    @property
+    def born_host(self):
+        return format_host(PyBytes_AS_STRING(self._raw) + self.r.born_off, self.r.born_len)
+
+    @property
+    def store_host(self):
+        return format_host(PyBytes_AS_STRING(self._raw) + self.r.store_off, self.r.store_len)
+
+    @property
+    def store_host_packed(self):
+        return self._raw[self.r.store_off:self.r.store_off + self.r.store_len + 4]
+
+    @property
+    def msg_id(self):
+        return make_msg_id(PyBytes_AS_STRING(self._raw) + self.r.store_off, self.r.store_len, self.r.phy_offset)
+
+    @property
+    def topic(self):
+        if self._topic is None:
+            self._topic = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(self._raw) + self.r.topic_off, self.r.topic_len, "replace")
+        return self._topic
+
+    @property
+    def body(self):
+        if self._body is None:
+            self._body = self._raw[self.r.body_off:self.r.body_off + self.r.body_len]
+        return self._body
+
+    @property
+    def properties(self):
+        if self._props is None:
+            self._props = parse_properties(PyBytes_AS_STRING(self._raw) + self.r.props_off, self.r.props_len)
+        return self._props
+
+    @property
+    def properties_raw(self):
+        return self._raw[self.r.props_off:self.r.props_off + self.r.props_len]
+
+    @property
+    def tags(self): return self.properties.get("TAGS")
+    @property
+    def keys(self): return self.properties.get("KEYS", "").split()
+    @property
+    def uniq_key(self): return self.properties.get("UNIQ_KEY")
+    @property
+    def tags_code(self):
+        return tags_code_of(PyBytes_AS_STRING(self._raw) + self.r.props_off, self.r.props_len)
+
+    def raw(self):
+        """The whole record as stored."""
+        return self._raw
+
+    def __repr__(self):
+        return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset}, "
+                f"phy_offset={self.phy_offset}, size={self.store_size}, msg_id={self.msg_id!r})")
+
+
+cdef MessageExt build_ext(const char *p, RecView *r, int64_t store_offset):
+    cdef MessageExt m = MessageExt.__new__(MessageExt)
+    m._raw = PyBytes_FromStringAndSize(p, r.total)
+    m.r = r[0]
+    m.store_offset = store_offset
+    return m
+
+
+# ---------------------------------------------------------------------------- decode
+
+def decode_record(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc=False):
+    """Decode the record at file position ``pos`` of ``seg``, reading no further than
+    ``limit`` (the published write position). Returns a MessageExt, or a tuple
+    ("blank"|"end", size) at a BLANK record / end of data; raises CorruptRecordError."""
+    cdef RecView r
+    cdef int code
+    if limit > seg.m.size:
+        limit = seg.m.size
+    if pos < 0 or pos > limit:
+        raise InvalidArgumentError(f"{seg.path}: position {pos} outside 0..{limit}")
+    seg.check_range(pos, limit - pos)
+    code = parse_record(seg.m.base + pos, limit - pos, check_crc, &r)
+    if code == REC_OK:
+        return build_ext(seg.m.base + pos, &r, seg.base_offset + pos)
+    if code == REC_END:
+        return ("end", 0)
+    if code == REC_BLANK:
+        return ("blank", r.total)
+    record_error(code, seg.base_offset + pos)
+
+
+def decode_bytes(const unsigned char[:] data, int64_t offset=0, bint check_crc=False):
+    """Decode the record at the start of ``data`` (read from commitlog ``offset``)."""
+    cdef RecView r
+    cdef bytes b = bytes(data)
+    cdef int code = parse_record(PyBytes_AS_STRING(b), len(b), check_crc, &r)
+    if code == REC_OK:
+        return build_ext(PyBytes_AS_STRING(b), &r, offset)
+    if code in (REC_END, REC_BLANK):
+        raise CorruptRecordError(f"commitlog offset {offset}: no message here", offset)
+    record_error(code, offset)
+
+
+def scan_segment(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc):
+    """Walk records from ``pos`` with the GIL released. Returns (end_pos, count, status)
+    where status is "end" (zero TOTALSIZE / limit), "blank" (BLANK record: end_pos is the
+    file end) or the reason the record at end_pos is invalid."""
+    cdef RecView r
+    cdef int code = REC_END
+    cdef int64_t count = 0
+    cdef const char *base
+    if limit > seg.m.size:
+        limit = seg.m.size
+    seg.check_range(pos, limit - pos)
+    if not seg.hold():
+        raise StoreClosedError(f"{seg.path}: segment is closed")
+    base = seg.m.base
+    try:
+        with nogil:
+            while pos < limit:
+                code = parse_record(base + pos, limit - pos, check_crc, &r)
+                if code != REC_OK:
+                    break
+                pos += r.total
+                count += 1
+            if pos >= limit and code == REC_OK:
+                code = REC_END
+    finally:
+        seg.release()
+    if code == REC_BLANK:
+        return (pos + r.total, count, "blank")
+    if code == REC_END:
+        return (pos, count, "end")
+    return (pos, count, _REASONS[code])
+
+
+DISPATCH_DTYPE = np.dtype([("phy_offset", "<i8"), ("size", "<i4"), ("queue_id", "<i4"),
+                           ("queue_offset", "<i8"), ("sys_flag", "<i4"), ("tags_code", "<i8"),
+                           ("store_timestamp", "<i8"), ("topic_off", "<i4"), ("topic_len", "<i4"),
+                           ("props_off", "<i4"), ("props_len", "<i4")], align=False)
+
+
+def scan_dispatch(MappedSegment seg, int64_t pos, int64_t limit, int64_t max_records=1 << 30):
+    """Index the records in ``[pos, limit)`` for dispatch with the GIL released.
+
+    Returns (rows of DISPATCH_DTYPE, raw bytes of the records read, end_pos, status):
+    topic/props positions are relative to ``raw``; status is "end", "blank" (end_pos is
+    then the file end) or why the record at end_pos is invalid."""
+    cdef RecView r
+    cdef int code = REC_END
+    cdef int64_t n = 0, start = pos, end = pos
+    if limit > seg.m.size:
+        limit = seg.m.size
+    seg.check_range(pos, limit - pos)
+    if not seg.hold():
+        raise StoreClosedError(f"{seg.path}: segment is closed")
+    try:
+        with nogil:
+            while end < limit and n < max_records:
+                code = parse_record(seg.m.base + end, limit - end, False, &r)
+                if code != REC_OK:
+                    break
+                end += r.total
+                n += 1
+                code = REC_END
+        rows = np.empty(n, DISPATCH_DTYPE)
+        _dispatch_fill(seg.m.base + start, limit - start, n, rows, seg.base_offset + start)
+        raw = PyBytes_FromStringAndSize(seg.m.base + start, end - start)
+        if code == REC_BLANK:
+            return rows, raw, end + r.total, "blank"
+    finally:
+        seg.release()
+    return rows, raw, end, "end" if code == REC_END else _REASONS[code]
+
+
+cdef void _dispatch_fill(const char *base, int64_t avail, int64_t n, cnp.ndarray rows, int64_t phy) noexcept:
+    """Fill ``n`` rows from records already validated by the caller's first pass."""
+    cdef RecView r
+    cdef int64_t i, pos = 0
+    cdef char *row = <char *>cnp.PyArray_DATA(rows)
+    cdef const char *p
+    with nogil:
+        for i in range(n):
+            p = base + pos
+            parse_record(p, avail - pos, False, &r)
+            (<int64_t *>row)[0] = phy + pos
+            (<int32_t *>(row + 8))[0] = r.total
+            (<int32_t *>(row + 12))[0] = r.queue_id
+            (<int64_t *>(row + 16))[0] = r.queue_offset
+            (<int32_t *>(row + 24))[0] = r.sys_flag
+            (<int64_t *>(row + 28))[0] = tags_code_of(p + r.props_off, r.props_len)
+            (<int64_t *>(row + 36))[0] = r.store_ts
+            (<int32_t *>(row + 44))[0] = <int32_t>(pos + r.topic_off)
+            (<int32_t *>(row + 48))[0] = r.topic_len
+            (<int32_t *>(row + 52))[0] = <int32_t>(pos + r.props_off)
+            (<int32_t *>(row + 56))[0] = r.props_len
+            pos += r.total
+            row += 60
+
+
+BATCH_FIELDS = ("phy_offset", "store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
+                "sys_flag", "born_timestamp", "store_timestamp", "reconsume_times",
+                "prepared_transaction_offset", "tags_code", "born_port", "store_port")
+
+
+def decode_batch(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc=False, bint skip_corrupt=False):
+    """Decode every record in ``[pos, limit)`` of ``seg`` into columns (dict of numpy arrays).
+
+    Variable-length fields come Arrow-style: ``body_data`` (uint8, all bodies back to back)
+    with ``body_offsets`` (int64, n+1), and likewise ``topic_*`` and ``props_*``; hosts as
+    ``born_addr`` / ``store_addr`` (uint8 [n,16], IPv4 in the first 4 bytes; the sys_flag
+    bits say which) with ``*_port``. Bodies are copied exactly once. Stops at end of data or
+    a BLANK record. A corrupt record raises CorruptRecordError, or with ``skip_corrupt`` ends
+    the batch with ``corrupt_at`` set to its commitlog offset (else -1). ``end_pos`` is the
+    file position where decoding stopped; ``stop`` says why."""
+    cdef RecView r
+    cdef int code = REC_END
+    cdef int64_t n = 0, p = pos, body_total = 0, topic_total = 0, props_total = 0
+    if limit > seg.m.size:
+        limit = seg.m.size
+    seg.check_range(pos, limit - pos)
+    if not seg.hold():
+        raise StoreClosedError(f"{seg.path}: segment is closed")
+    try:
+        with nogil:
+            while p < limit:
+                code = parse_record(seg.m.base + p, limit - p, check_crc, &r)
+                if code != REC_OK:
+                    break
+                n += 1
+                body_total += r.body_len
+                topic_total += r.topic_len
+                props_total += r.props_len
+                p += r.total
+                code = REC_END
+        if code < 0 and not skip_corrupt:
+            record_error(code, seg.base_offset + p)
+        out = {name: np.empty(n, np.int64) for name in BATCH_FIELDS}
+        out.update(body_data=np.empty(body_total, np.uint8), topic_data=np.empty(topic_total, np.uint8),
+                   props_data=np.empty(props_total, np.uint8),
+                   body_offsets=np.empty(n + 1, np.int64), topic_offsets=np.empty(n + 1, np.int64),
+                   props_offsets=np.empty(n + 1, np.int64),
+                   born_addr=np.zeros((n, 16), np.uint8), store_addr=np.zeros((n, 16), np.uint8))
+        _fill_batch(seg.m.base + pos, limit - pos, n, out)
+        if code == REC_BLANK:
+            p += r.total
+    finally:
+        seg.release()
+    out["count"] = n
+    out["end_pos"] = p
+    out["corrupt_at"] = seg.base_offset + p if code < 0 else -1
+    out["stop"] = "blank" if code == REC_BLANK else ("end" if code == REC_END else _REASONS[code])
+    return out
+
+
+cdef void _fill_batch(const char *base, int64_t avail, int64_t n, dict out) except *:
+    """Second pass of decode_batch over ``n`` records the first pass validated."""
+    cdef RecView r
+    cdef int64_t i, pos = 0, bo = 0, to = 0, po = 0
+    cdef int64_t[::1] c_phy = out["phy_offset"], c_size = out["store_size"], c_magic = out["magic"]
+    cdef int64_t[::1] c_crc = out["body_crc"], c_qid = out["queue_id"], c_flag = out["flag"]
+    cdef int64_t[::1] c_qoff = out["queue_offset"], c_sys = out["sys_flag"], c_born = out["born_timestamp"]
+    cdef int64_t[::1] c_store = out["store_timestamp"], c_rec = out["reconsume_times"]
+    cdef int64_t[::1] c_prep = out["prepared_transaction_offset"], c_tags = out["tags_code"]
+    cdef int64_t[::1] c_bport = out["born_port"], c_sport = out["store_port"]
+    cdef int64_t[::1] o_body = out["body_offsets"], o_topic = out["topic_offsets"], o_props = out["props_offsets"]
+    cdef uint8_t[:, ::1] a_born = out["born_addr"], a_store = out["store_addr"]
+    cdef char *bd = <char *>cnp.PyArray_DATA(out["body_data"])
+    cdef char *td = <char *>cnp.PyArray_DATA(out["topic_data"])
+    cdef char *pd = <char *>cnp.PyArray_DATA(out["props_data"])
+    cdef const char *p
+    with nogil:
+        for i in range(n):
+            p = base + pos
+            parse_record(p, avail - pos, False, &r)
+            c_phy[i] = r.phy_offset
+            c_size[i] = r.total
+            c_magic[i] = r.magic
+            c_crc[i] = r.body_crc
+            c_qid[i] = r.queue_id
+            c_flag[i] = r.flag
+            c_qoff[i] = r.queue_offset
+            c_sys[i] = r.sys_flag
+            c_born[i] = r.born_ts
+            c_store[i] = r.store_ts
+            c_rec[i] = r.reconsume
+            c_prep[i] = r.prepared
+            c_tags[i] = tags_code_of(p + r.props_off, r.props_len)
+            c_bport[i] = rmq_ld32(p + r.born_off + r.born_len)
+            c_sport[i] = rmq_ld32(p + r.store_off + r.store_len)
+            memcpy(&a_born[i, 0], p + r.born_off, r.born_len)
+            memcpy(&a_store[i, 0], p + r.store_off, r.store_len)
+            o_body[i] = bo
+            o_topic[i] = to
+            o_props[i] = po
+            memcpy(bd + bo, p + r.body_off, r.body_len)
+            memcpy(td + to, p + r.topic_off, r.topic_len)
+            memcpy(pd + po, p + r.props_off, r.props_len)
+            bo += r.body_len
+            to += r.topic_len
+            po += r.props_len
+            pos += r.total
+        o_body[n] = bo
+        o_topic[n] = to
+        o_props[n] = po
+
+
+# ---------------------------------------------------------------------------- encode
+
+cdef Py_ssize_t props_length(dict props) except -1:
+    """Bytes of the properties string (4.9 layout: no trailing separator); validates it."""
+    cdef Py_ssize_t total = 0, kl, vl
+    cdef const char *kp
+    cdef const char *vp
+    for k, v in props.items():
+        if v is None:
+            continue
+        if type(k) is not str or type(v) is not str:
+            raise InvalidArgumentError(f"property {k!r}: names and values must be str")
+        kp = PyUnicode_AsUTF8AndSize(k, &kl)
+        vp = PyUnicode_AsUTF8AndSize(v, &vl)
+        if kl == 0 or memchr(kp, 1, kl) or memchr(kp, 2, kl) or memchr(vp, 1, vl) or memchr(vp, 2, vl):
+            raise InvalidArgumentError(f"property {k!r}: empty name or a \\x01/\\x02 separator inside")
+        total += kl + vl + 2
+    return total - 1 if total else 0
+
+
+cdef void write_properties(char *out, dict props) noexcept:
+    cdef Py_ssize_t kl, vl
+    cdef const char *kp
+    cdef const char *vp
+    cdef bint first = True
+    for k, v in props.items():
+        if v is None:
+            continue
+        kp = PyUnicode_AsUTF8AndSize(k, &kl)
+        vp = PyUnicode_AsUTF8AndSize(v, &vl)
+        if not first:
+            out[0] = 2
+            out += 1
+        first = False
+        memcpy(out, kp, kl)
+        out[kl] = 1
+        memcpy(out + kl + 1, vp, vl)
+        out += kl + 1 + vl
+
+
+def append_message(MappedSegment seg, Message msg, str topic, dict props, int32_t queue_id,
+                   int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
+                   int64_t max_size):
+    """Encode ``msg`` (with the given effective topic, properties and queue) at the segment's
+    write position. Returns a PutResult, or None when the record does not fit: then the
+    BLANK end-of-file record has been written and the caller rolls to a new segment."""
+    cdef Py_ssize_t tlen, blen, plen
+    cdef const char *tp = PyUnicode_AsUTF8AndSize(topic, &tlen)
+    cdef const char *bp
+    cdef Py_buffer view
+    cdef bint have_view = False
+    cdef bytes born = msg.born_host_packed if msg.born_host_packed is not None else store_host
+    cdef int32_t born_alen = len(born) - 4, store_alen = len(store_host) - 4
+    cdef int32_t sys_flag, crc
+    cdef int64_t total, room, wpos
+    cdef char *p
+    cdef PutResult res
+    if seg.m.readonly or seg.closing or seg.unmapped:
+        raise StoreClosedError(f"{seg.path}: segment not writable")
+    if (born_alen != 4 and born_alen != 16) or (store_alen != 4 and store_alen != 16):
+        raise InvalidArgumentError("hosts must be packed as 8 or 20 bytes")
+    if version == 1 and tlen > 255 or tlen > 32767:
+        raise InvalidArgumentError(f"topic of {tlen} bytes does not fit message version {version}")
+    plen = props_length(props)
+    if plen > 32767:
+        raise MessageTooLargeError(f"properties of {plen} bytes exceed 32767")
+    if PyBytes_CheckExact(msg.body):
+        bp = PyBytes_AS_STRING(msg.body)
+        blen = PyBytes_GET_SIZE(msg.body)
+    else:
+        PyObject_GetBuffer(msg.body, &view, PyBUF_SIMPLE)
+        have_view = True
+        bp = <const char *>view.buf
+        blen = view.len
+    try:
+        total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born_alen + 4 + 8 + store_alen + 4 + 4 + 8 \
+            + 4 + blen + (1 if version == 1 else 2) + tlen + 2 + plen
+        if total > max_size or total + 8 > seg.m.size:
+            raise MessageTooLargeError(
+                f"message of {total} bytes exceeds the limit ({min(max_size, seg.m.size - 8)} bytes)")
+        wpos = seg.wrote_pos
+        room = seg.m.size - wpos
+        p = seg.m.base + wpos
+        if total + 8 > room:
+            rmq_st32(p, <int32_t>room)
+            rmq_st32(p + 4, C_BLANK)
+            seg.wrote_pos = seg.m.size
+            return None
+        sys_flag = (msg.sys_flag & ~(BORN_V6 | STORE_V6)) | (BORN_V6 if born_alen == 16 else 0) \
+            | (STORE_V6 if store_alen == 16 else 0)
+        if blen >= 65536:
+            with nogil:
+                crc = body_crc(bp, blen)
+        else:
+            crc = body_crc(bp, blen)
+        rmq_st32(p, <int32_t>total)
+        rmq_st32(p + 4, C_MAGIC_V1 if version == 1 else C_MAGIC_V2)
+        rmq_st32(p + 8, crc)
+        rmq_st32(p + 12, queue_id)
+        rmq_st32(p + 16, msg.flag)
+        rmq_st64(p + 20, queue_offset)
+        rmq_st64(p + 28, seg.base_offset + wpos)
+        rmq_st32(p + 36, sys_flag)
+        rmq_st64(p + 40, msg.born_timestamp if msg.born_timestamp else store_ts)
+        p += 48
+        memcpy(p, PyBytes_AS_STRING(born), born_alen + 4)
+        p += born_alen + 4
+        rmq_st64(p, store_ts)
+        memcpy(p + 8, PyBytes_AS_STRING(store_host), store_alen + 4)
+        p += 8 + store_alen + 4
+        rmq_st32(p, msg.reconsume_times)
+        rmq_st64(p + 4, msg.prepared_transaction_offset)
+        rmq_st32(p + 12, <int32_t>blen)
+        p += 16
+        if blen >= 65536:
+            with nogil:
+                memcpy(p, bp, blen)
+        else:
+            memcpy(p, bp, blen)
+        p += blen
+        if version == 1:
+            p[0] = <char>tlen
+            p += 1
+        else:
+            rmq_st16(p, <int16_t>tlen)
+            p += 2
+        memcpy(p, tp, tlen)
+        p += tlen
+        rmq_st16(p, <int16_t>plen)
+        write_properties(p + 2, props)
+    finally:
+        if have_view:
+            PyBuffer_Release(&view)
+    seg.wrote_pos = wpos + total
+    seg.store_timestamp = store_ts
+    res = PutResult.__new__(PutResult)
+    res.phy_offset = seg.base_offset + wpos
+    res.size = <int32_t>total
+    res.topic = topic
+    res.queue_id = queue_id
+    res.queue_offset = queue_offset
+    res.store_timestamp = store_ts
+    res.store_host = store_host
+    return res

@@ -1,0 +1,182 @@
+# cython: boundscheck=False, wraparound=False
+"""A typed view over one fixed-size mapped file (a commitlog, consume-queue or index segment)."""
+from cpython.buffer cimport PyBuffer_FillInfo
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.string cimport memset, memcpy
+from libc.stdint cimport int64_t
+from rmqstore._cext cimport *
+from rmqstore.errors import raise_errno, StoreClosedError, CorruptStoreError
+
+
+cdef class MappedSegment:
+    """One file of ``size`` bytes mapped shared, named by ``base_offset``.
+
+    Positions: ``wrote_pos`` (bytes appended, published after the copy) >= ``flushed_pos``
+    (bytes known durable). Only the store's single writer moves ``wrote_pos``; readers
+    read below it without locks. Every access is checked against the mapped size, which
+    is what ``fstat`` reported at open time, so a short file can never be touched (no
+    SIGBUS). ``hold()``/``release()`` pin the mapping across GIL-free work; ``close()``
+    waits for the last pin and is refused while a zero-copy view is exported.
+    """
+
+    def __cinit__(self, path, int64_t base_offset, int64_t size, bint create=False,
+                  bint readonly=False, int mode=0o600):
+        cdef bytes bpath = str(path).encode()
+        cdef const char *cpath = bpath
+        cdef int flags = (RMQ_CREATE if create else 0) | (RMQ_READONLY if readonly else 0)
+        cdef int rc
+        self.m.fd = -1
+        self.m.base = NULL
+        self.path = str(path)
+        self.base_offset = base_offset
+        with nogil:
+            rc = rmq_map_open(cpath, size, flags, mode, &self.m)
+        if rc == RMQ_ESIZE:
+            raise CorruptStoreError(f"{self.path}: file size differs from the configured {size} bytes")
+        if rc:
+            raise_errno(-rc, self.path, "open/map")
+
+    def __dealloc__(self):
+        if not self.unmapped:
+            rmq_map_close(&self.m)
+
+    @property
+    def size(self):
+        return self.m.size
+
+    @property
+    def readonly(self):
+        return bool(self.m.readonly)
+
+    @property
+    def closed(self):
+        return self.closing or self.unmapped
+
+    cdef int check_range(self, int64_t pos, int64_t n) except -1:
+        if self.closing or self.unmapped:
+            raise StoreClosedError(f"{self.path}: segment is closed")
+        if pos < 0 or n < 0 or pos > self.m.size or n > self.m.size - pos:
+            raise IndexError(f"{self.path}: range [{pos}, {pos + n}) outside 0..{self.m.size}")
+        return 0
+
+    def read(self, int64_t pos, int64_t n):
+        """Copy ``n`` bytes at ``pos`` (file-relative) out of the mapping."""
+        self.check_range(pos, n)
+        return PyBytes_FromStringAndSize(self.m.base + pos, n)
+
+    def write(self, int64_t pos, const unsigned char[:] data):
+        """Copy ``data`` into the mapping at ``pos``; does not move ``wrote_pos``."""
+        cdef int64_t n = data.shape[0]
+        if self.m.readonly:
+            raise PermissionError(f"{self.path}: opened read-only")
+        self.check_range(pos, n)
+        if n:
+            with nogil:
+                memcpy(self.m.base + pos, &data[0], n)
+
+    def zero(self, int64_t pos, int64_t n):
+        """Zero-fill ``[pos, pos+n)`` so truncated bytes never look like data."""
+        if self.m.readonly:
+            raise PermissionError(f"{self.path}: opened read-only")
+        self.check_range(pos, n)
+        with nogil:
+            memset(self.m.base + pos, 0, n)
+
+    def flush(self, int least_pages=0):
+        """msync ``[flushed_pos, wrote_pos)`` if at least ``least_pages`` dirty pages (or the
+        file is full); returns the new flushed position. Errors raise ``OSError``."""
+        cdef int64_t ps = rmq_page_size(), wrote = self.wrote_pos, flushed = self.flushed_pos
+        cdef int rc
+        if wrote <= flushed:
+            return flushed
+        if least_pages > 0 and wrote < self.m.size and (wrote // ps - flushed // ps) < least_pages:
+            return flushed
+        self.check_range(flushed, wrote - flushed)
+        self.pins += 1
+        try:
+            with nogil:
+                rc = rmq_map_sync(&self.m, flushed, wrote - flushed)
+        finally:
+            self._unpin()
+        if rc:
+            raise_errno(-rc, self.path, "msync")
+        if wrote > self.flushed_pos:
+            self.flushed_pos = wrote
+        return self.flushed_pos
+
+    def sync_all(self):
+        """msync the whole file (used after recovery rewrites)."""
+        cdef int rc
+        self.check_range(0, 0)
+        with nogil:
+            rc = rmq_map_sync(&self.m, 0, self.m.size)
+        if rc:
+            raise_errno(-rc, self.path, "msync")
+
+    def prefault(self, int64_t pos=0, int64_t n=-1, bint write=True):
+        """Fault pages in with the GIL released (warm a fresh segment before it is used)."""
+        cdef int rc
+        if n < 0:
+            n = self.m.size - pos
+        self.check_range(pos, n)
+        self.pins += 1
+        try:
+            with nogil:
+                rc = rmq_map_prefault(&self.m, pos, n, write)
+        finally:
+            self._unpin()
+        if rc:
+            raise_errno(-rc, self.path, "prefault")
+
+    def advise(self, int advice, int64_t pos=0, int64_t n=-1):
+        """madvise: 0 normal, 1 sequential, 2 willneed, 3 dontneed."""
+        cdef int rc
+        if n < 0:
+            n = self.m.size - pos
+        self.check_range(pos, n)
+        rc = rmq_map_advise(&self.m, pos, n, advice)
+        if rc:
+            raise_errno(-rc, self.path, "madvise")
+
+    def hold(self):
+        """Pin the mapping; returns False when the segment is already closing."""
+        if self.closing or self.unmapped:
+            return False
+        self.pins += 1
+        return True
+
+    def release(self):
+        self._unpin()
+
+    def _unpin(self):
+        self.pins -= 1
+        if self.pins == 0 and self.closing and not self.unmapped:
+            self._unmap()
+
+    def _unmap(self):
+        cdef int rc = rmq_map_close(&self.m)
+        self.unmapped = True
+        if rc:
+            raise_errno(-rc, self.path, "munmap")
+
+    def close(self):
+        """Unmap now, or when the last pin is released. Idempotent."""
+        if self.exports:
+            raise BufferError(f"{self.path}: {self.exports} zero-copy view(s) still exported")
+        if self.closing or self.unmapped:
+            return
+        self.closing = True
+        if self.pins == 0:
+            self._unmap()
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        """Zero-copy, read-only view of the whole file; blocks close() while it lives."""
+        self.check_range(0, 0)
+        PyBuffer_FillInfo(view, self, self.m.base, self.m.size, 1, flags)
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *view):
+        self.exports -= 1
+
+    def __repr__(self):
+        return f"<MappedSegment {self.path} wrote={self.wrote_pos} flushed={self.flushed_pos}>"

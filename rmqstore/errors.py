@@ -1,0 +1,70 @@
+"""The rmqstore exception hierarchy, and the one translator from errno to exceptions."""
+import errno as _errno
+import os
+
+
+class StoreError(Exception):
+    """Base class of every error rmqstore raises on purpose."""
+
+
+class StoreClosedError(StoreError):
+    """The store, segment or iterator was used after close()."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store's writer lock."""
+
+
+class StoreReadOnlyError(StoreError):
+    """A write was attempted on a store opened read-only (or made read-only by an I/O error)."""
+
+
+class InvalidTopicError(StoreError, ValueError):
+    """A topic name the store refuses to create."""
+
+
+class InvalidArgumentError(StoreError, ValueError):
+    """An argument out of its allowed range."""
+
+
+class MessageTooLargeError(StoreError, ValueError):
+    """A message larger than max_message_size or than a commitlog segment."""
+
+
+class CorruptStoreError(StoreError):
+    """A store file whose structure is not what the format allows."""
+
+
+class CorruptRecordError(CorruptStoreError, ValueError):
+    """A commitlog record that fails validation; ``offset`` is where it starts."""
+
+    def __init__(self, message, offset=None):
+        super().__init__(message)
+        self.offset = offset
+
+
+class MessageNotFoundError(StoreError, KeyError):
+    """No message at the given offset or msgId."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+class StoreIOError(StoreError, OSError):
+    """An operating-system error on a store file; ``filename`` names it."""
+
+
+class DiskFullError(StoreIOError):
+    """The disk (or quota) has no room for the write; nothing partial was kept."""
+
+
+_ERRNO_CLASSES = {
+    _errno.ENOSPC: DiskFullError,
+    _errno.EDQUOT: DiskFullError,
+}
+
+
+def raise_errno(code, path, what):
+    """Raise the exception for ``errno`` ``code`` met while doing ``what`` on ``path``."""
+    cls = _ERRNO_CLASSES.get(code, StoreIOError)
+    raise cls(code, f"{what}: {os.strerror(code)}", str(path))

@@ -1,0 +1,26 @@
+"""Build: Cython kernels in rmqstore/ linked with the C mmap layer in cext/."""
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+CEXT = ["cext/rmq_mmap.c"]
+KERNELS = ["_segment", "_codec"]
+
+extensions = [
+    Extension(
+        f"rmqstore.{name}",
+        [f"rmqstore/{name}.pyx", *CEXT],
+        include_dirs=["cext", numpy.get_include()],
+        libraries=["z"],
+        extra_compile_args=["-O3", "-std=gnu11", "-Wno-unused-function"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+    for name in KERNELS
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={"language_level": 3, "embedsignature": True},
+    ),
+)
