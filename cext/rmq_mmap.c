@@ -103,13 +103,15 @@ int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t len, int write) {
     int rc = page_range(m, off, len, &s, &n);
     if (rc) return rc;
     if (n == 0) return 0;
-    write = write && !m->readonly;
-    if (madvise(s, n, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) return 0;
-    /* Older kernels: touch one byte a page (the caller owns these pages alone). */
+    int populate_write = write && !m->readonly;
+    if (madvise(s, n, populate_write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) return 0;
+    if (errno != EINVAL) return -errno;
+    /* Kernels before 5.14. Touching a byte is only safe where nobody else writes. */
+    if (write == 2) return madvise(s, n, MADV_WILLNEED) ? -errno : 0;
     volatile char *p = s;
     for (size_t i = 0; i < n; i += (size_t)ps) {
         char c = p[i];
-        if (write) p[i] = c;
+        if (populate_write) p[i] = c;
     }
     return 0;
 }

@@ -1,0 +1,17 @@
+"""rmqstore: Apache RocketMQ's broker message store as a Python library."""
+from rmqstore._codec import Message, MessageExt, PutResult
+from rmqstore.config import StoreConfig
+from rmqstore.consumer import GetMessageResult, GetMessageStatus
+from rmqstore.errors import (CorruptRecordError, CorruptStoreError, DiskFullError, InvalidArgumentError,
+                             InvalidTopicError, MessageNotFoundError, MessageTooLargeError, StoreClosedError,
+                             StoreError, StoreIOError, StoreLockedError, StoreReadOnlyError)
+from rmqstore.store import MessageStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MessageStore", "StoreConfig", "Message", "MessageExt", "PutResult", "GetMessageResult",
+    "GetMessageStatus", "StoreError", "StoreClosedError", "StoreLockedError", "StoreReadOnlyError",
+    "InvalidTopicError", "InvalidArgumentError", "MessageTooLargeError", "CorruptStoreError",
+    "CorruptRecordError", "MessageNotFoundError", "StoreIOError", "DiskFullError",
+]

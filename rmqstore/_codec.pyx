@@ -849,3 +849,12 @@ def append_message(MappedSegment seg, Message msg, str topic, dict props, int32_
     res.store_timestamp = store_ts
     res.store_host = store_host
     return res
+
+
+def properties_from(const unsigned char[:] raw, Py_ssize_t off, Py_ssize_t n):
+    """Parse the properties string at ``raw[off:off+n]`` (bounds checked) into a dict."""
+    if off < 0 or n < 0 or off + n > raw.shape[0]:
+        raise IndexError("properties range outside the buffer")
+    if n == 0:
+        return {}
+    return parse_properties(<const char *>&raw[off], <int32_t>n)

@@ -113,8 +113,9 @@ cdef class MappedSegment:
         if rc:
             raise_errno(-rc, self.path, "msync")
 
-    def prefault(self, int64_t pos=0, int64_t n=-1, bint write=True):
-        """Fault pages in with the GIL released (warm a fresh segment before it is used)."""
+    def prefault(self, int64_t pos=0, int64_t n=-1, int write=1):
+        """Fault pages in with the GIL released: write=1 warms a segment nobody uses yet,
+        write=2 warms ahead of a live writer without touching bytes, write=0 for reading."""
         cdef int rc
         if n < 0:
             n = self.m.size - pos

@@ -1,0 +1,84 @@
+"""The ``checkpoint`` file: the store times up to which each structure is durable."""
+import os
+import struct
+
+from rmqstore.errors import CorruptStoreError
+
+PAGE = 4096
+_FIELDS = struct.Struct(">qqqqq")
+
+
+class Checkpoint:
+    """One 4 KiB page, big-endian::
+
+        @0  physicMsgTimestamp   i64   store time of the last flushed commitlog message
+        @8  logicsMsgTimestamp   i64   ... of the last flushed consume-queue entry
+        @16 indexMsgTimestamp    i64   ... of the last flushed index entry
+        @24 masterFlushedOffset  i64   (5.x)
+        @32 confirmPhyOffset     i64   (5.x)
+        rest zero
+
+    Written whole to a temp file, fsynced, renamed over the old one, then the directory
+    fsynced, so a crash leaves either the old or the new page. Not thread-safe: the
+    flush service is its one writer.
+    """
+
+    def __init__(self, path, file_mode=0o600):
+        self.path = str(path)
+        self.file_mode = file_mode
+        self.physic_msg_timestamp = 0
+        self.logics_msg_timestamp = 0
+        self.index_msg_timestamp = 0
+        self.master_flushed_offset = 0
+        self.confirm_phy_offset = 0
+        self.existed = False
+
+    def load(self):
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read(PAGE)
+        except FileNotFoundError:
+            return self
+        if len(data) < 24:
+            raise CorruptStoreError(f"{self.path}: {len(data)} bytes, expected a {PAGE}-byte page")
+        data = data.ljust(40, b"\0")
+        (self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
+         self.master_flushed_offset, self.confirm_phy_offset) = _FIELDS.unpack_from(data)
+        self.existed = True
+        return self
+
+    @property
+    def min_timestamp(self):
+        """The oldest of the three times: recovery restarts from the segment holding it
+        (RocketMQ CheckPoint.getMinTimestamp, less 3 s of clock slack)."""
+        m = min(self.physic_msg_timestamp, self.logics_msg_timestamp)
+        return max(0, m - 3000)
+
+    @property
+    def min_timestamp_index(self):
+        return min(self.min_timestamp, self.index_msg_timestamp)
+
+    def to_bytes(self):
+        head = _FIELDS.pack(self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
+                            self.master_flushed_offset, self.confirm_phy_offset)
+        return head.ljust(PAGE, b"\0")
+
+    def flush(self):
+        tmp = self.path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
+        try:
+            os.write(fd, self.to_bytes())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def as_dict(self):
+        return {"physicMsgTimestamp": self.physic_msg_timestamp, "logicsMsgTimestamp": self.logics_msg_timestamp,
+                "indexMsgTimestamp": self.index_msg_timestamp, "masterFlushedOffset": self.master_flushed_offset,
+                "confirmPhyOffset": self.confirm_phy_offset}

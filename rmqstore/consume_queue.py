@@ -1,0 +1,268 @@
+"""ConsumeQueue: a topic/queue's index of commitlog positions, and the table of all of them."""
+import logging
+import os
+import threading
+
+import numpy as np
+
+from rmqstore import _cq
+from rmqstore.errors import CorruptStoreError
+from rmqstore.segments import SegmentQueue, list_segment_files
+from rmqstore.topics import is_safe_dirname
+
+log = logging.getLogger(__name__)
+ENTRY = _cq.ENTRY_SIZE
+HOLE_SIZE = 0x7FFFFFFF   # RocketMQ fillPreBlank entries: (0, Integer.MAX_VALUE, 0)
+
+
+class ConsumeQueue:
+    """The consume queue of one topic/queue.
+
+    Layout: ``consumequeue/{topic}/{queueId}/{first logical byte:020d}``, files of
+    ``entries_per_file`` x 20 bytes; entry n (queue offset n) sits at logical byte 20n::
+
+        +--------------------+-----------+------------------+
+        | commitlog off  i64 | size  i32 | tags code   i64  |   big-endian
+        +--------------------+-----------+------------------+
+
+    Thread-safety: only the dispatcher appends; readers use published positions.
+    Crash behaviour: entries past the last valid one, or pointing past the recovered
+    commitlog end, are cut by ``recover``/``truncate_dirty``; dispatch re-creates them.
+    """
+
+    def __init__(self, root, topic, queue_id, entries_per_file, readonly=False, file_mode=0o600, dir_mode=0o700):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = os.path.join(root, topic, str(queue_id))
+        self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY, readonly, file_mode, dir_mode)
+        self.max_physic_offset = -1   # end (offset + size) of the last entry's message
+        self.min_logic_offset = 0
+        self._lock = threading.Lock()
+
+    @property
+    def file_size(self):
+        return self.segments.file_size
+
+    def load(self):
+        self.segments.load()
+        return self
+
+    def recover(self):
+        """Set the write position after the last valid entry (RocketMQ ConsumeQueue.recover);
+        returns the bytes cut off."""
+        segs = self.segments.segments
+        if not segs:
+            return 0
+        end = segs[0].base_offset
+        for seg in segs[-3:]:
+            pos, phy_end = _cq.valid_end(seg, 0, seg.size)
+            end = seg.base_offset + pos
+            if phy_end >= 0:
+                self.max_physic_offset = phy_end
+            if pos < seg.size:
+                break
+        cut = self.segments.truncate(end)
+        self.min_logic_offset = self.segments.min_offset
+        return cut
+
+    def truncate_dirty(self, phy_offset):
+        """Remove entries whose message starts at or after ``phy_offset`` (the recovered
+        commitlog end)."""
+        segs = self.segments.segments
+        if not segs:
+            return 0
+        end = self.max_logic_offset_bytes
+        lo, hi = self.min_logic_offset // ENTRY, end // ENTRY
+        # entries are in commitlog order: binary search the first one >= phy_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.entry(mid)
+            if e is not None and e[1] != HOLE_SIZE and e[0] >= phy_offset:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo * ENTRY >= end:
+            return 0
+        cut = self.segments.truncate(lo * ENTRY)
+        self.max_physic_offset = -1
+        for i in range(lo - 1, max(self.min_logic_offset // ENTRY, lo - 64) - 1, -1):
+            e = self.entry(i)
+            if e is not None and e[1] != HOLE_SIZE:
+                self.max_physic_offset = e[0] + e[1]
+                break
+        return cut
+
+    # -- positions ------------------------------------------------------------------------
+    @property
+    def max_logic_offset_bytes(self):
+        return self.segments.max_offset
+
+    @property
+    def min_offset(self):
+        """RocketMQ getMinOffsetInQueue."""
+        return self.min_logic_offset // ENTRY
+
+    @property
+    def max_offset(self):
+        """RocketMQ getMaxOffsetInQueue: the next queue offset to be written."""
+        return self.segments.max_offset // ENTRY
+
+    # -- writing --------------------------------------------------------------------------
+    def put(self, phy_offset, size, tags_code, queue_offset):
+        """Append the entry for ``queue_offset``; an entry already present is skipped
+        (re-dispatch after recovery), a gap is filled with RocketMQ's blank entries."""
+        expect = queue_offset * ENTRY
+        cur = self.segments.max_offset
+        if expect < cur:
+            return False
+        seg = self.segments.last
+        if seg is None:
+            seg = self.segments.roll(expect - expect % self.file_size)
+            self.min_logic_offset = expect
+            cur = seg.base_offset
+        if expect > cur:
+            log.warning("%s: queue offset %d skips from %d; filling the gap", self.directory, queue_offset, cur // ENTRY)
+        while True:
+            if seg.wrote_pos >= seg.size:
+                seg = self.segments.roll()
+            if seg.base_offset + seg.wrote_pos >= expect:
+                break
+            _cq.append_entry(seg, 0, HOLE_SIZE, 0)
+        _cq.append_entry(seg, phy_offset, size, tags_code)
+        self.max_physic_offset = phy_offset + size
+        return True
+
+    def flush(self, least_pages=0):
+        return self.segments.flush(least_pages)
+
+    # -- reading --------------------------------------------------------------------------
+    def entry(self, index):
+        """(phy_offset, size, tags_code) of queue offset ``index``, or None."""
+        arr = self.read(index, 1)
+        if len(arr) == 0:
+            return None
+        e = arr[0]
+        return int(e["phy_offset"]), int(e["size"]), int(e["tags_code"])
+
+    def read(self, index, count, within_file=False):
+        """Up to ``count`` entries from queue offset ``index`` as a numpy array
+        (``phy_offset``, ``size``, ``tags_code``); ``within_file`` stops at the end of the
+        file holding ``index``, like RocketMQ's getIndexBuffer."""
+        pos = index * ENTRY
+        if index < self.min_offset or count <= 0:
+            return np.empty(0, _cq.ENTRY_DTYPE)
+        parts, want = [], count
+        while want > 0:
+            seg = self.segments.find(pos)
+            if seg is None:
+                break
+            rel = pos - seg.base_offset
+            n = min(want, max(0, seg.wrote_pos - rel) // ENTRY)
+            if n <= 0:
+                break
+            parts.append(_cq.read_entries(seg, rel, n))
+            want -= n
+            pos += n * ENTRY
+            if within_file or rel + n * ENTRY < seg.size:
+                break
+        if not parts:
+            return np.empty(0, _cq.ENTRY_DTYPE)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def delete_below(self, phy_min):
+        """Retention: drop files whose every entry points below ``phy_min``; move the min
+        logical offset to the first entry at or above it. Returns files deleted."""
+        segs = self.segments.segments
+        doomed = []
+        for seg in segs[:-1]:
+            last = _cq.read_entries(seg, seg.size - ENTRY, 1)[0]
+            if last["phy_offset"] + max(0, last["size"]) <= phy_min and last["size"] != HOLE_SIZE:
+                doomed.append(seg)
+            else:
+                break
+        if doomed:
+            self.segments.delete_segments(doomed)
+        self.correct_min_offset(phy_min)
+        return len(doomed)
+
+    def correct_min_offset(self, phy_min):
+        """RocketMQ correctMinOffset: the first entry whose message is still in the commitlog."""
+        seg = self.segments.segments[0] if self.segments.segments else None
+        if seg is None:
+            return
+        arr = _cq.read_entries(seg, 0, seg.wrote_pos // ENTRY)
+        ok = np.nonzero((arr["phy_offset"] >= phy_min) & (arr["size"] != HOLE_SIZE))[0]
+        idx = int(ok[0]) if len(ok) else len(arr)
+        self.min_logic_offset = max(self.min_logic_offset, seg.base_offset + idx * ENTRY)
+
+    def close(self):
+        self.segments.close()
+
+
+class ConsumeQueueTable:
+    """Every consume queue of a store, created on first dispatch of a topic/queue."""
+
+    def __init__(self, root, entries_per_file, readonly=False, file_mode=0o600, dir_mode=0o700):
+        self.root = os.path.join(str(root), "consumequeue")
+        self.entries_per_file = entries_per_file
+        self.readonly = readonly
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
+        self.queues = {}          # (topic, queue_id) -> ConsumeQueue
+        self._lock = threading.Lock()
+
+    def load(self):
+        """Open every topic/queue directory found on disk (any topic name a store holds)."""
+        try:
+            topics = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return self
+        for topic in topics:
+            tdir = os.path.join(self.root, topic)
+            if not is_safe_dirname(topic) or not os.path.isdir(tdir):
+                continue
+            for qname in sorted(os.listdir(tdir)):
+                if not qname.isdigit():
+                    continue
+                cq = ConsumeQueue(self.root, topic, int(qname), self.entries_per_file, self.readonly,
+                                  self.file_mode, self.dir_mode)
+                try:
+                    cq.load()
+                except CorruptStoreError:
+                    cq.close()
+                    raise
+                self.queues[(topic, int(qname))] = cq
+        return self
+
+    def get(self, topic, queue_id):
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic, queue_id):
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            with self._lock:
+                cq = self.queues.get((topic, queue_id))
+                if cq is None:
+                    cq = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file, self.readonly,
+                                      self.file_mode, self.dir_mode)
+                    self.queues = {**self.queues, (topic, queue_id): cq}
+        return cq
+
+    def topics(self):
+        return sorted({t for t, _ in self.queues})
+
+    def queue_ids(self, topic):
+        return sorted(q for t, q in self.queues if t == topic)
+
+    def max_physic_offset(self):
+        return max((cq.max_physic_offset for cq in self.queues.values()), default=-1)
+
+    def flush(self, least_pages=0):
+        moved = False
+        for cq in list(self.queues.values()):
+            moved |= cq.flush(least_pages)
+        return moved
+
+    def close(self):
+        for cq in self.queues.values():
+            cq.close()

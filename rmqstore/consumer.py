@@ -1,0 +1,63 @@
+"""Consumer-side semantics: tag expressions and RocketMQ's getMessage result."""
+from dataclasses import dataclass, field
+from enum import Enum
+
+from rmqstore._codec import java_hash
+from rmqstore.errors import InvalidArgumentError
+
+
+class GetMessageStatus(str, Enum):
+    """RocketMQ's GetMessageStatus."""
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@dataclass
+class GetMessageResult:
+    status: GetMessageStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list = field(default_factory=list)
+    problems: list = field(default_factory=list)   # CQ entries that could not be followed
+
+
+class TagFilter:
+    """A subscription expression: ``*`` (or None/empty) or ``TagA || TagB``. Matching
+    compares the consume queue's tags hash first, then the message's real tags, so hash
+    collisions never leak a wrong message."""
+
+    __slots__ = ("tags", "codes")
+
+    def __init__(self, expression):
+        self.tags = None
+        self.codes = None
+        if expression is None:
+            return
+        if not isinstance(expression, str):
+            raise InvalidArgumentError(f"tag expression must be str, not {type(expression).__name__}")
+        expr = expression.strip()
+        if expr in ("", "*"):
+            return
+        parts = [p.strip() for p in expr.split("||")]
+        if any(not p for p in parts):
+            raise InvalidArgumentError(f"malformed tag expression {expression!r}")
+        self.tags = frozenset(parts)
+        self.codes = frozenset(java_hash(p) for p in parts)
+
+    @property
+    def matches_all(self):
+        return self.tags is None
+
+    def match_code(self, tags_code):
+        return self.codes is None or tags_code in self.codes
+
+    def match_tags(self, tags):
+        return self.tags is None or tags in self.tags

@@ -1,0 +1,139 @@
+"""Dispatch ("reput"): follow the commitlog and feed consume queues, the index and any
+other CommitLogDispatcher with each new message."""
+import logging
+import threading
+
+from rmqstore import _codec
+
+log = logging.getLogger(__name__)
+
+
+class DispatchBatch:
+    """Consecutive records read in one pass: ``rows`` (numpy, _codec.DISPATCH_DTYPE),
+    the records' ``raw`` bytes, and helpers to get at each one's topic and properties."""
+
+    __slots__ = ("rows", "raw", "_topics", "_cache")
+
+    def __init__(self, rows, raw, topic_cache):
+        self.rows = rows
+        self.raw = raw
+        self._topics = None
+        self._cache = topic_cache
+
+    def __len__(self):
+        return len(self.rows)
+
+    @property
+    def topics(self):
+        """The topic of each row (str), decoded once per distinct topic."""
+        if self._topics is None:
+            raw, cache, out = self.raw, self._cache, []
+            for off, n in zip(self.rows["topic_off"].tolist(), self.rows["topic_len"].tolist()):
+                b = raw[off:off + n]
+                t = cache.get(b)
+                if t is None:
+                    t = cache[b] = b.decode("utf-8", "replace")
+                out.append(t)
+            self._topics = out
+        return self._topics
+
+    def properties(self, i):
+        row = self.rows[i]
+        return _codec.properties_from(self.raw, int(row["props_off"]), int(row["props_len"]))
+
+
+class Dispatcher:
+    """ReputMessageService: reads the commitlog from ``reput_from`` in batches (record
+    parsing with the GIL released) and hands each batch to every registered consumer, in
+    order. Runs on its own thread once started; ``catch_up()`` runs it inline (recovery)."""
+
+    def __init__(self, commitlog, reput_from=0, batch_records=4096):
+        self.commitlog = commitlog
+        self.reput_from = reput_from
+        self.batch_records = batch_records
+        self.consumers = []
+        self.error = None
+        self._topic_cache = {}
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = None
+
+    def add(self, consumer):
+        """Register ``consumer(batch)``; called for every batch after those before it."""
+        self.consumers.append(consumer)
+
+    @property
+    def lag(self):
+        return max(0, self.commitlog.max_offset - self.reput_from)
+
+    def run_once(self):
+        """Dispatch one batch; returns False when there was nothing to do."""
+        cl = self.commitlog
+        if self.error is not None or self.reput_from >= cl.max_offset:
+            return False
+        if self.reput_from < cl.min_offset:
+            self.reput_from = cl.min_offset
+        start = self.reput_from
+        seg = cl.segments.find(start)
+        if seg is None:
+            return False
+        pos = start - seg.base_offset
+        rows, raw, end, status = _codec.scan_dispatch(seg, pos, seg.wrote_pos, self.batch_records)
+        if len(rows):
+            batch = DispatchBatch(rows, raw, self._topic_cache)
+            for consumer in self.consumers:
+                consumer(batch)
+        if status == "blank" or (status == "end" and end >= seg.size):
+            nxt = seg.base_offset + seg.size
+        elif status == "end":
+            nxt = seg.base_offset + end
+        else:
+            self.error = f"commitlog offset {seg.base_offset + end}: {status}"
+            log.error("dispatch stopped: %s", self.error)
+            nxt = seg.base_offset + end
+        with self._cond:
+            self.reput_from = nxt
+            self._cond.notify_all()
+        return nxt != start
+
+    def catch_up(self):
+        while self.run_once():
+            pass
+
+    def start(self):
+        self._thread = threading.Thread(target=self._loop, name="rmq-reput", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop:
+            try:
+                busy = self.run_once()
+            except Exception as e:   # a consumer failed: stop rather than skip messages
+                log.exception("dispatch failed")
+                self.error = f"dispatch failed: {e!r}"
+                with self._cond:
+                    self._cond.notify_all()
+                return
+            if not busy:
+                self._wake.wait(0.001)
+                self._wake.clear()
+
+    def wait_dispatched(self, timeout=None):
+        """Block until everything written before the call is dispatched; False on timeout.
+        Raises CorruptRecordError if dispatch stopped at a bad record."""
+        from rmqstore.errors import CorruptRecordError
+        target = self.commitlog.max_offset
+        self._wake.set()
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self.reput_from >= target or self.error is not None, timeout)
+        if self.error is not None and self.reput_from < target:
+            raise CorruptRecordError(self.error)
+        return ok
+
+    def stop(self):
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

@@ -1,0 +1,115 @@
+"""Flush services: when written bytes become durable, and the checkpoint that says so.
+
+Durability invariants (enforced here, relied on by recovery.py):
+
+1. SYNC: ``put`` returns only after msync covered every byte of its record. Concurrent
+   writers share one msync (group commit): a waiter whose bytes a flush already covered
+   returns without flushing again.
+2. ASYNC: a flusher thread msyncs the commitlog every ``flush_interval_ms`` once at least
+   ``flush_least_pages`` pages are dirty, and everything every
+   ``flush_thorough_interval_ms``; a crash may lose only what no flush has covered yet.
+3. The checkpoint's physicMsgTimestamp is the store time of a message whose bytes, and all
+   before them, were flushed before the checkpoint is written; likewise logicsMsgTimestamp
+   for consume queues and indexMsgTimestamp for index files. Recovery may trust nothing
+   past those times.
+4. An I/O error while flushing makes the store read-only until reopened (sticky): a write
+   that cannot be made durable is never acknowledged.
+"""
+import logging
+import threading
+import time
+
+from rmqstore.errors import StoreReadOnlyError
+
+log = logging.getLogger(__name__)
+
+
+class FlushService:
+    """Flushes the commitlog (group commit or periodic) and, on its own interval, the
+    consume queues, index files, checkpoint and consumer offsets via ``flush_logics``."""
+
+    def __init__(self, commitlog, config, checkpoint, flush_logics):
+        self.commitlog = commitlog
+        self.config = config
+        self.checkpoint = checkpoint
+        self.flush_logics = flush_logics
+        self._flush_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = []
+        self.error = None
+
+    def start(self):
+        targets = [self._logics_loop]
+        if self.config.flush_mode == "async":
+            targets.append(self._commitlog_loop)
+        for t in targets:
+            th = threading.Thread(target=t, name=f"rmq-{t.__name__.strip('_')}", daemon=True)
+            th.start()
+            self._threads.append(th)
+
+    def _fail(self, exc):
+        if self.error is None:
+            log.error("flush failed, store is now read-only: %s", exc)
+            self.error = exc
+            self.commitlog.failed = exc
+
+    def flush_commitlog(self, least_pages=0):
+        """msync the commitlog (one flusher at a time); returns the flushed offset."""
+        with self._flush_lock:
+            return self._flush_locked(least_pages)
+
+    def _flush_locked(self, least_pages):
+        cl = self.commitlog
+        seg = cl.segments.last
+        ts = seg.store_timestamp if seg is not None else 0   # read before the end: invariant 3
+        end = cl.max_offset
+        try:
+            cl.flush(least_pages)
+        except OSError as e:
+            self._fail(e)
+            raise StoreReadOnlyError(f"flush failed: {e}") from e
+        if ts and cl.flushed_offset >= end:
+            self.checkpoint.physic_msg_timestamp = max(self.checkpoint.physic_msg_timestamp, ts)
+        return cl.flushed_offset
+
+    def wait_flushed(self, offset):
+        """SYNC mode group commit: return once ``offset`` is durable. Writers that queue
+        behind a flush in progress find their bytes covered by it and return at once."""
+        if self.commitlog.flushed_offset >= offset:
+            return
+        with self._flush_lock:
+            if self.commitlog.flushed_offset < offset:
+                self._flush_locked(0)
+
+    def _commitlog_loop(self):
+        cfg = self.config
+        last_thorough = time.monotonic()
+        while not self._stop.wait(cfg.flush_interval_ms / 1000):
+            least = cfg.flush_least_pages
+            now = time.monotonic()
+            if (now - last_thorough) * 1000 >= cfg.flush_thorough_interval_ms:
+                least, last_thorough = 0, now
+            try:
+                self.flush_commitlog(least)
+            except StoreReadOnlyError:
+                return
+
+    def _logics_loop(self):
+        cfg = self.config
+        last_thorough = time.monotonic()
+        while not self._stop.wait(cfg.flush_cq_interval_ms / 1000):
+            least = cfg.flush_cq_least_pages
+            now = time.monotonic()
+            if (now - last_thorough) * 1000 >= cfg.flush_cq_thorough_interval_ms:
+                least, last_thorough = 0, now
+            try:
+                self.flush_logics(least)
+            except OSError as e:
+                self._fail(e)
+                return
+
+    def stop(self):
+        self._stop.set()
+        for th in self._threads:
+            th.join()
+        self._threads = []

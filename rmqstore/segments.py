@@ -1,0 +1,223 @@
+"""SegmentQueue: an ordered run of fixed-size mapped files named by their start offset."""
+import bisect
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from rmqstore._segment import MappedSegment
+from rmqstore.errors import CorruptStoreError, StoreClosedError
+
+
+def segment_name(offset):
+    return f"{offset:020d}"
+
+
+def list_segment_files(directory):
+    """(offset, path) of every 20-digit file in ``directory``, in offset order."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted((int(n), os.path.join(directory, n)) for n in names if len(n) == 20 and n.isdigit())
+
+
+def detect_file_size(directory):
+    """The segment size a foreign store used: the size of its first file (None if empty)."""
+    files = list_segment_files(directory)
+    return os.path.getsize(files[0][1]) if files else None
+
+
+class SegmentQueue:
+    """Segments of ``file_size`` bytes in ``directory``; file N starts at offset N.
+
+    Layout: ``{directory}/{start offset:020d}``, each exactly ``file_size`` bytes and
+    starting where the previous one ends. Loading refuses a file of another size or a gap
+    (CorruptStoreError), so nothing shorter than its mapping is ever mapped.
+
+    Thread-safety: one writer appends/rolls (holding the store's write lock); readers call
+    ``find`` without locks (the list is replaced, never mutated in place). The next segment
+    is preallocated and pre-faulted on a background thread, off the GIL, like RocketMQ's
+    AllocateMappedFileService, so a roll costs a list swap.
+    """
+
+    def __init__(self, directory, file_size, readonly=False, file_mode=0o600, dir_mode=0o700,
+                 preallocate=False):
+        self.directory = str(directory)
+        self.file_size = file_size
+        self.readonly = readonly
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
+        self.segments = []
+        self._bases = []
+        self._lock = threading.Lock()
+        self._alloc = ThreadPoolExecutor(1, thread_name_prefix="rmq-alloc") if preallocate and not readonly else None
+        self._pending = None   # (offset, Future[MappedSegment])
+        self._closed = False
+        self.flushed_where = 0
+
+    # -- loading -----------------------------------------------------------------------
+    def load(self):
+        """Map every existing segment (read-write unless read-only). Positions start at
+        the full size; recovery sets the real ones."""
+        segs = []
+        try:
+            for offset, path in list_segment_files(self.directory):
+                size = os.path.getsize(path)
+                if size != self.file_size:
+                    raise CorruptStoreError(f"{path}: {size} bytes, expected {self.file_size}")
+                if segs and offset != segs[-1].base_offset + self.file_size:
+                    raise CorruptStoreError(
+                        f"{path}: starts at {offset}, expected {segs[-1].base_offset + self.file_size} (missing segment)")
+                seg = MappedSegment(path, offset, self.file_size, readonly=self.readonly)
+                seg.wrote_pos = seg.flushed_pos = self.file_size
+                segs.append(seg)
+        except BaseException:
+            for s in segs:
+                s.close()
+            raise
+        self._publish(segs)
+        return self
+
+    def _publish(self, segs):
+        self.segments = segs
+        self._bases = [s.base_offset for s in segs]
+
+    # -- lookup -------------------------------------------------------------------------
+    @property
+    def min_offset(self):
+        segs = self.segments
+        return segs[0].base_offset if segs else -1
+
+    @property
+    def max_offset(self):
+        """End of written data: last segment's base + its write position (0 when empty)."""
+        segs = self.segments
+        return segs[-1].base_offset + segs[-1].wrote_pos if segs else 0
+
+    @property
+    def last(self):
+        segs = self.segments
+        return segs[-1] if segs else None
+
+    def find(self, offset):
+        """The segment holding ``offset``, or None."""
+        segs, bases = self.segments, self._bases
+        i = bisect.bisect_right(bases, offset) - 1
+        if i < 0 or i >= len(segs):
+            return None
+        seg = segs[i]
+        return seg if offset < seg.base_offset + self.file_size else None
+
+    # -- writing ------------------------------------------------------------------------
+    def _open_new(self, offset):
+        os.makedirs(self.directory, mode=self.dir_mode, exist_ok=True)
+        seg = MappedSegment(os.path.join(self.directory, segment_name(offset)), offset, self.file_size,
+                            create=True, mode=self.file_mode)
+        seg.wrote_pos = seg.flushed_pos = 0
+        return seg
+
+    def _warm(self, offset):
+        seg = self._open_new(offset)
+        seg.prefault(0, -1, 1)
+        return seg
+
+    def roll(self, offset=None):
+        """Append a new segment at ``offset`` (default: after the last) and return it."""
+        if self._closed:
+            raise StoreClosedError(f"{self.directory}: closed")
+        if offset is None:
+            offset = self.max_offset if not self.segments else self.segments[-1].base_offset + self.file_size
+        seg = None
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            if pending[0] == offset:
+                seg = pending[1].result()
+                seg.wrote_pos = seg.flushed_pos = 0
+            else:
+                pending[1].result().close()
+        if seg is None:
+            seg = self._open_new(offset)
+        self._publish(self.segments + [seg])
+        if self._alloc is not None:
+            nxt = offset + self.file_size
+            with self._lock:
+                if not self._closed:
+                    self._pending = (nxt, self._alloc.submit(self._warm, nxt))
+        return seg
+
+    def flush(self, least_pages=0):
+        """Flush every segment from the one holding ``flushed_where``; returns whether the
+        flushed position moved. OSError propagates (the caller makes the store read-only)."""
+        before = self.flushed_where
+        for seg in self.segments:
+            if seg.base_offset + self.file_size <= self.flushed_where:
+                continue
+            seg.flush(least_pages)
+            self.flushed_where = seg.base_offset + seg.flushed_pos
+            if seg.flushed_pos < seg.wrote_pos:
+                break
+        return self.flushed_where != before
+
+    def truncate(self, offset):
+        """Drop everything at and after ``offset``: later files are deleted, the one holding
+        it gets its tail zero-filled (when anything but zeros is there). Returns the bytes
+        of old data discarded (0 when only unwritten space followed)."""
+        dropped = 0
+        keep = []
+        for seg in self.segments:
+            if seg.base_offset > offset or (seg.base_offset == offset and seg is not self.segments[0]):
+                dropped += seg.size if _has_data(seg, 0) else 0
+                self._delete(seg)
+                continue
+            pos = offset - seg.base_offset
+            if pos < seg.size:
+                if _has_data(seg, pos):
+                    dropped += seg.size - pos
+                    if not self.readonly:
+                        seg.zero(pos, seg.size - pos)
+                        seg.sync_all()
+                seg.wrote_pos = seg.flushed_pos = pos
+            keep.append(seg)
+        self._publish(keep)
+        self.flushed_where = min(self.flushed_where, offset)
+        return dropped
+
+    def delete_segments(self, segs):
+        """Remove these (old) segments from the queue and the disk."""
+        gone = set(id(s) for s in segs)
+        self._publish([s for s in self.segments if id(s) not in gone])
+        for s in segs:
+            self._delete(s)
+
+    def _delete(self, seg):
+        seg.close()
+        if not self.readonly:
+            try:
+                os.unlink(seg.path)
+            except FileNotFoundError:
+                pass
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            pending, self._pending = self._pending, None
+        if self._alloc is not None:
+            self._alloc.shutdown(wait=True)
+        if pending is not None:
+            try:
+                seg = pending[1].result()
+            except Exception:
+                seg = None
+            if seg is not None:
+                # an unused preallocated file holds no data: remove it so reopening sees none
+                seg.close()
+                os.unlink(seg.path)
+        for seg in self.segments:
+            seg.close()
+
+
+def _has_data(seg, pos, probe=4096):
+    """Whether anything but zeros follows ``pos`` within the first ``probe`` bytes."""
+    n = min(probe, seg.size - pos)
+    return n > 0 and bool(seg.read(pos, n).strip(b"\0"))

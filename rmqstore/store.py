@@ -1,0 +1,459 @@
+"""MessageStore: the public facade over commitlog, consume queues, index, dispatch and flush."""
+import fcntl
+import logging
+import os
+import threading
+
+from rmqstore import _codec
+from rmqstore.checkpoint import Checkpoint
+from rmqstore.commitlog import CommitLog
+from rmqstore.config import StoreConfig
+from rmqstore.consume_queue import HOLE_SIZE, ConsumeQueueTable
+from rmqstore.consumer import GetMessageResult, GetMessageStatus as S, TagFilter
+from rmqstore.dispatch import Dispatcher
+from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, MessageNotFoundError,
+                             StoreClosedError, StoreLockedError, StoreReadOnlyError)
+from rmqstore.flush import FlushService
+from rmqstore.offsets import ConsumerOffsets
+from rmqstore.recovery import recover_commitlog
+from rmqstore.segments import detect_file_size
+from rmqstore.topics import SCHEDULE_TOPIC
+
+log = logging.getLogger(__name__)
+_NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
+
+
+def _detect_cq_entries(root):
+    """Entries per consume-queue file of an existing store, from its first CQ file."""
+    base = os.path.join(root, "consumequeue")
+    try:
+        for topic in sorted(os.listdir(base)):
+            tdir = os.path.join(base, topic)
+            for q in sorted(os.listdir(tdir)) if os.path.isdir(tdir) else ():
+                size = detect_file_size(os.path.join(tdir, q))
+                if size and size % 20 == 0:
+                    return size // 20
+    except OSError:
+        pass
+    return None
+
+
+class MessageStore:
+    """A RocketMQ store directory, opened for writing (one process, OS lock on ``lock``)
+    or read-only (any number of processes, no lock, nothing on disk changes).
+
+    Layout: ``commitlog/``, ``consumequeue/{topic}/{queueId}/``, ``index/``,
+    ``checkpoint``, ``abort`` (present while a writer has it open), ``lock``,
+    ``config/consumerOffset.json``. Segment sizes of an existing store are taken from
+    its files when they differ from the config.
+
+    Thread-safety: any number of threads may put, get and query; appends serialize on one
+    lock, reads take none. Crash behaviour: see recovery.py and flush.py.
+    """
+
+    def __init__(self, path, config=None, read_only=False):
+        self.path = os.path.abspath(str(path))
+        cfg = config or StoreConfig()
+        self.read_only = read_only
+        self._closed = True
+        self._lock_fd = None
+        self._close_lock = threading.Lock()
+        if read_only:
+            if not os.path.isdir(self.path):
+                raise FileNotFoundError(2, "store directory does not exist", self.path)
+        else:
+            os.makedirs(self.path, mode=cfg.dir_mode, exist_ok=True)
+            self._acquire_lock(cfg)
+        try:
+            self._open(cfg)
+        except BaseException:
+            self._release_lock()
+            raise
+        self._closed = False
+
+    # -- opening --------------------------------------------------------------------------
+    def _acquire_lock(self, cfg):
+        fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, cfg.file_mode)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(f"{self.path}: another process has the store open for writing") from None
+        self._lock_fd = fd
+
+    def _release_lock(self):
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _open(self, cfg):
+        cl_size = detect_file_size(os.path.join(self.path, "commitlog"))
+        if cl_size and cl_size != cfg.commitlog_file_size:
+            log.info("%s: using the store's commitlog segment size %d", self.path, cl_size)
+            cfg = cfg.with_(commitlog_file_size=cl_size)
+        cq_entries = _detect_cq_entries(self.path)
+        if cq_entries and cq_entries != cfg.consume_queue_entries:
+            cfg = cfg.with_(consume_queue_entries=cq_entries)
+        self.config = cfg
+        self.abort_path = os.path.join(self.path, "abort")
+        self.clean_shutdown = not os.path.exists(self.abort_path)
+        self.checkpoint = Checkpoint(os.path.join(self.path, "checkpoint"), cfg.file_mode).load()
+        self.commitlog = CommitLog(self.path, cfg, self.read_only)
+        self.consume_queues = ConsumeQueueTable(self.path, cfg.consume_queue_entries, self.read_only,
+                                                cfg.file_mode, cfg.dir_mode)
+        self.offsets = ConsumerOffsets(self.path, cfg.file_mode, cfg.dir_mode)
+        self.index = None
+        self.dispatcher = None
+        self.flusher = None
+        try:
+            self.commitlog.segments.load()
+            self.consume_queues.load()
+            self.offsets.load()
+            self._recover()
+            if not self.read_only:
+                with open(self.abort_path, "wb") as f:
+                    f.write(str(os.getpid()).encode())
+                self.flusher = FlushService(self.commitlog, cfg, self.checkpoint, self._flush_logics)
+                self.flusher.start()
+                self.dispatcher.start()
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _recover(self):
+        cfg = self.config
+        self.recovery = rep = recover_commitlog(self.commitlog, self.clean_shutdown, self.checkpoint,
+                                                cfg.check_crc_on_recover, cfg.message_index_enable)
+        end = self.commitlog.max_offset
+        for cq in self.consume_queues.queues.values():   # read-only: positions only, files untouched
+            rep.consume_queue_bytes_truncated += cq.recover() + cq.truncate_dirty(end)
+            cq.correct_min_offset(self.commitlog.min_offset)
+        reput = max(self.consume_queues.max_physic_offset(), self.commitlog.min_offset, 0)
+        if not self.clean_shutdown:
+            reput = min(reput, rep.start_offset)
+        self.dispatcher = Dispatcher(self.commitlog, reput)
+        self.dispatcher.add(self._dispatch_cq)
+        if not self.read_only:
+            before = self.dispatcher.reput_from
+            self.dispatcher.catch_up()
+            rep.records_redispatched = self.dispatcher.reput_from - before
+        self.commitlog.queue_offsets = {k: cq.max_offset for k, cq in self.consume_queues.queues.items()}
+
+    # -- dispatch -------------------------------------------------------------------------
+    def _dispatch_cq(self, batch):
+        """CommitLogDispatcherBuildConsumeQueue: one CQ entry per message, except PREPARED
+        and ROLLBACK; delayed messages carry their delivery time as tags code."""
+        table = self.consume_queues
+        rows = batch.rows
+        delays = None
+        for i, (topic, phy, size, qid, qoff, sysf, tags, ts) in enumerate(zip(
+                batch.topics, rows["phy_offset"].tolist(), rows["size"].tolist(), rows["queue_id"].tolist(),
+                rows["queue_offset"].tolist(), rows["sys_flag"].tolist(), rows["tags_code"].tolist(),
+                rows["store_timestamp"].tolist())):
+            if (sysf & 0xC) in _NO_CQ:
+                continue
+            if topic == SCHEDULE_TOPIC:
+                level = batch.properties(i).get("DELAY")
+                if level is not None and level.isdigit():
+                    delays = delays or self.config.delay_levels_ms()
+                    lv = min(int(level), len(delays))
+                    if lv > 0:
+                        tags = ts + delays[lv - 1]
+            table.get_or_create(topic, qid).put(phy, size, tags, qoff)
+            self._last_cq_timestamp = ts
+
+    _last_cq_timestamp = 0
+
+    def _flush_logics(self, least_pages):
+        cp = self.checkpoint
+        ts = self._last_cq_timestamp
+        self.consume_queues.flush(least_pages)
+        if least_pages == 0 and ts:
+            cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, ts)
+        if self.index is not None:
+            self.index.flush(least_pages)
+        self.offsets.persist()
+        cp.flush()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    @property
+    def closed(self):
+        return self._closed
+
+    def _check_open(self):
+        if self._closed:
+            raise StoreClosedError(f"{self.path}: store is closed")
+
+    def close(self):
+        """Dispatch what is left, flush everything, write the checkpoint, remove ``abort``
+        and release the lock. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if not self.read_only and self.commitlog.failed is None:
+                    self.dispatcher.stop()
+                    self.dispatcher.catch_up()
+                    self.flusher.stop()
+                    self.flusher.flush_commitlog(0)
+                    self._flush_logics(0)
+                    os.unlink(self.abort_path)
+            finally:
+                self._teardown()
+
+    def _teardown(self):
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+        if self.flusher is not None:
+            self.flusher.stop()
+        if self.index is not None:
+            self.index.close()
+        self.consume_queues.close()
+        self.commitlog.close()
+        self._release_lock()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if not getattr(self, "_closed", True):
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    # -- writing --------------------------------------------------------------------------
+    def put(self, msg, queue_id=None):
+        """Append one message; returns a PutResult. In SYNC mode it is durable on return."""
+        self._check_open()
+        res = self.commitlog.put(msg, queue_id)
+        if self.flusher is not None and self.config.flush_mode == "sync":
+            self.flusher.wait_flushed(res.phy_offset + res.size)
+        return res
+
+    def put_batch(self, msgs, queue_id=None):
+        """Append many messages under one lock and (SYNC) one flush; list of PutResult."""
+        self._check_open()
+        res = self.commitlog.put_batch(msgs, queue_id)
+        if res and self.config.flush_mode == "sync":
+            self.flusher.wait_flushed(res[-1].phy_offset + res[-1].size)
+        return res
+
+    def flush(self):
+        """Make everything written so far durable, consume queues and checkpoint included."""
+        self._check_open()
+        if self.read_only:
+            return
+        self.flusher.flush_commitlog(0)
+        self._flush_logics(0)
+
+    # -- reading the commitlog ------------------------------------------------------------
+    def get_by_offset(self, phy_offset):
+        self._check_open()
+        return self.commitlog.get(phy_offset)
+
+    def get_by_msg_id(self, msg_id):
+        """The message a msgId names (it encodes the store host and commitlog offset)."""
+        self._check_open()
+        host, offset = _codec.parse_msg_id(msg_id)
+        m = self.commitlog.get(offset)
+        if m.store_host_packed != host:
+            raise MessageNotFoundError(f"msgId {msg_id}: stored by another host")
+        return m
+
+    def scan(self, from_offset=0, to_offset=None, check_crc=False):
+        self._check_open()
+        return self.commitlog.scan(from_offset, to_offset, check_crc)
+
+    @property
+    def min_phy_offset(self):
+        return self.commitlog.min_offset
+
+    @property
+    def max_phy_offset(self):
+        return self.commitlog.max_offset
+
+    # -- dispatch state -------------------------------------------------------------------
+    def wait_dispatched(self, timeout=None):
+        self._check_open()
+        if self.read_only:
+            return True
+        return self.dispatcher.wait_dispatched(timeout)
+
+    @property
+    def dispatch_lag(self):
+        return self.dispatcher.lag if not self.read_only else 0
+
+    # -- consume queues -------------------------------------------------------------------
+    def topics(self):
+        return self.consume_queues.topics()
+
+    def queue_ids(self, topic):
+        return self.consume_queues.queue_ids(topic)
+
+    def min_offset(self, topic, queue_id):
+        cq = self.consume_queues.get(topic, queue_id)
+        return cq.min_offset if cq is not None else 0
+
+    def max_offset(self, topic, queue_id):
+        cq = self.consume_queues.get(topic, queue_id)
+        return cq.max_offset if cq is not None else 0
+
+    def consume_queue_entries(self, topic, queue_id, offset=0, count=None):
+        """Raw CQ entries as a numpy structured array (phy_offset, size, tags_code)."""
+        self._check_open()
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None:
+            return _empty_entries()
+        if count is None:
+            count = max(0, cq.max_offset - offset)
+        return cq.read(max(offset, cq.min_offset), count)
+
+    def get_messages(self, topic, queue_id, offset, max_count=32, tags=None):
+        """RocketMQ DefaultMessageStore.getMessage: up to ``max_count`` messages of one
+        queue from ``offset``, filtered by a tag expression; statuses and next offsets as
+        RocketMQ's (a call never crosses a consume-queue file)."""
+        self._check_open()
+        if not isinstance(max_count, int) or max_count <= 0:
+            raise InvalidArgumentError(f"max_count must be a positive int, got {max_count!r}")
+        if not isinstance(offset, int):
+            raise InvalidArgumentError(f"offset must be an int, got {offset!r}")
+        flt = TagFilter(tags)
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == 0:
+            return GetMessageResult(S.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+        if offset < lo:
+            return GetMessageResult(S.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return GetMessageResult(S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+        if offset > hi:
+            return GetMessageResult(S.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+        cfg = self.config
+        entries = cq.read(offset, max(800, max_count), within_file=True)
+        if len(entries) == 0:
+            seg_end = offset - offset % cfg.consume_queue_entries + cfg.consume_queue_entries
+            return GetMessageResult(S.OFFSET_FOUND_NULL, seg_end, lo, hi)
+        res = GetMessageResult(S.NO_MATCHED_MESSAGE, offset, lo, hi)
+        msgs = res.messages
+        total_bytes = 0
+        max_bytes = cfg.max_transfer_bytes_on_message_in_memory
+        max_msgs = min(max_count, cfg.max_transfer_count_on_message_in_memory)
+        next_file_start = None
+        cl_max = self.commitlog.max_offset
+        get = self.commitlog.get
+        i = 0
+        for phy, size, tags_code in zip(entries["phy_offset"].tolist(), entries["size"].tolist(),
+                                        entries["tags_code"].tolist()):
+            if next_file_start is not None and phy < next_file_start:
+                i += 1
+                continue
+            if msgs and (len(msgs) >= max_count or total_bytes + size > max_bytes or len(msgs) > max_msgs - 1):
+                break
+            i += 1
+            if size == HOLE_SIZE:
+                continue
+            if not flt.match_code(tags_code):
+                continue
+            if phy < 0 or size <= 0 or phy + size > cl_max:
+                res.problems.append((offset + i - 1, phy, size))
+                log.warning("%s/%d offset %d: CQ entry (%d, %d) points outside the commitlog",
+                            topic, queue_id, offset + i - 1, phy, size)
+                continue
+            try:
+                m = get(phy)
+            except MessageNotFoundError:
+                if not msgs:
+                    res.status = S.MESSAGE_WAS_REMOVING
+                next_file_start = self.commitlog.next_segment_offset(phy)
+                continue
+            except CorruptRecordError as e:
+                res.problems.append((offset + i - 1, phy, size))
+                log.warning("%s/%d offset %d: %s", topic, queue_id, offset + i - 1, e)
+                continue
+            if m.store_size != size:
+                res.problems.append((offset + i - 1, phy, size))
+                continue
+            if not flt.matches_all and not flt.match_tags(m.tags):
+                continue
+            msgs.append(m)
+            total_bytes += size
+            res.status = S.FOUND
+            next_file_start = None
+        res.next_offset = offset + i
+        return res
+
+    def offset_by_time(self, topic, queue_id, timestamp):
+        """RocketMQ getOffsetInQueueByTime: binary search of store times in the CQ file
+        chosen for ``timestamp``; returns the nearest queue offset (0 when unknown)."""
+        self._check_open()
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None or not cq.segments.segments:
+            return 0
+        segs = cq.segments.segments
+        store_ts = self.commitlog.store_timestamp_at
+        seg = segs[-1]
+        for s in segs[:-1]:
+            # RocketMQ takes the first file modified at or after the time; a file's last
+            # entry is when it was last written.
+            last = cq.read((s.base_offset + s.wrote_pos) // 20 - 1, 1)
+            if len(last) and store_ts(int(last[0]["phy_offset"])) >= timestamp:
+                seg = s
+                break
+        base = seg.base_offset
+        low = max(0, cq.min_logic_offset - base)
+        high = seg.wrote_pos - 20
+        min_phy = self.commitlog.min_offset
+        target = left = right = -1
+        left_v = right_v = -1
+        while high >= low:
+            mid = (low + high) // 40 * 20
+            e = cq.read((base + mid) // 20, 1)
+            if not len(e):
+                return 0
+            phy = int(e[0]["phy_offset"])
+            if phy < min_phy:
+                low, left = mid + 20, mid
+                continue
+            t = store_ts(phy)
+            if t < 0:
+                return 0
+            if t == timestamp:
+                target = mid
+                break
+            if t > timestamp:
+                high, right, right_v = mid - 20, mid, t
+            else:
+                low, left, left_v = mid + 20, mid, t
+        if target != -1:
+            off = target
+        elif left_v == -1:
+            off = right
+        elif right_v == -1:
+            off = left
+        else:
+            off = right if abs(timestamp - left_v) > abs(timestamp - right_v) else left
+        return (base + off) // 20
+
+    # -- consumer offsets -----------------------------------------------------------------
+    def commit_offset(self, group, topic, queue_id, offset):
+        self._check_open()
+        if self.read_only:
+            raise StoreReadOnlyError("store opened read-only")
+        self.offsets.commit(group, topic, queue_id, offset)
+
+    def committed_offset(self, group, topic, queue_id):
+        """The committed offset, or -1 when the group never committed one."""
+        return self.offsets.get(group, topic, queue_id)
+
+
+def _empty_entries():
+    import numpy as np
+    from rmqstore._cq import ENTRY_DTYPE
+    return np.empty(0, ENTRY_DTYPE)
