@@ -789,8 +789,9 @@ def append_message(MappedSegment seg, Message msg, str topic, dict props, int32_
         room = seg.m.size - wpos
         p = seg.m.base + wpos
         if total + 8 > room:
-            rmq_st32(p, <int32_t>room)
-            rmq_st32(p + 4, C_BLANK)
+            if room >= 8:   # a full segment (room 0) already ends with its BLANK record
+                rmq_st32(p, <int32_t>room)
+                rmq_st32(p + 4, C_BLANK)
             seg.wrote_pos = seg.m.size
             return None
         sys_flag = (msg.sys_flag & ~(BORN_V6 | STORE_V6)) | (BORN_V6 if born_alen == 16 else 0) \
