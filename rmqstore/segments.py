@@ -47,8 +47,7 @@ class SegmentQueue:
         self.readonly = readonly
         self.file_mode = file_mode
         self.dir_mode = dir_mode
-        self.segments = []
-        self._bases = []
+        self._view = ([], [])   # (segments, their base offsets), replaced as one
         self._lock = threading.Lock()
         self._alloc = ThreadPoolExecutor(1, thread_name_prefix="rmq-alloc") if preallocate and not readonly else None
         self._pending = None   # (offset, Future[MappedSegment])
@@ -79,8 +78,11 @@ class SegmentQueue:
         return self
 
     def _publish(self, segs):
-        self.segments = segs
-        self._bases = [s.base_offset for s in segs]
+        self._view = (segs, [s.base_offset for s in segs])
+
+    @property
+    def segments(self):
+        return self._view[0]
 
     # -- lookup -------------------------------------------------------------------------
     @property
@@ -101,7 +103,7 @@ class SegmentQueue:
 
     def find(self, offset):
         """The segment holding ``offset``, or None."""
-        segs, bases = self.segments, self._bases
+        segs, bases = self._view
         i = bisect.bisect_right(bases, offset) - 1
         if i < 0 or i >= len(segs):
             return None
