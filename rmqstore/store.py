@@ -17,7 +17,7 @@ from rmqstore.flush import FlushService
 from rmqstore.offsets import ConsumerOffsets
 from rmqstore.recovery import recover_commitlog
 from rmqstore.segments import detect_file_size
-from rmqstore.topics import SCHEDULE_TOPIC
+from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 
 log = logging.getLogger(__name__)
 _NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
@@ -325,7 +325,12 @@ class MessageStore:
         flt = TagFilter(tags)
         cq = self.consume_queues.get(topic, queue_id)
         if cq is None:
-            return GetMessageResult(S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+            # RocketMQ's findConsumeQueue creates any queue asked for, so an unknown
+            # topic/queue answers NO_MESSAGE_IN_QUEUE; one that cannot exist does not.
+            if not isinstance(queue_id, int) or queue_id < 0 or not isinstance(topic, str) \
+                    or not is_safe_dirname(topic):
+                return GetMessageResult(S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+            return GetMessageResult(S.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
         if hi == 0:
             return GetMessageResult(S.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
@@ -334,7 +339,8 @@ class MessageStore:
         if offset == hi:
             return GetMessageResult(S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
         if offset > hi:
-            return GetMessageResult(S.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+            # 4.9.8 and 5.3.3 both answer nextBeginOffset = maxOffset here (manifests)
+            return GetMessageResult(S.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
         cfg = self.config
         entries = cq.read(offset, max(800, max_count), within_file=True)
         if len(entries) == 0:
