@@ -16,12 +16,20 @@ Durability invariants (what recovery may assume, see flush.py, and what it resto
    dispatch then starts at the furthest consume-queue entry (or, after an unclean
    shutdown, at the verified segment) and re-creates whatever is missing. Re-dispatching
    an entry that already exists is a no-op.
+5. After an unclean shutdown the whole tail of the segment holding the recovered end is
+   checked for stale bytes (pages of a torn write may reach the disk out of order), not
+   just the first page after it, and zero-filled when any are found.
+6. A segment whose first record does not parse is never a starting point: recovery then
+   starts earlier (at worst at the first segment) instead of failing to open.
 """
 import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rmqstore import _codec
+from rmqstore.errors import CorruptRecordError
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +51,17 @@ class RecoveryReport:
     notes: list = field(default_factory=list)
 
 
+_PROGRESS_SECONDS = 5.0
+
+
 def _first_store_timestamp(seg):
-    r = _codec.decode_record(seg, 0, seg.size, False) if seg.size else None
-    if isinstance(r, _codec.MessageExt):
-        return r.store_timestamp
-    return 0
+    """Store time of the segment's first record; 0 when it is not a message (RocketMQ
+    isMappedFileMatchedRecover)."""
+    try:
+        r = _codec.decode_record(seg, 0, seg.size, False)
+    except CorruptRecordError:
+        return 0
+    return r.store_timestamp if isinstance(r, _codec.MessageExt) else 0
 
 
 def _start_index(segments, clean, checkpoint, index_enabled):
@@ -71,12 +85,17 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     i = _start_index(segs, clean, checkpoint, index_enabled)
     rep.start_offset = segs[i].base_offset
     end = rep.start_offset
+    next_log = t0 + _PROGRESS_SECONDS
     for seg in segs[i:]:
         pos, count, status = _codec.scan_segment(seg, 0, seg.size, check_crc)
         rep.segments_scanned += 1
         rep.records_verified += count
         if progress is not None:
             progress(seg.size)
+        if time.monotonic() >= next_log:
+            next_log += _PROGRESS_SECONDS
+            log.info("recovery: %d/%d segments, %d records verified", rep.segments_scanned,
+                     len(segs) - i, rep.records_verified)
         if status == "blank":
             end = seg.base_offset + seg.size
             continue
@@ -88,11 +107,36 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     rep.end_offset = end
     if not commitlog.readonly:
         rep.commitlog_bytes_truncated = commitlog.segments.truncate(end)
+        if not clean:
+            rep.commitlog_bytes_truncated += _zero_stale_tail(commitlog.segments.find(end), end)
     else:
         _set_positions_readonly(commitlog.segments, end)
     commitlog.segments.flushed_where = end
     rep.seconds = time.monotonic() - t0
+    log.info("recovery (%s shutdown): %d segments, %d records verified from %d, end %d, %d bytes truncated, "
+             "%.3f s", "clean" if clean else "unclean", rep.segments_scanned, rep.records_verified,
+             rep.start_offset, end, rep.commitlog_bytes_truncated, rep.seconds)
     return rep
+
+
+def _zero_stale_tail(seg, end):
+    """Invariant 5: zero-fill ``[end, segment end)`` if anything but zeros is left there;
+    returns the bytes zeroed."""
+    if seg is None:
+        return 0
+    pos = end - seg.base_offset
+    lo = min(seg.size, -(-pos // 8) * 8)          # 8-aligned middle, compared as u64 words
+    hi = lo + (seg.size - lo) // 8 * 8
+    with memoryview(seg) as mv:
+        b = np.frombuffer(mv, np.uint8)
+        dirty = bool(b[pos:lo].any() or b[lo:hi].view(np.uint64).any() or b[hi:].any())
+        del b
+    if not dirty:
+        return 0
+    log.warning("recovery: stale bytes after commitlog offset %d in %s; zero-filling", end, seg.path)
+    seg.zero(pos, seg.size - pos)
+    seg.sync_all()
+    return seg.size - pos
 
 
 def _set_positions_readonly(segments, end):
