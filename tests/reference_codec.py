@@ -60,7 +60,7 @@ def parse_properties(raw):
     """name\\x01value pairs joined by \\x02 (a trailing \\x02 allowed); RocketMQ drops pairs
     with an empty name or value."""
     out = {}
-    for item in raw.decode("utf-8").split("\x02"):
+    for item in raw.decode("utf-8", "replace").split("\x02"):
         name, sep, value = item.partition("\x01")
         if sep and name and value:
             out[name] = value
@@ -142,7 +142,7 @@ def decode_record(buf, pos=0, base_offset=0):
         if tlen < 0:
             raise RefCorrupt(f"topic length {tlen}", where)
     m["topic_bytes"] = take(tlen)
-    m["topic"] = m["topic_bytes"].decode("utf-8")
+    m["topic"] = m["topic_bytes"].decode("utf-8", "replace")
     plen = struct.unpack(">h", take(2))[0]
     if plen < 0:
         raise RefCorrupt(f"properties length {plen}", where)
