@@ -8,6 +8,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy, memchr, memset
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint32_t
+from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport *
@@ -34,7 +35,7 @@ TRANSACTION_COMMIT = 0x8
 TRANSACTION_ROLLBACK = 0xC
 SYSFLAG_BORNHOST_V6 = 0x10
 SYSFLAG_STOREHOST_V6 = 0x20
-cdef int32_t BORN_V6 = 0x10, STORE_V6 = 0x20
+cdef int32_t BORN_V6 = 0x10, STORE_V6 = 0x20, TRAN_PREPARED = 0x4, TRAN_ROLLBACK = 0xC
 
 # Decoder status codes, translated to exceptions in one place (record_error).
 cdef enum:
@@ -343,6 +344,7 @@ cdef class Message:
         return f"Message(topic={self.topic!r}, body={len(self.body)} bytes, properties={self.properties!r})"
 
 
+@cython.no_gc
 cdef class PutResult:
     """Where a put landed: commitlog offset and size, queue id/offset, store time."""
     cdef readonly int64_t phy_offset
@@ -745,9 +747,9 @@ cdef void write_properties(char *out, dict props) noexcept:
         out += kl + 1 + vl
 
 
-def append_message(MappedSegment seg, Message msg, str topic, dict props, int32_t queue_id,
-                   int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
-                   int64_t max_size):
+cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int32_t queue_id,
+                      int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
+                      int64_t max_size):
     """Encode ``msg`` (with the given effective topic, properties and queue) at the segment's
     write position. Returns a PutResult, or None when the record does not fit: then the
     BLANK end-of-file record has been written and the caller rolls to a new segment."""
@@ -851,6 +853,140 @@ def append_message(MappedSegment seg, Message msg, str topic, dict props, int32_
     res.store_host = store_host
     return res
 
+
+def append_message(MappedSegment seg, Message msg, str topic, dict props, int32_t queue_id,
+                   int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
+                   int64_t max_size):
+    """One record at the segment's write position (see encode); None when it did not fit."""
+    return encode(seg, msg, topic, props, queue_id, queue_offset, store_ts, store_host, version, max_size)
+
+
+cdef inline int64_t now_ms() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
+
+
+@cython.final
+cdef class _TopicState:
+    """One topic's write state: next round-robin queue id, next offset per queue id."""
+    cdef int32_t next_qid
+    cdef bint checked                   # the name passed check_topic
+    cdef dict offsets                   # queue id -> next queue offset
+
+    def __cinit__(self):
+        self.offsets = {}
+
+
+cdef class Appender:
+    """The write side of a commitlog: picks the queue id (round robin per topic when none
+    is given), assigns the queue offset (PREPARED / ROLLBACK get 0 and do not advance it)
+    and encodes the record at the end of the last segment, rolling when it is full; a
+    batch runs as one C loop with one store timestamp.
+
+    Policy stays in Python callbacks, called only when needed: ``check_topic(topic)`` the
+    first time a topic is written (raises if the name is not allowed), ``delay(msg, topic,
+    queue_id, props)`` -> (topic, queue_id, props) for a message with a DELAY property, and
+    ``warm(seg)`` once the end of written data reaches ``warm_mark`` (a commitlog offset).
+    Not thread-safe: the caller holds the commitlog's write lock."""
+    cdef public int64_t warm_mark
+    cdef dict topics                    # topic -> _TopicState
+    cdef object segments, check_topic, delay, warm
+    cdef MappedSegment seg              # the last segment, during a call
+    cdef bytes store_host
+    cdef int version
+    cdef int32_t queue_nums
+    cdef int64_t max_size
+
+    def __init__(self, segments, bytes store_host, int version, int64_t max_size, int32_t queue_nums,
+                 check_topic, delay, warm):
+        if queue_nums <= 0:
+            raise InvalidArgumentError("queue_nums must be positive")
+        self.segments = segments
+        self.store_host = store_host
+        self.version = version
+        self.max_size = max_size
+        self.queue_nums = queue_nums
+        self.check_topic = check_topic
+        self.delay = delay
+        self.warm = warm
+        self.topics = {}
+        self.warm_mark = 0
+
+    @property
+    def queue_offsets(self):
+        """(topic, queue_id) -> next queue offset, as a new dict."""
+        cdef _TopicState st
+        return {(t, q): o for t, st in self.topics.items() for q, o in st.offsets.items()}
+
+    @queue_offsets.setter
+    def queue_offsets(self, table):
+        cdef _TopicState st
+        for st in self.topics.values():
+            st.offsets.clear()
+        for (t, q), o in table.items():
+            self._state(t).offsets[q] = o
+
+    cdef _TopicState _state(self, str topic):
+        cdef _TopicState st = self.topics.get(topic)
+        if st is None:
+            st = self.topics[topic] = _TopicState()
+        return st
+
+    def put(self, Message msg, queue_id=None):
+        """Append one message; returns its PutResult."""
+        self.seg = self._last()
+        return self._append(msg, queue_id, now_ms())
+
+    def put_batch(self, msgs, queue_id=None):
+        """Append every message of ``msgs`` with one store timestamp; list of PutResult."""
+        cdef int64_t ts = now_ms()
+        cdef list out = []
+        self.seg = self._last()
+        for m in msgs:
+            out.append(self._append(<Message?>m, queue_id, ts))
+        return out
+
+    cdef MappedSegment _last(self):
+        segs = self.segments.segments
+        return segs[len(segs) - 1] if segs else self.segments.roll(0)
+
+    cdef PutResult _append(self, Message msg, object queue_id, int64_t ts):
+        cdef str topic = msg.topic
+        cdef dict props = msg.properties
+        cdef _TopicState st = self.topics.get(topic)
+        cdef int32_t qid, tran = msg.sys_flag & 0xC
+        cdef int64_t qoff = 0
+        cdef bint counted = tran != TRAN_PREPARED and tran != TRAN_ROLLBACK
+        cdef object v
+        cdef PutResult res
+        if st is None or not st.checked:
+            self.check_topic(topic)
+            st = self._state(topic)
+            st.checked = True
+        if queue_id is None:
+            qid = st.next_qid
+            st.next_qid = (qid + 1) % self.queue_nums
+        elif 0 <= queue_id <= 0x7FFFFFFF:
+            qid = queue_id
+        else:
+            raise InvalidArgumentError(f"queue_id {queue_id} out of range")
+        if "DELAY" in props:
+            topic, qid, props = self.delay(msg, topic, qid, props)
+            st = self._state(topic)
+        if counted:
+            v = st.offsets.get(qid)
+            if v is not None:
+                qoff = v
+        res = encode(self.seg, msg, topic, props, qid, qoff, ts, self.store_host, self.version, self.max_size)
+        if res is None:
+            self.seg = self.segments.roll()
+            res = encode(self.seg, msg, topic, props, qid, qoff, ts, self.store_host, self.version, self.max_size)
+        if counted:
+            st.offsets[qid] = qoff + 1
+        if res.phy_offset + res.size >= self.warm_mark:
+            self.warm(self.seg)
+        return res
 
 def properties_from(const unsigned char[:] raw, Py_ssize_t off, Py_ssize_t n):
     """Parse the properties string at ``raw[off:off+n]`` (bounds checked) into a dict."""

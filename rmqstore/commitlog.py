@@ -1,6 +1,6 @@
 """CommitLog: every message of every topic, appended to one run of segments."""
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore import _codec
 from rmqstore._codec import MessageExt
@@ -13,10 +13,6 @@ TRAN_MASK = 0xC
 _NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
 
 
-def now_ms():
-    return time.time_ns() // 1_000_000
-
-
 class CommitLog:
     """The commitlog: records in RocketMQ's format, in files of ``commitlog_file_size``.
 
@@ -25,7 +21,8 @@ class CommitLog:
     and the record goes first in the next one. Zero TOTALSIZE marks the end of data.
 
     Thread-safety: ``put``/``put_batch`` serialize on one lock (append + roll + queue
-    offset counters); reads take no lock and see only published bytes.
+    offset counters, all in ``_codec.Appender``); reads take no lock and see only
+    published bytes. Pages ahead of the writer are faulted in on a background thread.
     Crash behaviour: see recovery.py; a torn tail is cut at the last valid record.
     """
 
@@ -37,10 +34,13 @@ class CommitLog:
                                      preallocate=config.warm_mapped_file)
         self.store_host = _codec.pack_host(config.store_host)
         self.lock = threading.Lock()
-        self.queue_offsets = {}        # (topic, queue_id) -> next queue offset
-        self._round_robin = {}         # topic -> next queue id
-        self._topics_ok = set()
         self._delay_levels = config.delay_levels_ms()
+        self._appender = _codec.Appender(self.segments, self.store_host, config.message_version,
+                                         config.max_message_size, config.default_queue_nums,
+                                         self._check_topic, self._delay, self._warm_ahead)
+        warm = config.warm_mapped_file and config.warm_ahead_bytes > 0 and not readonly
+        self._warmer = ThreadPoolExecutor(1, thread_name_prefix="rmq-warm") if warm else None
+        self._warm_to = 0              # commitlog offset faulted in (or queued) so far
         self.failed = None             # sticky I/O error: the store turned read-only
 
     # -- positions ------------------------------------------------------------------------
@@ -57,6 +57,15 @@ class CommitLog:
     def flushed_offset(self):
         return self.segments.flushed_where
 
+    @property
+    def queue_offsets(self):
+        """(topic, queue_id) -> next queue offset."""
+        return self._appender.queue_offsets
+
+    @queue_offsets.setter
+    def queue_offsets(self, table):
+        self._appender.queue_offsets = table
+
     # -- writing --------------------------------------------------------------------------
     def _check_writable(self):
         if self.readonly:
@@ -64,68 +73,53 @@ class CommitLog:
         if self.failed is not None:
             raise StoreReadOnlyError(f"store is read-only after an I/O error: {self.failed}") from self.failed
 
-    def _route(self, msg, queue_id):
-        """Effective (topic, queue_id, properties) after RocketMQ's delay rewrite."""
-        topic = msg.topic
-        if topic not in self._topics_ok:
-            validate_topic(topic, self.config.message_version, self.config.strict_topic_names)
-            self._topics_ok.add(topic)
-        if queue_id is None:
-            queue_id = self._round_robin.get(topic, 0)
-            self._round_robin[topic] = (queue_id + 1) % self.config.default_queue_nums
-        elif not 0 <= queue_id <= 0x7FFFFFFF:
-            raise InvalidArgumentError(f"queue_id {queue_id} out of range")
-        props = msg.properties
-        delay = props.get("DELAY")
-        if delay and (msg.sys_flag & TRAN_MASK) not in _NO_CQ:
-            try:
-                level = int(delay)
-            except ValueError:
-                raise InvalidArgumentError(f"DELAY property {delay!r} is not a level number") from None
-            level = min(level, len(self._delay_levels))
-            if level > 0:
-                props = dict(props)
-                props["DELAY"] = str(level)
-                props["REAL_TOPIC"] = topic
-                props["REAL_QID"] = str(queue_id)
-                return SCHEDULE_TOPIC, level - 1, props
-        return topic, queue_id, props
+    def _check_topic(self, topic):
+        validate_topic(topic, self.config.message_version, self.config.strict_topic_names)
 
-    def _append(self, msg, queue_id, store_ts):
-        """Encode one message at the end (rolling as needed); caller holds the lock."""
-        topic, queue_id, props = self._route(msg, queue_id)
-        key = (topic, queue_id)
-        tran = msg.sys_flag & TRAN_MASK
-        queue_offset = 0 if tran in _NO_CQ else self.queue_offsets.get(key, 0)
-        seg = self.segments.last
-        if seg is None:
-            seg = self.segments.roll(0)
-        cfg = self.config
-        res = _codec.append_message(seg, msg, topic, props, queue_id, queue_offset, store_ts,
-                                    self.store_host, cfg.message_version, cfg.max_message_size)
-        if res is None:   # BLANK written: the record goes first in a new segment
-            seg = self.segments.roll()
-            res = _codec.append_message(seg, msg, topic, props, queue_id, queue_offset, store_ts,
-                                        self.store_host, cfg.message_version, cfg.max_message_size)
-        if tran not in _NO_CQ:
-            self.queue_offsets[key] = queue_offset + 1
-        return res
+    def _delay(self, msg, topic, queue_id, props):
+        """RocketMQ 4.9's delay rewrite: a DELAY level moves the message to
+        SCHEDULE_TOPIC_XXXX queue level-1, with REAL_TOPIC / REAL_QID properties."""
+        delay = props.get("DELAY")
+        if not delay or (msg.sys_flag & TRAN_MASK) in _NO_CQ:
+            return topic, queue_id, props
+        try:
+            level = int(delay)
+        except ValueError:
+            raise InvalidArgumentError(f"DELAY property {delay!r} is not a level number") from None
+        level = min(level, len(self._delay_levels))
+        if level <= 0:
+            return topic, queue_id, props
+        props = dict(props)
+        props["DELAY"] = str(level)
+        props["REAL_TOPIC"] = topic
+        props["REAL_QID"] = str(queue_id)
+        return SCHEDULE_TOPIC, level - 1, props
+
+    def _warm_ahead(self, seg):
+        """Queue a pre-fault of the next ``warm_ahead_bytes`` of ``seg`` (a fresh page costs
+        ~10-20 us to fault in here; the writer should not pay it), and set the next mark."""
+        base, end = seg.base_offset, seg.base_offset + seg.size
+        pos = base + seg.wrote_pos
+        if self._warmer is None:
+            self._appender.warm_mark = 1 << 62
+            return
+        ahead = self.config.warm_ahead_bytes
+        start, stop = max(self._warm_to, pos), min(end, pos + ahead)
+        if stop > start:
+            self._warmer.submit(seg.prefault, start - base, stop - start, 2)
+            self._warm_to = stop
+        self._appender.warm_mark = min(end, pos + ahead // 2)
 
     def put(self, msg, queue_id=None):
         self._check_writable()
         with self.lock:
-            return self._append(msg, queue_id, now_ms())
+            return self._appender.put(msg, queue_id)
 
     def put_batch(self, msgs, queue_id=None):
         """Append ``msgs`` under one lock acquisition, all with one store timestamp."""
         self._check_writable()
-        out = []
         with self.lock:
-            ts = now_ms()
-            append = self._append
-            for m in msgs:
-                out.append(append(m, queue_id, ts))
-        return out
+            return self._appender.put_batch(msgs, queue_id)
 
     # -- reading --------------------------------------------------------------------------
     def get(self, offset, check_crc=False):
@@ -178,4 +172,6 @@ class CommitLog:
         return self.segments.flush(least_pages)
 
     def close(self):
+        if self._warmer is not None:
+            self._warmer.shutdown(wait=True, cancel_futures=True)
         self.segments.close()
