@@ -14,6 +14,8 @@ from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, MessageNotFoundError,
                              StoreClosedError, StoreLockedError, StoreReadOnlyError)
 from rmqstore.flush import FlushService
+from rmqstore._index import keys_match
+from rmqstore.index import IndexService
 from rmqstore.offsets import ConsumerOffsets
 from rmqstore.recovery import recover_commitlog
 from rmqstore.segments import detect_file_size
@@ -128,11 +130,18 @@ class MessageStore:
         for cq in self.consume_queues.queues.values():   # read-only: positions only, files untouched
             rep.consume_queue_bytes_truncated += cq.recover() + cq.truncate_dirty(end)
             cq.correct_min_offset(self.commitlog.min_offset)
+        if cfg.message_index_enable:
+            self.index = IndexService(self.path, cfg, self.checkpoint, self.read_only).load(self.clean_shutdown, end)
+            rep.index_entries_dropped = self.index.entries_dropped
         reput = max(self.consume_queues.max_physic_offset(), self.commitlog.min_offset, 0)
         if not self.clean_shutdown:
             reput = min(reput, rep.start_offset)
+        if self.index is not None and self.index.resume_offset is not None:
+            reput = max(min(reput, self.index.resume_offset), self.commitlog.min_offset)
         self.dispatcher = Dispatcher(self.commitlog, reput)
         self.dispatcher.add(self._dispatch_cq)
+        if self.index is not None:
+            self.dispatcher.add(self.index.dispatch)
         if not self.read_only:
             before = self.dispatcher.reput_from
             self.dispatcher.catch_up()
@@ -457,6 +466,55 @@ class MessageStore:
     def committed_offset(self, group, topic, queue_id):
         """The committed offset, or -1 when the group never committed one."""
         return self.offsets.get(group, topic, queue_id)
+
+    # -- index queries --------------------------------------------------------------------
+    def _index_or_raise(self):
+        self._check_open()
+        if self.index is None:
+            raise InvalidArgumentError(f"{self.path}: message_index_enable is off")
+        return self.index
+
+    def query_offsets(self, topic, key, max_num=64, begin=0, end=None):
+        """What RocketMQ's DefaultMessageStore.queryMessage finds for ``key`` in ``topic``
+        stored in [begin, end] ms: the commitlog offsets of the newest ``max_num`` (at most
+        max_msgs_num_batch) index entries whose key *hash* matches, sorted ascending."""
+        return self._index_or_raise().query_offsets(topic, key, max_num, begin, end)
+
+    def query_by_key(self, topic, key, max_num=64, begin=0, end=None):
+        """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest
+        first: query_offsets minus hash collisions (each candidate's real keys are read)."""
+        offsets = self._index_or_raise().query_offsets(topic, key, max_num, begin, end)
+        return self._keyed_messages(topic, key, offsets)
+
+    def query_keys(self, topic, keys, max_num=64, begin=0, end=None):
+        """query_by_key for many keys in one index pass; a list per key, in ``keys`` order."""
+        keys = list(keys)
+        offsets, bounds = self._index_or_raise().query_offsets_many(topic, keys, max_num, begin, end)
+        offsets, bounds = offsets.tolist(), bounds.tolist()
+        return [self._keyed_messages(topic, k, offsets[bounds[i]:bounds[i + 1]]) for i, k in enumerate(keys)]
+
+    def query_by_uniq_key(self, topic, uniq_key):
+        """The newest message of ``topic`` whose UNIQ_KEY is ``uniq_key``."""
+        offsets = self._index_or_raise().query_offsets(topic, uniq_key, self.config.max_msgs_num_batch)
+        for m in self._keyed_messages(topic, uniq_key, offsets):
+            if m.uniq_key == uniq_key:
+                return m
+        raise MessageNotFoundError(f"{topic}: no message with UNIQ_KEY {uniq_key!r}")
+
+    def _keyed_messages(self, topic, key, offsets):
+        out = []
+        get, prev = self.commitlog.get, None
+        for off in reversed(offsets):
+            if off == prev:     # UNIQ_KEY equal to a KEYS token: one message, two entries
+                continue
+            prev = off
+            try:
+                m = get(off)
+            except (MessageNotFoundError, CorruptRecordError):
+                continue        # deleted by retention, or past a recovered end (read-only)
+            if m.topic == topic and keys_match(m.properties_raw, key):
+                out.append(m)
+        return out
 
 
 def _empty_entries():

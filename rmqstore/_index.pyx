@@ -1,0 +1,549 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""IndexFile kernels: key extraction from dispatched records, RocketMQ putKey into a mapped
+index file, and the slot probe + chain walk of selectPhyOffset, with the GIL released.
+
+File layout (big-endian)::
+
+    @0   beginTimestamp i64 · endTimestamp i64 · beginPhyOffset i64 · endPhyOffset i64
+    @32  hashSlotCount i32 · indexCount i32 (starts at 1: entry 0 is never used)
+    @40  slots × i32 (entry number of the newest entry of the slot, 0 = empty)
+    then entries × 20 bytes: keyHash i32 · phyOffset i64 · timeDiff i32 (s) · prevIndex i32
+
+Every value read from a file is untrusted: slot values and prevIndex are checked against
+indexCount and the file's capacity, and a chain walk only moves to strictly older entries,
+so it terminates on any input."""
+from cpython.unicode cimport PyUnicode_Check
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
+import numpy as np
+cimport numpy as cnp
+from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
+from rmqstore._segment cimport MappedSegment
+from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError
+
+cnp.import_array()
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+
+HEADER_SIZE = 40
+ENTRY_SIZE = 20
+DEFAULT_MAX_NUM = 64
+cdef int64_t HDR = 40
+cdef int32_t INT_MAX = 0x7FFFFFFF
+cdef int32_t ROLLBACK = 0xC
+
+
+def file_size(int64_t slots, int64_t entries):
+    """Bytes of an index file with this geometry."""
+    return HDR + slots * 4 + entries * 20
+
+
+def read_header(MappedSegment seg):
+    """(beginTimestamp, endTimestamp, beginPhyOffset, endPhyOffset, hashSlotCount, indexCount)."""
+    seg.check_range(0, HDR)
+    cdef const char *b = seg.m.base
+    return rmq_ld64(b), rmq_ld64(b + 8), rmq_ld64(b + 16), rmq_ld64(b + 24), rmq_ld32(b + 32), rmq_ld32(b + 36)
+
+
+def write_header(MappedSegment seg, int64_t begin_ts, int64_t end_ts, int64_t begin_phy, int64_t end_phy,
+                 int32_t slot_count, int32_t index_count):
+    seg.check_range(0, HDR)
+    cdef char *b = seg.m.base
+    rmq_st64(b, begin_ts)
+    rmq_st64(b + 8, end_ts)
+    rmq_st64(b + 16, begin_phy)
+    rmq_st64(b + 24, end_phy)
+    rmq_st32(b + 32, slot_count)
+    rmq_st32(b + 36, index_count)
+
+
+cdef inline int32_t index_hash(const char *s, Py_ssize_t n) noexcept nogil:
+    """abs(Java hashCode) of a UTF-8 key, 0 for Integer.MIN_VALUE (IndexFile.indexKeyHashMethod)."""
+    cdef int32_t h = rmq_java_hash(s, n)
+    if h == <int32_t>0x80000000:
+        return 0
+    return -h if h < 0 else h
+
+
+def key_hash(str key):
+    """The index hash of an already built ``topic#key`` string."""
+    cdef Py_ssize_t n
+    cdef const char *p = PyUnicode_AsUTF8AndSize(key, &n)
+    return index_hash(p, n)
+
+
+cdef int32_t build_hash(const char *topic, Py_ssize_t tlen, const char *key, Py_ssize_t klen,
+                        char *buf) noexcept nogil:
+    """Hash of ``topic#key`` assembled in ``buf`` (tlen + klen + 1 bytes)."""
+    memcpy(buf, topic, tlen)
+    buf[tlen] = b'#'
+    memcpy(buf + tlen + 1, key, klen)
+    return index_hash(buf, tlen + 1 + klen)
+
+
+# ---------------------------------------------------------------------------- key extraction
+
+cdef int find_value(const char *p, int32_t n, const char *name, int32_t nlen,
+                    int32_t *voff, int32_t *vlen) noexcept nogil:
+    """Last ``name\\x01value`` pair with a non-empty value (RocketMQ's property map); 1 if found."""
+    cdef int32_t i = 0, j, k, m
+    cdef int found = 0
+    while i < n:
+        j = i
+        while j < n and p[j] != 2:
+            j += 1
+        k = i
+        while k < j and p[k] != 1:
+            k += 1
+        if k - i == nlen and k < j - 1:
+            m = 0
+            while m < nlen and p[i + m] == name[m]:
+                m += 1
+            if m == nlen:
+                voff[0] = k + 1
+                vlen[0] = j - k - 1
+                found = 1
+        i = j + 1
+    return found
+
+
+cdef int64_t keys_of(const char *raw, int64_t nraw, const char *row, char *buf,
+                     int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
+    """Index keys of one DISPATCH_DTYPE row: UNIQ_KEY, then every non-empty space-separated
+    KEYS token; fills the outputs when ``hashes`` is not NULL. Returns how many."""
+    cdef int64_t phy = (<int64_t *>row)[0]
+    cdef int32_t sys_flag = (<int32_t *>(row + 24))[0]
+    cdef int64_t ts = (<int64_t *>(row + 36))[0]
+    cdef int32_t toff = (<int32_t *>(row + 44))[0], tlen = (<int32_t *>(row + 48))[0]
+    cdef int32_t poff = (<int32_t *>(row + 52))[0], plen = (<int32_t *>(row + 56))[0]
+    cdef int32_t voff = 0, vlen = 0, i, j
+    cdef int64_t n = 0
+    if (sys_flag & 0xC) == ROLLBACK:
+        return 0
+    if toff < 0 or tlen < 0 or poff < 0 or plen < 0 or toff + tlen > nraw or poff + plen > nraw:
+        return 0
+    cdef const char *topic = raw + toff
+    cdef const char *props = raw + poff
+    if find_value(props, plen, b"UNIQ_KEY", 8, &voff, &vlen):
+        if hashes != NULL:
+            hashes[n] = build_hash(topic, tlen, props + voff, vlen, buf)
+            phys[n] = phy
+            tss[n] = ts
+        n += 1
+    if find_value(props, plen, b"KEYS", 4, &voff, &vlen):
+        i = voff
+        while i < voff + vlen:
+            j = i
+            while j < voff + vlen and props[j] != b' ':
+                j += 1
+            if j > i:
+                if hashes != NULL:
+                    hashes[n] = build_hash(topic, tlen, props + i, j - i, buf)
+                    phys[n] = phy
+                    tss[n] = ts
+                n += 1
+            i = j + 1
+    return n
+
+
+def extract_keys(const uint8_t[:] raw, cnp.ndarray rows):
+    """(hashes i32, phy_offsets i64, store_timestamps i64) of every index key of ``rows``
+    (a contiguous _codec.DISPATCH_DTYPE array over ``raw``), in dispatch order; ROLLBACK
+    messages have none."""
+    cdef int64_t nrows = rows.shape[0], i, total = 0, k = 0
+    cdef int64_t nraw = raw.shape[0]
+    if rows.dtype.itemsize != 60 or not rows.flags.c_contiguous:
+        raise InvalidArgumentError("rows must be a contiguous DISPATCH_DTYPE array")
+    cdef const char *base = NULL
+    cdef const char *rp = <const char *>cnp.PyArray_DATA(rows)
+    cdef int32_t *ho
+    cdef int64_t *po
+    cdef int64_t *to
+    if nraw:
+        base = <const char *>&raw[0]
+    elif nrows:
+        raise InvalidArgumentError("rows without raw record bytes")
+    cdef char *buf = <char *>malloc(nraw + 1)
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for i in range(nrows):
+                total += keys_of(base, nraw, rp + i * 60, buf, NULL, NULL, NULL)
+        hashes = np.empty(total, np.int32)
+        phys = np.empty(total, np.int64)
+        tss = np.empty(total, np.int64)
+        ho = <int32_t *>cnp.PyArray_DATA(hashes)
+        po = <int64_t *>cnp.PyArray_DATA(phys)
+        to = <int64_t *>cnp.PyArray_DATA(tss)
+        with nogil:
+            for i in range(nrows):
+                k += keys_of(base, nraw, rp + i * 60, buf, ho + k, po + k, to + k)
+    finally:
+        free(buf)
+    return hashes, phys, tss
+
+
+# ---------------------------------------------------------------------------- writing
+
+cdef int check_geometry(MappedSegment seg, int64_t slots, int64_t entries) except -1:
+    if slots <= 0 or entries < 2:
+        raise InvalidArgumentError(f"index geometry {slots} slots / {entries} entries")
+    seg.check_range(0, 0)
+    if seg.m.size < HDR + slots * 4 + entries * 20:
+        raise CorruptStoreError(f"{seg.path}: {seg.m.size} bytes, too small for {slots} slots / {entries} entries")
+    return 0
+
+
+def put_entries(MappedSegment seg, int32_t slots, int32_t entries, const int32_t[:] hashes,
+                const int64_t[:] phys, const int64_t[:] tss, Py_ssize_t start):
+    """RocketMQ IndexFile.putKey for keys ``start..`` until the file is full; returns the
+    index of the first key not written. Entry first, then slot, then header, so a
+    concurrent reader sees either the old chain or the new one."""
+    cdef Py_ssize_t i = start, n = hashes.shape[0]
+    cdef char *b
+    cdef char *sp
+    cdef char *ep
+    cdef int32_t count, h, sv
+    cdef int64_t diff, bts
+    check_geometry(seg, slots, entries)
+    if seg.m.readonly:
+        raise PermissionError(f"{seg.path}: opened read-only")
+    if phys.shape[0] < n or tss.shape[0] < n or start < 0:
+        raise InvalidArgumentError("hashes, phys and tss differ in length")
+    b = seg.m.base
+    with nogil:
+        count = rmq_ld32(b + 36)
+        if count < 1:
+            count = 1
+        while i < n and count < entries:
+            h = hashes[i]
+            if h < 0:
+                h = 0
+            sp = b + HDR + (h % slots) * 4
+            sv = rmq_ld32(sp)
+            if sv <= 0 or sv >= count:
+                sv = 0
+            bts = rmq_ld64(b)
+            diff = (tss[i] - bts) // 1000
+            if bts <= 0 or diff < 0:
+                diff = 0
+            elif diff > INT_MAX:
+                diff = INT_MAX
+            ep = b + HDR + <int64_t>slots * 4 + <int64_t>count * 20
+            rmq_st32(ep, h)
+            rmq_st64(ep + 4, phys[i])
+            rmq_st32(ep + 12, <int32_t>diff)
+            rmq_st32(ep + 16, sv)
+            rmq_st32(sp, count)
+            if count <= 1:
+                rmq_st64(b + 16, phys[i])
+                rmq_st64(b, tss[i])
+            if sv == 0:
+                rmq_st32(b + 32, rmq_ld32(b + 32) + 1)
+            count += 1
+            rmq_st32(b + 36, count)
+            rmq_st64(b + 24, phys[i])
+            rmq_st64(b + 8, tss[i])
+            i += 1
+    return i
+
+
+def truncate_entries(MappedSegment seg, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit):
+    """Keep the longest prefix of entries that is sane (phy offsets non-decreasing and below
+    ``phy_end``, prevIndex pointing strictly back, time <= ``ts_limit``), zero the rest,
+    repoint slots into the kept prefix and rewrite the header. Returns (kept, dropped)."""
+    cdef int64_t bts, prev_phy = -1, phy, i
+    cdef int32_t count, keep = 1, s, sv, td, prev, used = 0
+    cdef char *b
+    cdef char *ep
+    check_geometry(seg, slots, entries)
+    if seg.m.readonly:
+        raise PermissionError(f"{seg.path}: opened read-only")
+    b = seg.m.base
+    count = rmq_ld32(b + 36)
+    if count < 1 or count > entries:
+        count = entries if count > entries else 1
+    bts = rmq_ld64(b)
+    cdef char *ents = b + HDR + <int64_t>slots * 4
+    with nogil:
+        while keep < count:
+            ep = ents + <int64_t>keep * 20
+            phy = rmq_ld64(ep + 4)
+            td = rmq_ld32(ep + 12)
+            prev = rmq_ld32(ep + 16)
+            if phy < prev_phy or phy >= phy_end or td < 0 or prev < 0 or prev >= keep \
+                    or bts + <int64_t>td * 1000 > ts_limit:
+                break
+            prev_phy = phy
+            keep += 1
+        for i in range(keep, count):
+            ep = ents + i * 20
+            rmq_st64(ep, 0)
+            rmq_st64(ep + 8, 0)
+            rmq_st32(ep + 16, 0)
+        for s in range(slots):
+            sv = rmq_ld32(b + HDR + s * 4)
+            while sv >= keep:     # newer entries chain back to older ones: stop in the prefix
+                prev = rmq_ld32(ents + <int64_t>sv * 20 + 16) if sv < count else 0
+                sv = prev if 0 < prev < sv else 0
+            if sv < 0:
+                sv = 0
+            rmq_st32(b + HDR + s * 4, sv)
+            if sv:
+                used += 1
+    if keep > 1:
+        ep = ents + <int64_t>(keep - 1) * 20
+        rmq_st64(b + 24, rmq_ld64(ep + 4))
+        rmq_st64(b + 8, bts + <int64_t>rmq_ld32(ep + 12) * 1000)
+    rmq_st32(b + 32, used)
+    rmq_st32(b + 36, keep)
+    return keep, count - keep
+
+
+# ---------------------------------------------------------------------------- reading
+
+cdef struct FileView:
+    const char *base
+    int32_t slots
+    int32_t entries
+
+
+cdef inline bint time_matched(int64_t begin, int64_t end, int64_t bts, int64_t ets) noexcept nogil:
+    """IndexFile.isTimeMatched."""
+    return (begin < bts and end > ets) or (bts <= begin <= ets) or (bts <= end <= ets)
+
+
+cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
+                            int64_t *out, Py_ssize_t n) noexcept nogil:
+    """IndexFile.selectPhyOffset: walk the slot's chain, newest first, appending to
+    ``out[n:]`` the offsets whose hash matches and whose time is in [begin, end]."""
+    cdef const char *b = f.base
+    cdef int32_t count = rmq_ld32(b + 36), idx, prev, kh, td
+    cdef int64_t bts = rmq_ld64(b), t
+    cdef const char *ents = b + HDR + <int64_t>f.slots * 4
+    cdef const char *ep
+    if count > f.entries:
+        count = f.entries
+    idx = rmq_ld32(b + HDR + <int64_t>(h % f.slots) * 4)
+    if idx <= 0 or idx >= count or count <= 1:
+        return n
+    while n < max_num:
+        ep = ents + <int64_t>idx * 20
+        kh = rmq_ld32(ep)
+        td = rmq_ld32(ep + 12)
+        prev = rmq_ld32(ep + 16)
+        if td < 0:
+            break
+        t = bts + <int64_t>td * 1000
+        if kh == h and begin <= t <= end:
+            out[n] = rmq_ld64(ep + 4)
+            n += 1
+        if prev <= 0 or prev >= idx or t < begin:   # chains only point back: always terminates
+            break
+        idx = prev
+    return n
+
+
+cdef class IndexFiles:
+    """An immutable snapshot of the index files, newest first, for lock-free queries.
+
+    Each query pins every mapped file it reads (a closed file is skipped), walks them with
+    the GIL released and returns RocketMQ's IndexService.queryOffset answer."""
+    cdef list segs
+    cdef FileView *views
+    cdef Py_ssize_t n
+
+    def __cinit__(self, list files):
+        """``files``: (MappedSegment, slots, entries) tuples, newest first."""
+        cdef Py_ssize_t i
+        cdef MappedSegment seg
+        self.views = <FileView *>malloc(max(1, len(files)) * sizeof(FileView))
+        if self.views == NULL:
+            raise MemoryError()
+        self.segs = []
+        for i, (seg, slots, entries) in enumerate(files):
+            check_geometry(seg, slots, entries)
+            self.views[i].base = seg.m.base
+            self.views[i].slots = slots
+            self.views[i].entries = entries
+            self.segs.append(seg)
+        self.n = len(files)
+
+    def __dealloc__(self):
+        free(self.views)
+
+    def __len__(self):
+        return self.n
+
+    cdef int pin(self, bint *pinned) except -1:
+        cdef Py_ssize_t i
+        cdef MappedSegment seg
+        for i in range(self.n):
+            seg = self.segs[i]
+            pinned[i] = not (seg.closing or seg.unmapped)
+            if pinned[i]:
+                seg.pins += 1
+        return 0
+
+    cdef void unpin(self, bint *pinned):
+        cdef Py_ssize_t i
+        cdef MappedSegment seg
+        for i in range(self.n):
+            if pinned[i]:
+                seg = self.segs[i]
+                if seg.closing:
+                    seg.release()
+                else:
+                    seg.pins -= 1
+
+    cdef Py_ssize_t walk(self, bint *pinned, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
+                         int64_t *out) noexcept nogil:
+        """IndexService.queryOffset over all files, newest first."""
+        cdef Py_ssize_t i, n = 0
+        cdef int64_t bts
+        for i in range(self.n):
+            if not pinned[i]:
+                continue
+            bts = rmq_ld64(self.views[i].base)
+            if time_matched(begin, end, bts, rmq_ld64(self.views[i].base + 8)):
+                n = select_file(&self.views[i], h, begin, end, max_num, out, n)
+            if bts < begin or n >= max_num:
+                break
+        return n
+
+    def query(self, str topic, str key, Py_ssize_t max_num=64, int64_t begin=0,
+              int64_t end=0x7FFFFFFFFFFFFFFF):
+        """Commitlog offsets of the entries whose hash equals ``topic#key``'s, newest
+        ``max_num`` (files newest first), sorted ascending like queryMessage."""
+        cdef Py_ssize_t tlen, klen, n, i
+        cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
+        cdef const char *k = PyUnicode_AsUTF8AndSize(key, &klen)
+        cdef char small[512]
+        cdef char *buf = small
+        cdef int64_t stack_out[64]
+        cdef int64_t *out = stack_out
+        cdef bint stack_pins[16]
+        cdef bint *pinned = stack_pins
+        cdef int32_t h
+        if max_num <= 0:
+            return []
+        if tlen + klen + 1 > 512:
+            buf = <char *>malloc(tlen + klen + 1)
+        if max_num > 64:
+            out = <int64_t *>malloc(max_num * sizeof(int64_t))
+        if self.n > 16:
+            pinned = <bint *>malloc(self.n * sizeof(bint))
+        try:
+            if buf == NULL or out == NULL or pinned == NULL:
+                raise MemoryError()
+            h = build_hash(t, tlen, k, klen, buf)
+            self.pin(pinned)
+            try:
+                with nogil:
+                    n = self.walk(pinned, h, begin, end, max_num, out)
+                    sort_i64(out, n)
+            finally:
+                self.unpin(pinned)
+            return [out[i] for i in range(n)]
+        finally:
+            if buf != small:
+                free(buf)
+            if out != stack_out:
+                free(out)
+            if pinned != stack_pins:
+                free(pinned)
+
+    def query_many(self, str topic, keys, Py_ssize_t max_num=64, int64_t begin=0,
+                   int64_t end=0x7FFFFFFFFFFFFFFF):
+        """``query`` for every key in one call: (offsets i64, bounds i64 of len(keys)+1);
+        the offsets of key i are ``offsets[bounds[i]:bounds[i+1]]``, sorted ascending."""
+        cdef Py_ssize_t nk = len(keys), i, n = 0, tlen, klen, cap = 0
+        cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
+        cdef const char *k
+        cdef bint *pinned
+        cdef char *buf
+        cdef int32_t *hs
+        if max_num < 0:
+            max_num = 0
+        hashes = np.empty(nk, np.int32)
+        hs = <int32_t *>cnp.PyArray_DATA(hashes)
+        for i in range(nk):
+            key = keys[i]
+            if not PyUnicode_Check(key):
+                raise TypeError(f"keys[{i}] is {type(key).__name__}, not str")
+            k = PyUnicode_AsUTF8AndSize(key, &klen)
+            if klen > cap:
+                cap = klen
+        buf = <char *>malloc(tlen + cap + 1)
+        pinned = <bint *>malloc(max(1, self.n) * sizeof(bint))
+        offsets = np.empty(nk * max_num, np.int64)
+        bounds = np.empty(nk + 1, np.int64)
+        cdef int64_t *out = <int64_t *>cnp.PyArray_DATA(offsets)
+        cdef int64_t *bd = <int64_t *>cnp.PyArray_DATA(bounds)
+        try:
+            if buf == NULL or pinned == NULL:
+                raise MemoryError()
+            for i in range(nk):
+                k = PyUnicode_AsUTF8AndSize(keys[i], &klen)
+                hs[i] = build_hash(t, tlen, k, klen, buf)
+            self.pin(pinned)
+            try:
+                with nogil:
+                    bd[0] = 0
+                    for i in range(nk):
+                        n = self.walk(pinned, hs[i], begin, end, max_num, out + bd[i])
+                        sort_i64(out + bd[i], n)
+                        bd[i + 1] = bd[i] + n
+            finally:
+                self.unpin(pinned)
+        finally:
+            free(buf)
+            free(pinned)
+        return offsets[:bd[nk]], bounds
+
+
+cdef void sort_i64(int64_t *a, Py_ssize_t n) noexcept nogil:
+    """Insertion sort: n is at most max_num, and chains come out nearly descending."""
+    cdef Py_ssize_t i, j
+    cdef int64_t v
+    for i in range(1, n):
+        v = a[i]
+        j = i - 1
+        while j >= 0 and a[j] > v:
+            a[j + 1] = a[j]
+            j -= 1
+        a[j + 1] = v
+
+
+def keys_match(const uint8_t[:] props, str key):
+    """Whether a properties string holds ``key`` as its UNIQ_KEY or as one of its KEYS
+    tokens: the real-key check RocketMQ's own query skips."""
+    cdef Py_ssize_t klen, i, j
+    cdef const char *k = PyUnicode_AsUTF8AndSize(key, &klen)
+    cdef int32_t n = props.shape[0], voff = 0, vlen = 0
+    if n == 0 or klen == 0:
+        return False
+    cdef const char *p = <const char *>&props[0]
+    if find_value(p, n, b"UNIQ_KEY", 8, &voff, &vlen) and vlen == klen and same(p + voff, k, klen):
+        return True
+    if find_value(p, n, b"KEYS", 4, &voff, &vlen):
+        i = voff
+        while i < voff + vlen:
+            j = i
+            while j < voff + vlen and p[j] != b' ':
+                j += 1
+            if j - i == klen and same(p + i, k, klen):
+                return True
+            i = j + 1
+    return False
+
+
+cdef inline bint same(const char *a, const char *b, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if a[i] != b[i]:
+            return False
+    return True

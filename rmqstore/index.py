@@ -1,0 +1,266 @@
+"""IndexService: RocketMQ's IndexFiles (key -> commitlog offsets), built by dispatch."""
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+from rmqstore import _index
+from rmqstore._segment import MappedSegment
+from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError
+
+log = logging.getLogger(__name__)
+LONG_MAX = (1 << 63) - 1
+LONG_MIN = -(1 << 63)
+
+
+def file_name(ms):
+    """``yyyyMMddHHmmssSSS`` in local time, as RocketMQ's UtilAll.timeMillisToHumanString."""
+    return time.strftime("%Y%m%d%H%M%S", time.localtime(ms // 1000)) + f"{ms % 1000:03d}"
+
+
+def detect_geometry(path, size, slots, entries):
+    """(slots, entries) of an index file: the configured ones when the size fits them,
+    else RocketMQ's 1:4 slots-to-entries ratio when the size fits that."""
+    if size == _index.file_size(slots, entries):
+        return slots, entries
+    if size > 40 and (size - 40) % 84 == 0:
+        s = (size - 40) // 84
+        return s, 4 * s
+    raise CorruptStoreError(f"{path}: {size} bytes fits neither {slots} slots / {entries} entries "
+                            "nor a 1:4 slots-to-entries geometry")
+
+
+class IndexFile:
+    """One mapped index file and its geometry (see _index for the byte layout)."""
+
+    __slots__ = ("seg", "slots", "entries", "synced")
+
+    def __init__(self, seg, slots, entries):
+        self.seg = seg
+        self.slots = slots
+        self.entries = entries
+        self.synced = -1          # indexCount at the last msync
+
+    @property
+    def header(self):
+        return _index.read_header(self.seg)
+
+    @property
+    def count(self):
+        return _index.read_header(self.seg)[5]
+
+    @property
+    def full(self):
+        return self.count >= self.entries
+
+
+class IndexService:
+    """The ``index/`` directory: IndexFiles named by creation time, oldest first.
+
+    Layout: ``index/{yyyyMMddHHmmssSSS}``, each 40 + 4·slots + 20·entries bytes (header,
+    hash slots, entries; details in _index). Keys are ``topic#UNIQ_KEY`` and
+    ``topic#token`` for every non-empty space-separated KEYS token; a full file rolls to a
+    new one whose header continues from the last file's end.
+
+    Thread-safety: one writer (the dispatch thread) appends and rolls; queries run on an
+    immutable snapshot of the files (``IndexFiles``) swapped in on roll/delete, lock-free.
+    ``flush`` may run on another thread.
+
+    Crash behaviour: ``flush`` msyncs every file written since the last flush, then sets
+    the checkpoint's ``indexMsgTimestamp`` to the store time of the last dispatched message
+    it captured beforehand, so every entry of a message stored before that time is durable.
+    After an unclean shutdown ``load`` keeps, per file, the longest sane prefix of entries
+    stored a second before that time (and below the recovered commitlog end), repoints the
+    slots into it and deletes files left empty; ``resume_offset`` tells dispatch where to
+    start again so the cut entries are rebuilt (re-dispatching indexed messages is a no-op).
+    """
+
+    def __init__(self, root, config, checkpoint, readonly=False):
+        self.directory = os.path.join(str(root), "index")
+        self.config = config
+        self.checkpoint = checkpoint
+        self.readonly = readonly
+        self.files = []
+        self.view = _index.IndexFiles([])
+        self.resume_offset = None
+        self.entries_dropped = 0
+        self._last_ts = 0          # store time of the last message dispatched (dispatch thread)
+        self._flush_lock = threading.Lock()
+        self._closed = False
+
+    # -- loading and recovery -------------------------------------------------------------
+    def load(self, clean_shutdown, commitlog_end):
+        """Map every index file; unless read-only, cut entries at or past ``commitlog_end``
+        and, after an unclean shutdown, entries newer than the checkpoint allows."""
+        cfg = self.config
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            path = os.path.join(self.directory, name)
+            slots, entries = detect_geometry(path, os.path.getsize(path), cfg.index_slots, cfg.index_entries)
+            seg = MappedSegment(path, 0, _index.file_size(slots, entries), readonly=self.readonly)
+            self.files.append(IndexFile(seg, slots, entries))
+        if not self.readonly:
+            ts_limit = LONG_MAX if clean_shutdown else self.checkpoint.index_msg_timestamp - 1000
+            self._cut(commitlog_end, ts_limit)
+        self._publish()
+        return self
+
+    def _cut(self, phy_end, ts_limit):
+        for i, f in enumerate(self.files):
+            _, end_ts, _, end_phy, _, count = f.header
+            if end_phy < phy_end and end_ts <= ts_limit and count <= f.entries:
+                continue
+            kept, dropped = _index.truncate_entries(f.seg, f.slots, f.entries, phy_end, ts_limit)
+            self.entries_dropped += dropped
+            gone = self.files[i + (kept > 1 or i == 0):]
+            for g in gone:
+                self.entries_dropped += max(0, g.count - 1) if g is not f else 0
+                g.seg.close()
+                os.unlink(g.seg.path)
+            self.files = self.files[:len(self.files) - len(gone)]
+            for g in self.files[i:]:
+                g.seg.sync_all()
+            last = self.files[-1].header if self.files else None
+            self.resume_offset = last[3] if last else 0
+            log.warning("index: cut %d entries at commitlog offset %d / time %d; re-dispatch from %d",
+                        self.entries_dropped, phy_end, ts_limit, self.resume_offset)
+            return
+
+    def _publish(self):
+        self.view = _index.IndexFiles([(f.seg, f.slots, f.entries) for f in reversed(self.files)])
+
+    # -- building -------------------------------------------------------------------------
+    def _new_file(self):
+        cfg = self.config
+        slots, entries = (self.files[-1].slots, self.files[-1].entries) if self.files else \
+            (cfg.index_slots, cfg.index_entries)
+        os.makedirs(self.directory, mode=cfg.dir_mode, exist_ok=True)
+        ms = time.time_ns() // 1_000_000
+        while True:
+            path = os.path.join(self.directory, file_name(ms))
+            if not os.path.exists(path) and (not self.files or path > self.files[-1].seg.path):
+                break
+            ms += 1
+        seg = MappedSegment(path, 0, _index.file_size(slots, entries), create=True, mode=cfg.file_mode)
+        if self.files:   # continue from the last file (RocketMQ: only positive values)
+            _, end_ts, _, end_phy, _, _ = self.files[-1].header
+            _index.write_header(seg, max(end_ts, 0), max(end_ts, 0), max(end_phy, 0), max(end_phy, 0), 0, 1)
+        else:
+            _index.write_header(seg, 0, 0, 0, 0, 0, 1)
+        f = IndexFile(seg, slots, entries)
+        self.files = self.files + [f]
+        self._publish()
+        return f
+
+    def dispatch(self, batch):
+        """CommitLogDispatcherBuildIndex for one DispatchBatch. Messages at or before the
+        last indexed commitlog offset are skipped, so re-dispatch never duplicates."""
+        if self._closed:
+            raise StoreClosedError(f"{self.directory}: index is closed")
+        rows = batch.rows
+        if not len(rows):
+            return
+        if self.files:
+            _, _, _, end_phy, _, count = self.files[-1].header
+            indexed = count > 1 or len(self.files) > 1
+            start = int(np.searchsorted(rows["phy_offset"], end_phy, "right" if indexed else "left"))
+            rows = rows[start:]
+        hashes, phys, tss = _index.extract_keys(batch.raw, rows)
+        i, n = 0, len(hashes)
+        while i < n:
+            f = self.files[-1] if self.files and not self.files[-1].full else self._new_file()
+            i = _index.put_entries(f.seg, f.slots, f.entries, hashes, phys, tss, i)
+        if len(rows):
+            self._last_ts = max(self._last_ts, int(rows["store_timestamp"].max()))
+
+    # -- durability -----------------------------------------------------------------------
+    def flush(self, least_pages=0):
+        """msync the files written since the last flush (when at least ``least_pages``
+        pages of entries are new, or always with 0) and advance indexMsgTimestamp."""
+        if self.readonly or self._closed:
+            return
+        with self._flush_lock:
+            ts = self._last_ts
+            files = self.files
+            todo = []
+            new_entries = 0
+            for f in reversed(files):
+                c = f.count
+                if c == f.synced:
+                    break
+                todo.append((f, c))
+                new_entries += c - max(f.synced, 1)
+            if least_pages > 0 and todo and new_entries * 20 < least_pages * 4096:
+                return
+            for f, c in todo:
+                f.seg.sync_all()
+                f.synced = c
+            if ts > self.checkpoint.index_msg_timestamp:
+                self.checkpoint.index_msg_timestamp = ts
+
+    # -- queries --------------------------------------------------------------------------
+    def query_offsets(self, topic, key, max_num=64, begin=0, end=None):
+        """IndexService.queryOffset, sorted ascending (DefaultMessageStore.queryMessage)."""
+        max_num, begin, end = self._limits(topic, max_num, begin, end)
+        _check_key(key)
+        return self.view.query(topic, key, max_num, begin, end)
+
+    def query_offsets_many(self, topic, keys, max_num=64, begin=0, end=None):
+        """query_offsets for many keys: (offsets, bounds) numpy arrays, see IndexFiles.query_many."""
+        max_num, begin, end = self._limits(topic, max_num, begin, end)
+        keys = list(keys)
+        for k in keys:
+            _check_key(k)
+        return self.view.query_many(topic, keys, max_num, begin, end)
+
+    def _limits(self, topic, max_num, begin, end):
+        if self._closed:
+            raise StoreClosedError(f"{self.directory}: index is closed")
+        if not isinstance(topic, str):
+            raise InvalidArgumentError(f"topic must be a str, not {type(topic).__name__}")
+        if not isinstance(max_num, int) or not isinstance(begin, int) or not isinstance(end, (int, type(None))):
+            raise InvalidArgumentError("max_num, begin and end must be ints")
+        end = LONG_MAX if end is None else min(max(end, LONG_MIN), LONG_MAX)
+        begin = min(max(begin, LONG_MIN), LONG_MAX)
+        return max(0, min(max_num, self.config.max_msgs_num_batch)), begin, end
+
+    # -- retention and lifecycle ----------------------------------------------------------
+    def delete_expired(self, min_phy_offset):
+        """Delete the oldest files whose every entry points below ``min_phy_offset``
+        (never the newest file); returns how many."""
+        old = []
+        for f in self.files[:-1]:
+            if f.header[3] >= min_phy_offset:
+                break
+            old.append(f)
+        if old:
+            self.files = self.files[len(old):]
+            self._publish()
+            for f in old:
+                f.seg.close()
+                if not self.readonly:
+                    os.unlink(f.seg.path)
+        return len(old)
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self):
+        """Unmap every file (queries in flight finish first). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.view = _index.IndexFiles([])
+        for f in self.files:
+            f.seg.close()
+
+
+def _check_key(key):
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"index key must be a non-empty str, got {key!r}")
