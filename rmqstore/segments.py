@@ -59,9 +59,15 @@ class SegmentQueue:
         """Map every existing segment (read-write unless read-only). Positions start at
         the full size; recovery sets the real ones."""
         segs = []
+        files = list_segment_files(self.directory)
         try:
-            for offset, path in list_segment_files(self.directory):
+            for offset, path in files:
                 size = os.path.getsize(path)
+                if size != self.file_size and path == files[-1][1] and _interrupted_create(path, size, self.file_size):
+                    # killed between creating the newest file and reserving its blocks
+                    if not self.readonly:
+                        os.unlink(path)
+                    continue
                 if size != self.file_size:
                     raise CorruptStoreError(f"{path}: {size} bytes, expected {self.file_size}")
                 if segs and offset != segs[-1].base_offset + self.file_size:
@@ -217,6 +223,17 @@ class SegmentQueue:
                 os.unlink(seg.path)
         for seg in self.segments:
             seg.close()
+
+
+def _interrupted_create(path, size, file_size):
+    """Whether a file shorter than ``file_size`` holds nothing but zeros."""
+    if size > file_size:
+        return False
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            if chunk.strip(b"\0"):
+                return False
+    return True
 
 
 def _has_data(seg, pos, probe=4096):
