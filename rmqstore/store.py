@@ -60,6 +60,7 @@ class MessageStore:
         self._closed = True
         self._lock_fd = None
         self._close_lock = threading.Lock()
+        self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
         if read_only:
             if not os.path.isdir(self.path):
                 raise FileNotFoundError(2, "store directory does not exist", self.path)
@@ -174,15 +175,16 @@ class MessageStore:
     _last_cq_timestamp = 0
 
     def _flush_logics(self, least_pages):
-        cp = self.checkpoint
-        ts = self._last_cq_timestamp
-        self.consume_queues.flush(least_pages)
-        if least_pages == 0 and ts:
-            cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, ts)
-        if self.index is not None:
-            self.index.flush(least_pages)
-        self.offsets.persist()
-        cp.flush()
+        with self._logics_lock:
+            cp = self.checkpoint
+            ts = self._last_cq_timestamp
+            self.consume_queues.flush(least_pages)
+            if least_pages == 0 and ts:
+                cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, ts)
+            if self.index is not None:
+                self.index.flush(least_pages)
+            self.offsets.persist()
+            cp.flush()
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
