@@ -1,0 +1,61 @@
+"""The ``rmqstore`` command: inspect, query, export, verify and repair store directories
+(ours or a real RocketMQ broker's) from a shell.
+
+Exit status: 0 success; 1 a store or I/O error; 2 a usage error; 3 the command ran and
+found a difference or a problem (``diff``, ``verify``); 130 interrupted (Ctrl-C).
+Errors are one line on stderr: ``rmqstore: error: ...``.
+"""
+import argparse
+import os
+import sys
+
+from rmqstore import cli_admin, cli_read
+from rmqstore.cli_common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CommandError, Parser, positive_int
+from rmqstore.errors import StoreError
+
+
+def _common():
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--index-slots", type=positive_int, metavar="N",
+                   help="index hash slots of a foreign store (default RocketMQ's 5000000)")
+    p.add_argument("--index-entries", type=positive_int, metavar="N",
+                   help="index entries per file of a foreign store (default RocketMQ's 20000000)")
+    return p
+
+
+def build_parser():
+    parser = Parser(prog="rmqstore", description=__doc__.split("\n\n")[0],
+                     epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    common = _common()
+    for module in (cli_read, cli_admin):
+        module.register(sub, common)
+    return parser
+
+
+def _error_text(e):
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, StoreError):
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    return str(e) or type(e).__name__
+
+
+def main(argv=None):
+    """Run the command; returns the exit status (the console script exits with it)."""
+    args = build_parser().parse_args(argv)
+    try:
+        status = args.func(args)
+        sys.stdout.flush()
+        return EXIT_OK if status is None else status
+    except KeyboardInterrupt:
+        sys.stderr.write("rmqstore: interrupted\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``| head``): silence the final flush too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except (CommandError, StoreError, OSError) as e:
+        sys.stderr.write(f"rmqstore: error: {_error_text(e)}\n")
+        return EXIT_ERROR
+

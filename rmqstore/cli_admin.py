@@ -1,0 +1,188 @@
+"""Subcommands that write or check whole stores: put, recover, digest, diff."""
+import base64
+import binascii
+import dataclasses
+import json
+import os
+import sys
+
+import crc32c
+import numpy as np
+
+from rmqstore._codec import Message
+from rmqstore.cli_common import (EXIT_FOUND, CommandError, open_store, positive_int, print_fields, print_json,
+                                 print_line, print_table, progress, require_store)
+from rmqstore.errors import StoreError
+from rmqstore.segments import list_segment_files
+
+_CHUNK = 1 << 20
+_PUT_FIELDS = {"topic", "body", "bodyBase64", "tags", "keys", "properties", "queueId", "flag", "sysFlag",
+               "bornTimestamp", "delayLevel"}
+
+
+def parse_put_line(line):
+    """A JSON object -> (Message, queue id or None). Raises ValueError with the reason."""
+    d = json.loads(line)
+    if not isinstance(d, dict):
+        raise ValueError("expected a JSON object")
+    unknown = set(d) - _PUT_FIELDS
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(_PUT_FIELDS))})")
+    if not isinstance(d.get("topic"), str):
+        raise ValueError("'topic' (a string) is required")
+    if "body" in d and "bodyBase64" in d:
+        raise ValueError("give 'body' or 'bodyBase64', not both")
+    body = d.get("body", "").encode("utf-8") if "bodyBase64" not in d else base64.b64decode(d["bodyBase64"],
+                                                                                              validate=True)
+    msg = Message(d["topic"], body, tags=d.get("tags"), keys=d.get("keys"), properties=d.get("properties"),
+                  flag=d.get("flag", 0), sys_flag=d.get("sysFlag", 0), born_timestamp=d.get("bornTimestamp", 0),
+                  delay_level=d.get("delayLevel"))
+    return msg, d.get("queueId")
+
+
+def cmd_put(args):
+    if not args.create:
+        require_store(args.store)
+    results = []
+    with open_store(args, read_only=False, create=args.create) as s:
+        for n, line in enumerate(sys.stdin, 1):
+            if not line.strip():
+                continue
+            try:
+                msg, queue_id = parse_put_line(line)
+                r = s.put(msg, queue_id)
+            except (ValueError, TypeError, binascii.Error, StoreError) as e:
+                raise CommandError(f"stdin line {n}: {e} ({len(results)} message(s) stored before it)") from None
+            out = {"msgId": r.msg_id, "topic": r.topic, "queueId": r.queue_id, "queueOffset": r.queue_offset,
+                   "commitLogOffset": r.phy_offset, "storeSize": r.size, "storeTimestamp": r.store_timestamp}
+            if args.json:
+                print_line(out)
+            results.append(out)
+    if not args.json:
+        print_table(["commitlog offset", "size", "topic", "queue", "queue offset", "msgId"],
+                    [(r["commitLogOffset"], r["storeSize"], r["topic"], r["queueId"], r["queueOffset"], r["msgId"])
+                     for r in results])
+
+
+def cmd_recover(args):
+    with open_store(args, read_only=False) as s:
+        rep = dataclasses.asdict(s.recovery)
+    if args.json:
+        return print_json(rep)
+    print_fields(list(rep.items()), title="recovery")
+
+
+# -- digests ---------------------------------------------------------------------------------
+def segment_files(store):
+    """(offset, path, size) of the commitlog segments of ``store``."""
+    require_store(store)
+    return [(off, path, os.path.getsize(path)) for off, path in list_segment_files(os.path.join(store, "commitlog"))]
+
+
+def digest_segments(files, bar):
+    """{offset: CRC32C of the file} for (offset, path, size) ``files``."""
+    out = {}
+    for off, path, _ in files:
+        crc = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                crc = crc32c.crc32c(chunk, crc)
+                bar.update(len(chunk))
+        out[off] = crc
+    return out
+
+
+def cmd_digest(args):
+    files = segment_files(args.store)
+    with progress(sum(n for _, _, n in files), "digest") as bar:
+        crcs = digest_segments(files, bar)
+    rows = [{"file": os.path.basename(p), "offset": off, "size": n, "crc32c": f"{crcs[off]:08x}"}
+            for off, p, n in files]
+    if args.json:
+        return print_json(rows)
+    print_table(["segment", "size", "crc32c"], [(r["file"], r["size"], r["crc32c"]) for r in rows])
+
+
+def _first_difference(path_a, path_b, size):
+    """Offset of the first differing byte of two segment files (a missing file reads as
+    zeros, like space never written), or None."""
+    fa = open(path_a, "rb") if path_a else None
+    fb = open(path_b, "rb") if path_b else None
+    try:
+        pos = 0
+        while pos < size:
+            a = fa.read(_CHUNK) if fa else bytes(min(_CHUNK, size - pos))
+            b = fb.read(_CHUNK) if fb else bytes(min(_CHUNK, size - pos))
+            if a != b:
+                n = min(len(a), len(b))
+                ne = np.frombuffer(a, np.uint8, n) != np.frombuffer(b, np.uint8, n)
+                return pos + (int(ne.argmax()) if ne.any() else n)
+            if not a:
+                return None
+            pos += len(a)
+        return None
+    finally:
+        for f in (fa, fb):
+            if f:
+                f.close()
+
+
+def cmd_diff(args):
+    """Over the offsets both stores hold: segments whose digests differ are compared byte
+    by byte; the first differing byte is where the stores diverge."""
+    a, b = segment_files(args.store), segment_files(args.other)
+    sizes = {n for _, _, n in a + b}
+    if len(sizes) > 1:
+        raise CommandError(f"commitlog segment sizes differ: {sorted(sizes)}")
+    size = sizes.pop() if sizes else 0
+    start = max(a[0][0] if a else 0, b[0][0] if b else 0)
+    a = [f for f in a if f[0] >= start]
+    b = [f for f in b if f[0] >= start]
+    with progress(sum(n for _, _, n in a + b), "diff") as bar:
+        da, db = digest_segments(a, bar), digest_segments(b, bar)
+    pa, pb = {o: p for o, p, _ in a}, {o: p for o, p, _ in b}
+    diverge = None
+    for off in sorted(set(da) | set(db)):
+        if da.get(off) != db.get(off):
+            at = _first_difference(pa.get(off), pb.get(off), size)
+            if at is not None:
+                diverge = off + at
+                break
+    out = {"identical": diverge is None, "firstDiffOffset": diverge, "comparedFrom": start,
+           "segmentsA": len(a), "segmentsB": len(b)}
+    if args.json:
+        print_json(out)
+    else:
+        print("identical" if diverge is None else f"stores diverge at commitlog offset {diverge}")
+    return None if diverge is None else EXIT_FOUND
+
+
+def register(sub, common):
+    p = sub.add_parser("put", parents=[common], help="append messages read as JSON lines from stdin",
+                       description="Append one message per JSON line of stdin: {\"topic\": T, \"body\": TEXT "
+                       "| \"bodyBase64\": B64, \"tags\", \"keys\" (string or list), \"properties\", "
+                       "\"queueId\", \"flag\", \"sysFlag\", \"bornTimestamp\", \"delayLevel\"}. "
+                       "--json prints one result line per message.")
+    p.add_argument("store", help="store directory (opened for writing)")
+    p.add_argument("--create", action="store_true", help="create the store if it does not exist")
+    p.add_argument("--segment-size", dest="commitlog_file_size", type=positive_int, metavar="BYTES",
+                   help="commitlog segment size of a new store (default RocketMQ's 1 GiB)")
+    p.add_argument("--cq-entries", dest="consume_queue_entries", type=positive_int, metavar="N",
+                   help="entries per consume-queue file of a new store (default 300000)")
+    p.set_defaults(func=cmd_put)
+    p = sub.add_parser("recover", parents=[common], help="run crash recovery and report what it did",
+                       description="Open the store for writing, which recovers it (truncating a torn tail "
+                       "and rebuilding consume-queue entries), close it cleanly, and print the report.")
+    p.add_argument("store")
+    p.set_defaults(func=cmd_recover)
+    p = sub.add_parser("digest", parents=[common], help="CRC32C of every commitlog segment",
+                       description="CRC32C of every commitlog segment file, for backup and replica checks.")
+    p.add_argument("store")
+    p.set_defaults(func=cmd_digest)
+    p = sub.add_parser("diff", parents=[common], help="first commitlog offset where two stores diverge",
+                       description="First commitlog offset where two stores (a master and a replica, a "
+                       "store and its backup) diverge: digests first, then bytes. Exit status 3 when "
+                       "they differ.")
+    p.add_argument("store", metavar="STORE_A")
+    p.add_argument("other", metavar="STORE_B")
+    p.set_defaults(func=cmd_diff)

@@ -1,0 +1,142 @@
+"""Shared helpers of the rmqstore command: argument types, opening stores, output
+(JSON documents and lines, tables, progress bars)."""
+import argparse
+import base64
+import json
+import os
+import sys
+
+from tqdm import tqdm
+
+from rmqstore.config import StoreConfig
+from rmqstore.store import MessageStore
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class CommandError(Exception):
+    """A failure the command reports as one line and exit status 1."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: ``rmqstore: error: ... (see PROG --help)``."""
+
+    def error(self, message):
+        sys.stderr.write(f"rmqstore: error: {message} (see '{self.prog} --help')\n")
+        sys.exit(EXIT_USAGE)
+
+
+def nonneg_int(text):
+    try:
+        v = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def positive_int(text):
+    v = nonneg_int(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return v
+
+
+def store_config(args):
+    """StoreConfig from the options (an existing store's segment sizes come from its files)."""
+    changes = {k: getattr(args, k) for k in ("index_slots", "index_entries", "commitlog_file_size",
+                                             "consume_queue_entries") if getattr(args, k, None)}
+    return StoreConfig(**changes)
+
+
+def require_store(path):
+    """Refuse a path that is not an existing store directory (before anything opens it)."""
+    if not os.path.exists(path):
+        raise CommandError(f"{path}: no such store directory")
+    if not os.path.isdir(path):
+        raise CommandError(f"{path}: not a directory")
+    if not os.path.isdir(os.path.join(path, "commitlog")):
+        raise CommandError(f"{path}: not a RocketMQ store (no commitlog/ directory)")
+
+
+def open_store(args, read_only=True, create=False):
+    """Open ``args.store``: read-only (no lock, nothing changes on disk) or as the writer."""
+    if not create:
+        require_store(args.store)
+    return MessageStore(args.store, store_config(args), read_only=read_only)
+
+
+BODY_MODES = ("utf8", "base64", "none")
+
+
+def message_dict(m, body="utf8"):
+    """A stored message under RocketMQ's MessageExt names. ``body``: ``utf8`` (falls back
+    to base64 for bytes that are not UTF-8; ``bodyEncoding`` says which), ``base64`` or
+    ``none``. Bodies are given as stored (COMPRESSED ones stay compressed)."""
+    d = {
+        "topic": m.topic, "queueId": m.queue_id, "queueOffset": m.queue_offset,
+        "commitLogOffset": m.phy_offset, "storeSize": m.store_size, "msgId": m.msg_id,
+        "uniqKey": m.uniq_key, "tags": m.tags, "keys": m.properties.get("KEYS"),
+        "bornTimestamp": m.born_timestamp, "storeTimestamp": m.store_timestamp,
+        "bornHost": m.born_host, "storeHost": m.store_host, "bodyCRC": m.body_crc,
+        "sysFlag": m.sys_flag, "flag": m.flag, "reconsumeTimes": m.reconsume_times,
+        "preparedTransactionOffset": m.prepared_transaction_offset, "version": m.version,
+        "properties": m.properties, "bodyLength": len(m.body),
+    }
+    if body != "none":
+        data = m.body
+        if body == "utf8":
+            try:
+                d["body"], d["bodyEncoding"] = data.decode("utf-8"), "utf8"
+                return d
+            except UnicodeDecodeError:
+                pass
+        d["body"], d["bodyEncoding"] = base64.b64encode(data).decode("ascii"), "base64"
+    return d
+
+
+def dumps(obj):
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def print_json(obj):
+    print(json.dumps(obj, ensure_ascii=False, indent=2))
+
+
+def print_line(obj):
+    sys.stdout.write(dumps(obj) + "\n")
+
+
+def print_table(headers, rows, title=None):
+    """Rows of cells under ``headers``, columns padded to their widest cell."""
+    if title:
+        print(title)
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    if not rows:
+        print("(none)")
+
+
+def print_fields(pairs, title=None):
+    """``name: value`` lines, names aligned."""
+    if title:
+        print(title)
+    width = max((len(k) for k, _ in pairs), default=0)
+    for k, v in pairs:
+        print(f"  {k.ljust(width)}  {'-' if v is None else v}")
+
+
+def message_line(m):
+    """One line for a message in human output."""
+    body = m.body[:40].decode("utf-8", "replace").replace("\n", " ")
+    return (f"{m.phy_offset}  {m.topic}/{m.queue_id}@{m.queue_offset}  {m.msg_id}  tags={m.tags}  "
+            f"keys={m.properties.get('KEYS')}  {len(m.body)}B  {body!r}")
+
+
+def progress(total, desc, unit="B"):
+    """A tqdm bar on stderr, shown only when stderr is a terminal."""
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, file=sys.stderr,
+                disable=not sys.stderr.isatty(), leave=False)

@@ -1,0 +1,175 @@
+"""Read-only subcommands: stats, get, msg, at, query, dump, tail. Each opens the store
+read-only: no writer lock, no byte changed, works while a broker or writer has it open."""
+import os
+import struct
+import sys
+import time
+
+from rmqstore.cli_common import (BODY_MODES, CommandError, message_dict, message_line, nonneg_int, open_store,
+                                 positive_int, print_fields, print_json, print_line, print_table, progress)
+
+_INDEX_HEADER = struct.Struct(">qqqqii")
+
+
+def _index_files(root):
+    """Header of every file in ``index/`` (RocketMQ IndexHeader, 40 bytes)."""
+    out = []
+    directory = os.path.join(root, "index")
+    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    for name in names:
+        with open(os.path.join(directory, name), "rb") as f:
+            head = f.read(_INDEX_HEADER.size)
+        if len(head) < _INDEX_HEADER.size:
+            raise CommandError(f"{directory}/{name}: {len(head)} bytes, shorter than an index header")
+        begin_ts, end_ts, begin_phy, end_phy, slots, count = _INDEX_HEADER.unpack(head)
+        out.append({"file": name, "bytes": os.path.getsize(os.path.join(directory, name)),
+                    "beginTimestamp": begin_ts, "endTimestamp": end_ts, "beginPhyOffset": begin_phy,
+                    "endPhyOffset": end_phy, "hashSlotCount": slots, "entries": max(0, count - 1)})
+    return out
+
+
+def store_stats(s):
+    segs = s.commitlog.segments
+    queues = [{"topic": t, "queueId": q, "minOffset": s.min_offset(t, q), "maxOffset": s.max_offset(t, q),
+               "messages": s.max_offset(t, q) - s.min_offset(t, q)}
+              for t in s.topics() for q in s.queue_ids(t)]
+    return {
+        "path": s.path, "cleanShutdown": s.clean_shutdown,
+        "commitlog": {"segmentSize": segs.file_size, "segments": len(segs.segments),
+                      "bytes": len(segs.segments) * segs.file_size,
+                      "minOffset": s.min_phy_offset, "maxOffset": s.max_phy_offset},
+        "consumeQueueEntriesPerFile": s.config.consume_queue_entries,
+        "topics": s.topics(), "queues": queues, "index": _index_files(s.path),
+        "checkpoint": {"exists": s.checkpoint.existed, **s.checkpoint.as_dict()},
+    }
+
+
+def cmd_stats(args):
+    with open_store(args) as s:
+        st = store_stats(s)
+    if args.json:
+        return print_json(st)
+    cl = st["commitlog"]
+    print_fields([("path", st["path"]), ("clean shutdown", st["cleanShutdown"]),
+                  ("commitlog segments", f"{cl['segments']} x {cl['segmentSize']} B = {cl['bytes']} B"),
+                  ("commitlog offsets", f"{cl['minOffset']} .. {cl['maxOffset']}"),
+                  ("CQ entries per file", st["consumeQueueEntriesPerFile"]),
+                  *((k, v) for k, v in st["checkpoint"].items())], title="store")
+    print()
+    print_table(["topic", "queue", "min", "max", "messages"],
+                [(q["topic"], q["queueId"], q["minOffset"], q["maxOffset"], q["messages"]) for q in st["queues"]])
+    print()
+    print_table(["index file", "entries", "begin time", "end time", "begin offset", "end offset"],
+                [(i["file"], i["entries"], i["beginTimestamp"], i["endTimestamp"], i["beginPhyOffset"],
+                  i["endPhyOffset"]) for i in st["index"]])
+
+
+def _print_message(args, m):
+    d = message_dict(m, args.body)
+    if args.json:
+        return print_json(d)
+    print_fields(list(d.items()))
+
+
+def cmd_get(args):
+    with open_store(args) as s:
+        r = s.get_messages(args.topic, args.queue, args.offset, args.count, args.tags)
+        out = {"status": r.status.value, "nextBeginOffset": r.next_offset, "minOffset": r.min_offset,
+               "maxOffset": r.max_offset, "messages": [message_dict(m, args.body) for m in r.messages],
+               "problems": [{"queueOffset": o, "commitLogOffset": p, "size": n} for o, p, n in r.problems]}
+    if args.json:
+        return print_json(out)
+    print_fields([("status", out["status"]), ("next offset", out["nextBeginOffset"]),
+                  ("queue offsets", f"{out['minOffset']} .. {out['maxOffset']}")])
+    print_table(["queue offset", "commitlog offset", "size", "msgId", "tags", "keys"],
+                [(d["queueOffset"], d["commitLogOffset"], d["storeSize"], d["msgId"], d["tags"], d["keys"])
+                 for d in out["messages"]])
+    for p in out["problems"]:
+        print(f"problem: queue offset {p['queueOffset']} -> commitlog ({p['commitLogOffset']}, {p['size']})")
+
+
+def cmd_msg(args):
+    with open_store(args) as s:
+        _print_message(args, s.get_by_msg_id(args.msg_id))
+
+
+def cmd_at(args):
+    with open_store(args) as s:
+        _print_message(args, s.get_by_offset(args.offset))
+
+
+def _scan(s, args, start):
+    """Messages from commitlog ``start`` (up to ``--to``) on the selected topics."""
+    topics = set(args.topic or ())
+    for m in s.scan(start, getattr(args, "to", None)):
+        if not topics or m.topic in topics:
+            yield m
+
+
+def cmd_dump(args):
+    with open_store(args) as s:
+        start = max(args.from_offset or 0, s.min_phy_offset)
+        end = s.max_phy_offset if args.to is None else min(args.to, s.max_phy_offset)
+        with progress(max(0, end - start), "dump") as bar:
+            pos = start
+            for m in _scan(s, args, start):
+                print_line(message_dict(m, args.body))
+                bar.update(m.phy_offset + m.store_size - pos)
+                pos = m.phy_offset + m.store_size
+
+
+def cmd_tail(args):
+    """Poll: reopen read-only (a read-only store does not see later appends) and print
+    what was appended after the last message printed."""
+    pos, printed = args.from_offset, 0
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    while True:
+        with open_store(args) as s:
+            if pos is None:
+                pos = s.max_phy_offset
+            for m in _scan(s, args, pos):
+                print_line(message_dict(m, args.body)) if args.json else print(message_line(m))
+                pos = m.phy_offset + m.store_size
+                printed += 1
+                if args.max and printed >= args.max:
+                    return
+            pos = max(pos, s.max_phy_offset)
+        sys.stdout.flush()
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        time.sleep(args.interval)
+
+
+def register(sub, common):
+    def add(name, func, help_, *, body=False):
+        p = sub.add_parser(name, parents=[common], help=help_, description=help_)
+        p.add_argument("store", help="store directory (opened read-only)")
+        if body:
+            p.add_argument("--body", choices=BODY_MODES, default="utf8",
+                           help="message bodies as UTF-8 text (base64 when not UTF-8), base64, or none")
+        p.set_defaults(func=func)
+        return p
+
+    add("stats", cmd_stats, "segments, offsets, topics and queues, index files, checkpoint, shutdown state")
+    p = add("get", cmd_get, "messages of one queue from an offset (RocketMQ getMessage)", body=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--queue", type=nonneg_int, required=True, metavar="Q")
+    p.add_argument("--offset", type=nonneg_int, required=True, metavar="N", help="queue offset")
+    p.add_argument("--count", type=positive_int, default=32, metavar="K", help="at most K messages (32)")
+    p.add_argument("--tags", metavar="EXPR", help="tag expression, e.g. 'TagA || TagB' (default all)")
+    p = add("msg", cmd_msg, "the message a msgId names", body=True)
+    p.add_argument("msg_id", metavar="MSGID")
+    p = add("at", cmd_at, "the message at a commitlog offset", body=True)
+    p.add_argument("offset", type=nonneg_int, metavar="PHYOFFSET")
+    dump = add("dump", cmd_dump, "every message as JSON lines in commitlog order (--json is implied)", body=True)
+    tail = add("tail", cmd_tail, "follow messages appended from now on (Ctrl-C stops)", body=True)
+    for p in (dump, tail):
+        p.add_argument("--topic", action="append", metavar="T", help="only this topic (repeatable)")
+    dump.add_argument("--from", dest="from_offset", type=nonneg_int, metavar="PHYOFFSET",
+                      help="start at this commitlog offset")
+    dump.add_argument("--to", type=nonneg_int, metavar="PHYOFFSET", help="stop before this commitlog offset")
+    tail.add_argument("--from", dest="from_offset", type=nonneg_int, metavar="PHYOFFSET",
+                      help="start at this commitlog offset (default: the current end)")
+    tail.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="poll interval (1)")
+    tail.add_argument("--max", type=positive_int, metavar="N", help="exit after N messages")
+    tail.add_argument("--timeout", type=float, metavar="SECONDS", help="exit after SECONDS")
