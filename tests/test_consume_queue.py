@@ -1,0 +1,207 @@
+"""Consume queues and the consumer API: our CQ files read entry by entry by the reference
+reader, getMessage statuses and next offsets, tag filtering (hash collisions included),
+bad arguments, consumer offsets on disk, offset by time."""
+import json
+import os
+import struct
+import time
+
+import pytest
+
+import reference_codec as ref
+from rmqstore import GetMessageStatus as S
+from rmqstore import InvalidArgumentError, Message, MessageStore, StoreConfig
+
+PER_FILE = 10
+
+
+def _cfg(**kw):
+    kw.setdefault("commitlog_file_size", 1 << 16)
+    kw.setdefault("consume_queue_entries", PER_FILE)
+    kw.setdefault("warm_mapped_file", False)
+    return StoreConfig(**kw)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = MessageStore(tmp_path / "s", _cfg())
+    yield s
+    s.close()
+
+
+def _fill(store, topic, qid, tags_list):
+    rs = [store.put(Message(topic, b"m%d" % i, tags=t, keys=[f"k{i}"]), queue_id=qid) for i, t in enumerate(tags_list)]
+    store.wait_dispatched()
+    return rs
+
+
+def test_cq_files_match_reference_reader(tmp_path):
+    root = tmp_path / "s"
+    tags = [None, "TagA", "标签", "🚀", "TagB"]
+    puts = {}
+    with MessageStore(root, _cfg()) as store:
+        for i in range(57):
+            topic = ("TopicA", "%RETRY%g", "主题")[i % 3] if i % 3 != 2 else "T-2"
+            qid = i % 2
+            r = store.put(Message(topic, b"x" * (i * 7 % 90), tags=tags[i % 5]), queue_id=qid)
+            puts.setdefault((topic, qid), []).append((r, tags[i % 5]))
+        prep = store.put(Message("TopicA", b"p", sys_flag=0x4), queue_id=0)
+        store.wait_dispatched()
+    assert prep.queue_offset == 0
+    for (topic, qid), rs in puts.items():
+        want = [(n, r.phy_offset, r.size, ref.java_hash(t) if t is not None else 0) for n, (r, t) in enumerate(rs)]
+        assert [r.queue_offset for r, _ in rs] == list(range(len(rs)))
+        assert ref.read_cq_entries(root, topic, qid) == want
+        d = root / "consumequeue" / topic / str(qid)
+        files = ref.segment_files(d)
+        assert [b for b, _ in files] == [i * PER_FILE * 20 for i in range(len(files))]
+        assert all(os.path.getsize(p) == PER_FILE * 20 for _, p in files)
+        assert len(files) == (len(rs) + PER_FILE - 1) // PER_FILE
+    with MessageStore(root, _cfg(), read_only=True) as store:
+        for (topic, qid), rs in puts.items():
+            e = store.consume_queue_entries(topic, qid)
+            assert e["phy_offset"].tolist() == [r.phy_offset for r, _ in rs]
+            assert store.max_offset(topic, qid) == len(rs) and store.min_offset(topic, qid) == 0
+        assert store.topics() == sorted({t for t, _ in puts})
+        assert store.queue_ids("TopicA") == [0, 1]
+
+
+def test_statuses_and_next_offsets(store):
+    _fill(store, "T", 0, ["A"] * 25)
+    res = store.get_messages("T", 0, 0, 32)
+    # a call never crosses a consume-queue file
+    assert (res.status, len(res.messages), res.next_offset, res.min_offset, res.max_offset) == (S.FOUND, 10, 10, 0, 25)
+    assert [m.queue_offset for m in res.messages] == list(range(10))
+    res = store.get_messages("T", 0, 13, 4)
+    assert [m.queue_offset for m in res.messages] == [13, 14, 15, 16] and res.next_offset == 17
+    res = store.get_messages("T", 0, 25, 32)
+    assert (res.status, res.next_offset, res.messages) == (S.OFFSET_OVERFLOW_ONE, 25, [])
+    res = store.get_messages("T", 0, 1000, 32)
+    assert (res.status, res.next_offset) == (S.OFFSET_OVERFLOW_BADLY, 25)
+    res = store.get_messages("T", 0, -5, 32)
+    assert (res.status, res.next_offset) == (S.OFFSET_TOO_SMALL, 0)
+    res = store.get_messages("T", 1, 0, 32)            # a queue never written
+    assert (res.status, res.next_offset, res.max_offset) == (S.NO_MESSAGE_IN_QUEUE, 0, 0)
+    res = store.get_messages("Nope", 0, 7, 32)
+    assert (res.status, res.next_offset) == (S.NO_MESSAGE_IN_QUEUE, 0)
+    for topic, qid in (("T", -1), ("../T", 0), ("a/b", 0)):
+        assert store.get_messages(topic, qid, 0, 32).status == S.NO_MATCHED_LOGIC_QUEUE
+    res = store.get_messages("T", 0, 0, 32, tags="Other")
+    assert (res.status, res.messages, res.next_offset) == (S.NO_MATCHED_MESSAGE, [], 10)
+
+
+def test_transfer_count_limit(tmp_path):
+    with MessageStore(tmp_path / "s", _cfg(consume_queue_entries=100, max_transfer_count_on_message_in_memory=7)) as s:
+        _fill(s, "T", 0, ["A"] * 20)
+        res = s.get_messages("T", 0, 0, 32)
+        assert len(res.messages) == 7 and res.next_offset == 7
+
+
+def test_offset_too_small_after_commitlog_head_removed(tmp_path):
+    """Operator case: the oldest commitlog file is gone; entries pointing into it are below
+    the queue's min offset (RocketMQ correctMinOffset)."""
+    root = tmp_path / "s"
+    cfg = _cfg(commitlog_file_size=4096, consume_queue_entries=100)
+    with MessageStore(root, cfg) as s:
+        rs = _fill(s, "T", 0, ["A"] * 40)
+    first_kept = next(r for r in rs if r.phy_offset >= 4096)
+    os.unlink(root / "commitlog" / ("%020d" % 0))
+    with MessageStore(root, cfg) as s:
+        lo = s.min_offset("T", 0)
+        assert lo == first_kept.queue_offset > 0
+        res = s.get_messages("T", 0, 0, 32)
+        assert (res.status, res.next_offset, res.min_offset) == (S.OFFSET_TOO_SMALL, lo, lo)
+        res = s.get_messages("T", 0, lo, 1)
+        assert res.status == S.FOUND and res.messages[0].phy_offset == first_kept.phy_offset
+
+
+def test_tag_filter_with_forced_hash_collision(store):
+    from rmqstore._codec import java_hash
+    assert java_hash("Aa") == java_hash("BB")           # the collision is real
+    tags = ["Aa", "BB", None, "Aa", "BB", "BB", "TagC", "Aa"]
+    _fill(store, "C", 0, tags)
+    e = store.consume_queue_entries("C", 0)
+    assert e["tags_code"].tolist()[:2] == [2112, 2112]
+    res = store.get_messages("C", 0, 0, 32, tags="Aa")
+    assert [m.queue_offset for m in res.messages] == [i for i, t in enumerate(tags) if t == "Aa"]
+    assert all(m.tags == "Aa" for m in res.messages)
+    assert res.next_offset == len(tags)
+    res = store.get_messages("C", 0, 0, 32, tags="BB || TagC")
+    assert [m.tags for m in res.messages] == ["BB", "BB", "BB", "TagC"]
+    res = store.get_messages("C", 0, 0, 32, tags=" * ")
+    assert len(res.messages) == len(tags)
+    res = store.get_messages("C", 0, 0, 2, tags="Aa")
+    assert [m.queue_offset for m in res.messages] == [0, 3] and res.next_offset == 4
+
+
+@pytest.mark.parametrize("max_count", [0, -1, 1.5, "3", None])
+def test_bad_max_count(store, max_count):
+    _fill(store, "T", 0, ["A"])
+    with pytest.raises(InvalidArgumentError):
+        store.get_messages("T", 0, 0, max_count)
+
+
+@pytest.mark.parametrize("expr", ["A ||", "|| A", "A || || B", "||", 5, b"A"])
+def test_malformed_tag_expressions(store, expr):
+    _fill(store, "T", 0, ["A"])
+    with pytest.raises(InvalidArgumentError):
+        store.get_messages("T", 0, 0, 32, tags=expr)
+
+
+def test_cq_entry_pointing_into_a_record_is_reported(tmp_path):
+    root = tmp_path / "s"
+    with MessageStore(root, _cfg()) as s:
+        rs = _fill(s, "T", 0, ["A"] * 5)
+    path = root / "consumequeue" / "T" / "0" / ("%020d" % 0)
+    data = bytearray(path.read_bytes())
+    struct.pack_into(">q", data, 2 * 20, rs[1].phy_offset + 7)      # still ascending, but mid-record
+    path.write_bytes(bytes(data))
+    with MessageStore(root, _cfg()) as s:
+        res = s.get_messages("T", 0, 0, 32)
+        assert [m.queue_offset for m in res.messages] == [0, 1, 3, 4]
+        assert [p[0] for p in res.problems] == [2]
+        assert res.next_offset == 5
+
+
+def test_consumer_offsets_persisted_in_rocketmq_shape(tmp_path):
+    root = tmp_path / "s"
+    with MessageStore(root, _cfg()) as s:
+        assert s.committed_offset("g1", "T", 0) == -1
+        s.commit_offset("g1", "T", 0, 12)
+        s.commit_offset("g1", "T", 3, 4)
+        s.commit_offset("g2", "%RETRY%g2", 0, 1)
+        s.commit_offset("g1", "T", 0, 13)
+        assert s.committed_offset("g1", "T", 0) == 13
+    with open(root / "config" / "consumerOffset.json", encoding="utf-8") as f:
+        data = json.load(f)
+    assert data == {"offsetTable": {"T@g1": {"0": 13, "3": 4}, "%RETRY%g2@g2": {"0": 1}}}
+    assert not (root / "config" / "consumerOffset.json.tmp").exists()
+    with MessageStore(root, _cfg(), read_only=True) as s:
+        assert s.committed_offset("g1", "T", 0) == 13
+        assert s.committed_offset("g1", "T", 3) == 4
+        assert s.committed_offset("g2", "%RETRY%g2", 0) == 1
+        assert s.committed_offset("g2", "T", 0) == -1
+
+
+def test_offset_by_time(tmp_path):
+    with MessageStore(tmp_path / "s", _cfg(consume_queue_entries=100)) as s:
+        rs = []
+        for i in range(12):
+            rs.append(s.put(Message("T", b"t%d" % i), queue_id=0))
+            t = rs[-1].store_timestamp
+            while time.time_ns() // 1_000_000 <= t + 1:     # distinct, spaced store times
+                time.sleep(0.001)
+        s.wait_dispatched()
+        ts = [r.store_timestamp for r in rs]
+        assert ts == sorted(set(ts))
+        assert s.offset_by_time("T", 0, 0) == 0
+        assert s.offset_by_time("T", 0, ts[0]) == 0
+        for i, t in enumerate(ts):
+            assert s.offset_by_time("T", 0, t) == i                 # exact hit
+        for i in range(len(ts) - 1):      # between two: the nearer one, the left one on a tie
+            gap = ts[i + 1] - ts[i]
+            assert gap >= 2
+            assert s.offset_by_time("T", 0, ts[i] + 1) == i
+            assert s.offset_by_time("T", 0, ts[i + 1] - 1) == (i + 1 if gap > 2 else i)
+        assert s.offset_by_time("T", 0, ts[-1] + 3_600_000) == len(ts) - 1   # 4.9: last entry
+        assert s.offset_by_time("Nope", 0, ts[0]) == 0
