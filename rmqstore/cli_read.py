@@ -1,30 +1,20 @@
 """Read-only subcommands: stats, get, msg, at, query, dump, tail. Each opens the store
 read-only: no writer lock, no byte changed, works while a broker or writer has it open."""
 import os
-import struct
 import sys
 import time
 
 from rmqstore.cli_common import (BODY_MODES, CommandError, message_dict, message_line, nonneg_int, open_store,
                                  positive_int, print_fields, print_json, print_line, print_table, progress)
 
-_INDEX_HEADER = struct.Struct(">qqqqii")
-
-
-def _index_files(root):
-    """Header of every file in ``index/`` (RocketMQ IndexHeader, 40 bytes)."""
+def _index_files(s):
+    """Header of every index file (RocketMQ IndexHeader) and its geometry."""
     out = []
-    directory = os.path.join(root, "index")
-    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
-    for name in names:
-        with open(os.path.join(directory, name), "rb") as f:
-            head = f.read(_INDEX_HEADER.size)
-        if len(head) < _INDEX_HEADER.size:
-            raise CommandError(f"{directory}/{name}: {len(head)} bytes, shorter than an index header")
-        begin_ts, end_ts, begin_phy, end_phy, slots, count = _INDEX_HEADER.unpack(head)
-        out.append({"file": name, "bytes": os.path.getsize(os.path.join(directory, name)),
+    for f in s.index.files if s.index is not None else ():
+        begin_ts, end_ts, begin_phy, end_phy, used_slots, count = f.header
+        out.append({"file": os.path.basename(f.seg.path), "slots": f.slots, "capacity": f.entries - 1,
                     "beginTimestamp": begin_ts, "endTimestamp": end_ts, "beginPhyOffset": begin_phy,
-                    "endPhyOffset": end_phy, "hashSlotCount": slots, "entries": max(0, count - 1)})
+                    "endPhyOffset": end_phy, "hashSlotCount": used_slots, "entries": max(0, count - 1)})
     return out
 
 
@@ -39,7 +29,7 @@ def store_stats(s):
                       "bytes": len(segs.segments) * segs.file_size,
                       "minOffset": s.min_phy_offset, "maxOffset": s.max_phy_offset},
         "consumeQueueEntriesPerFile": s.config.consume_queue_entries,
-        "topics": s.topics(), "queues": queues, "index": _index_files(s.path),
+        "topics": s.topics(), "queues": queues, "index": _index_files(s),
         "checkpoint": {"exists": s.checkpoint.existed, **s.checkpoint.as_dict()},
     }
 
@@ -96,6 +86,22 @@ def cmd_msg(args):
 def cmd_at(args):
     with open_store(args) as s:
         _print_message(args, s.get_by_offset(args.offset))
+
+
+def cmd_query(args):
+    """Filtered (default): messages whose UNIQ_KEY or a KEYS token is the key, newest
+    first. --raw: RocketMQ's queryMessage answer, key hashes only, offsets ascending."""
+    with open_store(args) as s:
+        if args.raw:
+            msgs = [s.get_by_offset(o) for o in s.query_offsets(args.topic, args.key, args.max, args.begin, args.end)]
+        else:
+            msgs = s.query_by_key(args.topic, args.key, args.max, args.begin, args.end)
+        out = [message_dict(m, args.body) for m in msgs]
+    if args.json:
+        return print_json(out)
+    print_table(["commitlog offset", "queue", "queue offset", "store time", "msgId", "keys"],
+                [(d["commitLogOffset"], d["queueId"], d["queueOffset"], d["storeTimestamp"], d["msgId"], d["keys"])
+                 for d in out])
 
 
 def _scan(s, args, start):
@@ -161,6 +167,14 @@ def register(sub, common):
     p.add_argument("msg_id", metavar="MSGID")
     p = add("at", cmd_at, "the message at a commitlog offset", body=True)
     p.add_argument("offset", type=nonneg_int, metavar="PHYOFFSET")
+    p = add("query", cmd_query, "messages by key (UNIQ_KEY or a KEYS token) through the index", body=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--begin", type=nonneg_int, default=0, metavar="MS", help="stored at or after (epoch ms)")
+    p.add_argument("--end", type=nonneg_int, metavar="MS", help="stored at or before (epoch ms)")
+    p.add_argument("--max", type=positive_int, default=64, metavar="N", help="newest N index hits (64)")
+    p.add_argument("--raw", action="store_true",
+                   help="RocketMQ's exact answer: hash matches (colliding keys included), offsets ascending")
     dump = add("dump", cmd_dump, "every message as JSON lines in commitlog order (--json is implied)", body=True)
     tail = add("tail", cmd_tail, "follow messages appended from now on (Ctrl-C stops)", body=True)
     for p in (dump, tail):

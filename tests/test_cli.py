@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CRASHED_498, copy_store, load_jsonl_gz, tree_state
+from conftest import CLEAN_498, CRASHED_498, copy_store, load_jsonl_gz, load_manifest, tree_state
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-SUBCOMMANDS = ["stats", "get", "msg", "at", "dump", "tail", "put", "recover", "digest", "diff"]
+SUBCOMMANDS = ["stats", "get", "msg", "at", "query", "dump", "tail", "put", "recover", "digest", "diff"]
 
 
 def run(*args, stdin=None, expect=0):
@@ -83,14 +83,13 @@ def test_stats_human_table(clean_498):
     assert "TopicB-orders" in out
 
 
-def _get_cases():
-    from conftest import CLEAN_498, load_manifest
+def _cases(kind):
     if not (CLEAN_498 / "manifest.json").exists():
         return []
-    return load_manifest(str(CLEAN_498))["queries"][0]["getMessage"]
+    return load_manifest(str(CLEAN_498))["queries"][0][kind]
 
 
-@pytest.mark.parametrize("case", _get_cases(), ids=lambda c: f"{c['queueId']}@{c['offset']}-{c['tagFilter']}")
+@pytest.mark.parametrize("case", _cases("getMessage"), ids=lambda c: f"{c['queueId']}@{c['offset']}-{c['tagFilter']}")
 def test_get_matches_manifest(clean_498, case):
     args = ["get", clean_498[0], "--topic", case["topic"], "--queue", case["queueId"], "--offset", case["offset"],
             "--count", case["maxMsgNums"], "--body", "none"]
@@ -101,6 +100,26 @@ def test_get_matches_manifest(clean_498, case):
         (case["status"], case["nextBeginOffset"], case["minOffset"], case["maxOffset"])
     assert [(m["queueOffset"], m["commitLogOffset"], m["tags"]) for m in r["messages"]] == \
         [(m["queueOffset"], m["commitLogOffset"], m["tags"]) for m in case["messages"]]
+
+
+def _query_case(case):
+    """Colliding keys, a bounded hot key, a time window, a Unicode topic, misses."""
+    return (case["key"] in ("AaAa", "ключ-3", "no-such-key") or case["topic"] == "NoSuchTopic"
+            or case["maxNum"] == 10 or case["begin"] == 1795281658149)
+
+
+@pytest.mark.parametrize("case", [c for c in _cases("queryMessage") if _query_case(c)],
+                         ids=lambda c: f"{c['key']}-{c['maxNum']}-{c['begin']}")
+def test_query_matches_manifest(clean_498, case):
+    args = ["query", clean_498[0], "--topic", case["topic"], "--key", case["key"], "--max", case["maxNum"],
+            "--begin", case["begin"], "--end", case["end"], "--body", "none"]
+    raw = run_json(*args, "--raw")
+    assert [m["commitLogOffset"] for m in raw] == [h["commitLogOffset"] for h in case["hits"]]
+    exact = run_json(*args)
+    assert {m["commitLogOffset"] for m in exact} <= {m["commitLogOffset"] for m in raw}
+    assert all(case["key"] == m["uniqKey"] or case["key"] in (m["keys"] or "").split() for m in exact)
+    if case["key"] == "AaAa":   # the colliding AaBB/BBAa/BBBB messages are filtered out
+        assert 0 < len(exact) < len(raw)
 
 
 FIELDS = ["topic", "queueId", "queueOffset", "commitLogOffset", "storeSize", "msgId", "uniqKey", "bornTimestamp",
