@@ -1,0 +1,36 @@
+"""rmqstore.bench: a tiny run of the standard workload counts every message on every system."""
+from rmqstore import StoreConfig, bench
+
+SMALL = StoreConfig(commitlog_file_size=1 << 20, consume_queue_entries=1000)
+
+
+def test_run_counts(tmp_path):
+    lines = []
+    rows = bench.run(tmp_path, messages=200, body_size=16, config=SMALL, out=lines.append)
+    names = {r[0] for r in rows}
+    assert {"rmqstore", "sqlite3", "struct+mmap"} <= names
+    for name, kind, label, count, seconds, nbytes in rows:
+        assert count == 200, (name, kind)
+        if kind != "dispatch":
+            assert nbytes == 200 * 16, (name, kind)
+    kinds = [(r[0], r[1]) for r in rows if r[0] == "rmqstore"]
+    assert kinds == [("rmqstore", k) for k in ("write", "dispatch", "read", "scan")]
+    assert "200 messages x 16 B" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_put_batch_rmqstore_only(tmp_path):
+    rows = bench.run(tmp_path, messages=100, body_size=8, batch=32, peers=False, config=SMALL, out=None)
+    assert {r[0] for r in rows} == {"rmqstore"}
+    assert rows[0][2] == "put_batch(32)" and all(r[3] == 100 for r in rows)
+
+
+def test_struct_mmap_peer_writes_rocketmq_records(tmp_path):
+    from rmqstore import _codec
+    peer = bench.StructMmap(str(tmp_path / "s"))
+    peer.write(peer.prepare(bench.workload(3, 10)))
+    try:
+        m = _codec.decode_bytes(bytes(peer.map[:peer.pos]), 0, True)
+        assert (m.topic, m.queue_id, m.tags, m.keys, len(m.body)) == ("bench", 0, "TagA", ["key-0"], 10)
+    finally:
+        peer.close()
