@@ -1,0 +1,53 @@
+"""Append: put in a loop, put_batch, 16 KiB bodies; the peers write the same workload."""
+from .peers import Lmdb, PeerCase, Sqlite, StoreCase, StructMmap
+
+BODY_SIZES = [128, 16384]
+
+
+class Put(StoreCase):
+    params = [BODY_SIZES]
+    param_names = ["body_size"]
+
+    def setup(self, body_size):
+        self.make(body_size)
+
+    def time_put(self, body_size):
+        put = self.store.put
+        for m in self.msgs:
+            put(m)
+
+
+class PutBatch(StoreCase):
+    params = [[128], [64, 1024]]
+    param_names = ["body_size", "batch"]
+
+    def setup(self, body_size, batch):
+        self.make(body_size)
+
+    def time_put_batch(self, body_size, batch):
+        put_batch, msgs = self.store.put_batch, self.msgs
+        for i in range(0, len(msgs), batch):
+            put_batch(msgs[i:i + batch])
+
+
+class _PeerWrite(PeerCase):
+    params = [BODY_SIZES]
+    param_names = ["body_size"]
+
+    def setup(self, body_size):
+        self.make(body_size)
+
+    def time_write(self, body_size):
+        self.system.write(self.data)
+
+
+class SqliteWrite(_PeerWrite):
+    peer = Sqlite
+
+
+class LmdbWrite(_PeerWrite):
+    peer = Lmdb
+
+
+class StructMmapWrite(_PeerWrite):
+    peer = StructMmap

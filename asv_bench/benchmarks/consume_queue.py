@@ -1,0 +1,78 @@
+"""Consumers: dispatch keeps up with put; whole queues read with get_messages(32), as a
+numpy consume-queue range and by batch decode; sqlite3 paging and LMDB cursors as peers."""
+import numpy as np
+
+from rmqstore import _codec
+
+from .peers import QUEUES, TOPIC, Lmdb, PeerCase, Sqlite, StoreCase
+
+
+class Dispatch(StoreCase):
+    params = [[128]]
+    param_names = ["body_size"]
+
+    def setup(self, body_size):
+        self.make(body_size)
+
+    def time_put_until_dispatched(self, body_size):
+        put_batch, msgs = self.store.put_batch, self.msgs
+        for i in range(0, len(msgs), 1024):
+            put_batch(msgs[i:i + 1024])
+        self.store.wait_dispatched()
+
+    def track_lag_at_last_put(self, body_size):
+        """Bytes the dispatcher is behind when the last put returns."""
+        put_batch, msgs = self.store.put_batch, self.msgs
+        for i in range(0, len(msgs), 1024):
+            put_batch(msgs[i:i + 1024])
+        return self.store.dispatch_lag
+    track_lag_at_last_put.unit = "bytes"
+
+
+class ReadQueues(StoreCase):
+    params = [[128]]
+    param_names = ["body_size"]
+
+    def setup(self, body_size):
+        self.make(body_size, fill=True)
+
+    def time_get_messages(self, body_size):
+        s = self.store
+        for q in range(QUEUES):
+            offset = 0
+            while True:
+                r = s.get_messages(TOPIC, q, offset, 32)
+                if not r.messages:
+                    break
+                offset = r.next_offset
+
+    def time_cq_range_numpy(self, body_size):
+        for q in range(QUEUES):
+            self.store.consume_queue_entries(TOPIC, q)
+
+    def time_batch_decode_queues(self, body_size):
+        """decode_batch of the segments, then each queue's rows picked by a numpy mask."""
+        for seg in self.store.commitlog.segments.segments:
+            cols = _codec.decode_batch(seg, 0, seg.wrote_pos)
+            qid = cols["queue_id"]
+            for q in range(QUEUES):
+                np.flatnonzero(qid == q)
+
+
+class _PeerQueues(PeerCase):
+    params = [[128]]
+    param_names = ["body_size"]
+
+    def setup(self, body_size):
+        self.make(body_size, fill=True)
+
+    def time_read_queues(self, body_size):
+        self.system.read()
+
+
+class SqlitePaging(_PeerQueues):
+    peer = Sqlite
+
+
+class LmdbCursor(_PeerQueues):
+    peer = Lmdb
