@@ -1,4 +1,5 @@
 """IndexService: RocketMQ's IndexFiles (key -> commitlog offsets), built by dispatch."""
+import itertools
 import logging
 import os
 import threading
@@ -117,6 +118,8 @@ class IndexService:
                 continue
             kept, dropped = _index.truncate_entries(f.seg, f.slots, f.entries, phy_end, ts_limit)
             self.entries_dropped += dropped
+            if kept == 1 and i == 0:   # nothing left: back to a fresh file, re-dispatch everything
+                _index.write_header(f.seg, 0, 0, 0, 0, 0, 1)
             gone = self.files[i + (kept > 1 or i == 0):]
             for g in gone:
                 self.entries_dropped += max(0, g.count - 1) if g is not f else 0
@@ -264,3 +267,33 @@ class IndexService:
 def _check_key(key):
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(f"index key must be a non-empty str, got {key!r}")
+
+
+class UniqKeyGenerator:
+    """RocketMQ-style unique keys (MessageClientIDSetter) for messages put without one:
+    32 upper-case hex digits = IPv4 (4 bytes) · pid (2) · a random per-store value (4) ·
+    ms since the start of the current month (4) · counter (2). Thread-safe."""
+
+    def __init__(self, packed_host):
+        addr = packed_host[:-4][-4:]
+        self._prefix = (addr + (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(4)).hex().upper()
+        self._counter = itertools.count()
+        self._month = (0, -1)      # (start ms of the month, start ms of the next)
+
+    def _month_bounds(self, now_ms):
+        t = time.localtime(now_ms // 1000)
+        start = int(time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+        y, m = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+        return start, int(time.mktime((y, m, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+
+    def __call__(self):
+        now = time.time_ns() // 1_000_000
+        start, nxt = self._month
+        if not start <= now < nxt:
+            self._month = (start, nxt) = self._month_bounds(now)
+        return f"{self._prefix}{(now - start) & 0xFFFFFFFF:08X}{next(self._counter) & 0xFFFF:04X}"
+
+    def stamp(self, msg):
+        """Give ``msg`` a UNIQ_KEY property unless it has a non-empty one (as a producer does)."""
+        if not msg.properties.get("UNIQ_KEY"):
+            msg.properties["UNIQ_KEY"] = self()

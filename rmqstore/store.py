@@ -15,7 +15,7 @@ from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, MessageNo
                              StoreClosedError, StoreLockedError, StoreReadOnlyError)
 from rmqstore.flush import FlushService
 from rmqstore._index import keys_match
-from rmqstore.index import IndexService
+from rmqstore.index import IndexService, UniqKeyGenerator
 from rmqstore.offsets import ConsumerOffsets
 from rmqstore.recovery import recover_commitlog
 from rmqstore.segments import detect_file_size
@@ -98,6 +98,7 @@ class MessageStore:
         if cq_entries and cq_entries != cfg.consume_queue_entries:
             cfg = cfg.with_(consume_queue_entries=cq_entries)
         self.config = cfg
+        self._uniq = UniqKeyGenerator(_codec.pack_host(cfg.store_host)) if cfg.generate_uniq_key else None
         self.abort_path = os.path.join(self.path, "abort")
         self.clean_shutdown = not os.path.exists(self.abort_path)
         self.checkpoint = Checkpoint(os.path.join(self.path, "checkpoint"), cfg.file_mode).load()
@@ -241,6 +242,8 @@ class MessageStore:
     def put(self, msg, queue_id=None):
         """Append one message; returns a PutResult. In SYNC mode it is durable on return."""
         self._check_open()
+        if self._uniq is not None:
+            self._uniq.stamp(msg)
         res = self.commitlog.put(msg, queue_id)
         if self.flusher is not None and self.config.flush_mode == "sync":
             self.flusher.wait_flushed(res.phy_offset + res.size)
@@ -249,6 +252,10 @@ class MessageStore:
     def put_batch(self, msgs, queue_id=None):
         """Append many messages under one lock and (SYNC) one flush; list of PutResult."""
         self._check_open()
+        if self._uniq is not None:
+            msgs = list(msgs)
+            for m in msgs:
+                self._uniq.stamp(m)
         res = self.commitlog.put_batch(msgs, queue_id)
         if res and self.config.flush_mode == "sync":
             self.flusher.wait_flushed(res[-1].phy_offset + res[-1].size)

@@ -1,0 +1,308 @@
+"""IndexFile and key queries: RocketMQ's answers on the fixture stores, index files rebuilt
+byte for byte, our files checked entry by entry with an independent reader written from
+DESIGN.md, colliding keys, rollover, damaged files, bad arguments and crash cuts."""
+import os
+import shutil
+import struct
+
+import pytest
+
+from conftest import copy_store
+from rmqstore import (InvalidArgumentError, Message, MessageNotFoundError, MessageStore, StoreClosedError,
+                      StoreConfig)
+from rmqstore._codec import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
+
+LONG_MAX = (1 << 63) - 1
+
+
+# ---------------------------------------------------------------- independent reference reader
+
+def java_hash(s):
+    """Java String.hashCode over UTF-16 code units, signed 32-bit."""
+    units = s.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i:i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def index_hash(s):
+    h = java_hash(s)
+    return 0 if h == -(1 << 31) else abs(h)
+
+
+def read_index_file(path, slots):
+    """(header dict, slot values, entries as (hash, phy, time_diff, prev)) per DESIGN.md."""
+    data = open(path, "rb").read()
+    b_ts, e_ts, b_phy, e_phy, slot_count, count = struct.unpack_from(">qqqqii", data, 0)
+    slot_vals = list(struct.unpack_from(f">{slots}i", data, 40))
+    entries_at = 40 + 4 * slots
+    ents = [struct.unpack_from(">iqii", data, entries_at + 20 * i) for i in range(count)]
+    return dict(begin_ts=b_ts, end_ts=e_ts, begin_phy=b_phy, end_phy=e_phy, slot_count=slot_count,
+                count=count, size=len(data)), slot_vals, ents
+
+
+def index_files(root):
+    d = os.path.join(root, "index")
+    return [os.path.join(d, n) for n in sorted(os.listdir(d))]
+
+
+# ---------------------------------------------------------------- RocketMQ's answers
+
+def _hit_is_real(q, hit):
+    return hit["topic"] == q["topic"] and (hit["uniqKey"] == q["key"] or q["key"] in (hit["keys"] or "").split(" "))
+
+
+def test_fixture_query_offsets_and_query_by_key(fixture_store):
+    name, store_dir, manifest = fixture_store
+    queries = manifest["queries"][0]["queryMessage"]
+    collisions = 0
+    with MessageStore(store_dir, read_only=True) as store:
+        for q in queries:
+            expected = [h["commitLogOffset"] for h in q["hits"]]
+            got = store.query_offsets(q["topic"], q["key"], q["maxNum"], q["begin"], q["end"])
+            assert got == expected, (name, q["key"], q["begin"], q["end"])
+            real = sorted({h["commitLogOffset"] for h in q["hits"] if _hit_is_real(q, h)}, reverse=True)
+            collisions += len(expected) - len(real)
+            msgs = store.query_by_key(q["topic"], q["key"], q["maxNum"], q["begin"], q["end"])
+            assert [m.phy_offset for m in msgs] == real
+            batch = store.query_keys(q["topic"], [q["key"], q["key"]], q["maxNum"], q["begin"], q["end"])
+            assert [[m.phy_offset for m in ms] for ms in batch] == [real, real]
+    assert collisions > 0   # AaAa/AaBB/BBAa/BBBB share a hash: RocketMQ returns each other's messages
+
+
+def test_fixture_uniq_key_and_msg_id(clean_498):
+    store_dir, manifest = clean_498
+    with MessageStore(store_dir, read_only=True) as store:
+        for m in manifest["messages"][::97]:
+            if not m["uniqKey"] or not m["indexed"]:
+                continue
+            got = store.query_by_uniq_key(m["topic"], m["uniqKey"])
+            assert got.phy_offset == m["commitLogOffset"] and got.msg_id == m["msgId"]
+            assert store.get_by_msg_id(m["msgId"]).phy_offset == m["commitLogOffset"]
+        with pytest.raises(MessageNotFoundError):
+            store.query_by_uniq_key("TopicA", "0A00000110925EEDF00D0000FFFFFFFF")
+
+
+@pytest.mark.parametrize("fixture", ["498-clean", "533-v2"])
+def test_rebuilt_index_is_byte_identical_to_rocketmq(fixture, tmp_path):
+    from conftest import FIXTURE_DIRS, _require
+    _require(FIXTURE_DIRS[fixture])
+    src = FIXTURE_DIRS[fixture] / "store"
+    root = copy_store(src, tmp_path)
+    shutil.rmtree(root / "index")
+    shutil.rmtree(root / "consumequeue")   # so the reopen re-dispatches the whole commitlog
+    cfg = StoreConfig(index_slots=1000, index_entries=4000, warm_mapped_file=False, message_version=2)
+    MessageStore(root, cfg).close()
+    ours, theirs = index_files(root), index_files(src)
+    assert len(ours) == len(theirs) and len(ours) > 1
+    for a, b in zip(ours, theirs):
+        assert open(a, "rb").read() == open(b, "rb").read(), (a, b)
+
+
+# ---------------------------------------------------------------- our files, entry by entry
+
+MIN_HASH_TOPIC = "T"
+
+
+def min_value_key(prefix):
+    """A key k such that Java hashCode(prefix + k) == Integer.MIN_VALUE (printable ASCII)."""
+    n = 7
+    target = (-(1 << 31) - java_hash(prefix) * pow(31, n)) & 0xFFFFFFFF
+    target = (target - sum(65 * pow(31, n - 1 - i) for i in range(n))) & 0xFFFFFFFF
+    digits = []
+    for i in range(n):
+        w = pow(31, n - 1 - i)
+        digits.append(target // w)
+        target %= w
+    key = "".join(chr(65 + d) for d in digits)
+    assert java_hash(prefix + key) == -(1 << 31)
+    return key
+
+
+def _put_keyed(store, specs):
+    """specs: (topic, keys, uniq, sys_flag); returns the PutResults."""
+    out = []
+    for topic, keys, uniq, flag in specs:
+        props = {"UNIQ_KEY": uniq} if uniq else {}
+        out.append(store.put(Message(topic, b"x", keys=keys, properties=props, sys_flag=flag)))
+    return out
+
+
+def test_own_files_match_reference_reader_with_collisions_and_rollover(tmp_path):
+    slots, entries = 3, 6      # 5 entries per file (entry 0 unused)
+    cfg = StoreConfig(index_slots=slots, index_entries=entries, warm_mapped_file=False)
+    weird = min_value_key(MIN_HASH_TOPIC + "#")
+    specs = [("T", "AaAa BBBB", "U1", 0), ("T", "  AaAa   x ", None, 0), ("T", "BBBB", "U2", TRANSACTION_ROLLBACK),
+             ("T", "AaBB", "U3", TRANSACTION_PREPARED), ("T", weird, None, 0), ("Q", "AaAa", "U1", 0),
+             ("T", "", "", 0), ("T", "ключ 🚀", None, 0), ("T", "AaAa", None, 0)]
+    with MessageStore(tmp_path / "s", cfg) as store:
+        res = _put_keyed(store, specs)
+        store.wait_dispatched(5)
+        store.flush()
+        # expected entries in order: (index key, phy, store time)
+        expected = []
+        for (topic, keys, uniq, flag), r in zip(specs, res):
+            if flag == TRANSACTION_ROLLBACK:
+                continue
+            for k in ([uniq] if uniq else []) + [t for t in keys.split(" ") if t]:
+                expected.append((f"{topic}#{k}", r.phy_offset, r.store_timestamp))
+        files = index_files(tmp_path / "s")
+        assert len(files) == -(-len(expected) // (entries - 1))
+        pos = 0
+        prev_end = None
+        for path in files:
+            hdr, slot_vals, ents = read_index_file(path, slots)
+            assert hdr["size"] == 40 + 4 * slots + 20 * entries
+            mine = expected[pos:pos + hdr["count"] - 1]
+            pos += len(mine)
+            assert ents[0] == (0, 0, 0, 0)
+            newest = {}
+            for i, (key, phy, ts) in enumerate(mine, start=1):
+                h, e_phy, diff, prev = ents[i]
+                assert (h, e_phy) == (index_hash(key), phy)
+                base = (prev_end or (0, 0))[1] if i == 1 else hdr["begin_ts"]
+                assert diff == (max(0, (ts - base) // 1000) if base > 0 else 0)
+                slot = h % slots
+                assert prev == newest.get(slot, 0)
+                newest[slot] = i
+            assert slot_vals == [newest.get(s, 0) for s in range(slots)]
+            assert hdr["slot_count"] == len(newest)
+            assert (hdr["begin_phy"], hdr["begin_ts"]) == (mine[0][1], mine[0][2])
+            assert (hdr["end_phy"], hdr["end_ts"]) == (mine[-1][1], mine[-1][2])
+            prev_end = (hdr["end_phy"], hdr["end_ts"])
+        assert pos == len(expected)
+        assert index_hash(f"T#{weird}") == 0
+
+        by = {key: [phy for k, phy, _ in expected if k == key] for key, _, _ in expected}
+        for key, phys in by.items():
+            topic, k = key.split("#", 1)
+            got = [m.phy_offset for m in store.query_by_key(topic, k)]
+            assert got == sorted(set(phys), reverse=True), key
+        # RocketMQ's answer includes the colliding BBBB and AaBB entries of topic T
+        t_collide = sorted(phy for k, phy, _ in expected if k in ("T#AaAa", "T#BBBB", "T#AaBB"))
+        assert store.query_offsets("T", "AaAa") == t_collide
+        assert store.query_offsets("T", weird) == [res[4].phy_offset]
+        assert [m.phy_offset for m in store.query_by_key("T", "BBBB")] == [res[0].phy_offset]
+        assert store.query_by_uniq_key("T", "U3").phy_offset == res[3].phy_offset   # PREPARED is indexed
+        with pytest.raises(MessageNotFoundError):
+            store.query_by_uniq_key("T", "U2")                                       # ROLLBACK is not
+
+
+def test_query_limits_and_time_ranges(tmp_path):
+    cfg = StoreConfig(index_slots=8, index_entries=50, warm_mapped_file=False, max_msgs_num_batch=64)
+    with MessageStore(tmp_path / "s", cfg) as store:
+        res = [store.put(Message("T", b"x", keys="hot")) for _ in range(120)]
+        store.wait_dispatched(5)
+        phys = [r.phy_offset for r in res]
+        assert len(index_files(tmp_path / "s")) == 3
+        assert store.query_offsets("T", "hot", max_num=10 ** 9) == phys[-64:]   # capped at 64
+        assert store.query_offsets("T", "hot", max_num=5) == phys[-5:]
+        assert store.query_offsets("T", "hot", max_num=0) == []
+        assert store.query_offsets("T", "hot", max_num=-3) == []
+        assert store.query_offsets("T", "hot", 64, begin=LONG_MAX, end=0) == []       # inverted
+        assert store.query_offsets("T", "hot", 64, begin=10 ** 30, end=10 ** 40) == []  # beyond i64
+        assert store.query_offsets("T", "hot", 64, begin=0, end=1) == []               # before any message
+        assert store.query_offsets("T", "nope") == []
+        assert store.query_by_key("T", "hot a") == []                                   # separator in key
+        for bad in ("", None, 7, b"hot"):
+            with pytest.raises(InvalidArgumentError):
+                store.query_offsets("T", bad)
+            with pytest.raises(InvalidArgumentError):
+                store.query_by_key("T", bad)
+        with pytest.raises(InvalidArgumentError):
+            store.query_keys("T", ["hot", ""])
+        assert store.query_keys("T", []) == []
+    with pytest.raises(StoreClosedError):
+        store.query_offsets("T", "hot")
+    with MessageStore(tmp_path / "s", cfg.with_(message_index_enable=False)) as store:
+        with pytest.raises(InvalidArgumentError):
+            store.query_offsets("T", "hot")
+
+
+# ---------------------------------------------------------------- damaged files
+
+def _patch(path, offset, fmt, *values):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(struct.pack(fmt, *values))
+
+
+def test_damaged_chains_terminate(clean_498, tmp_path):
+    src, manifest = clean_498
+    q = next(q for q in manifest["queries"][0]["queryMessage"] if q["key"] == "hot" and q["maxNum"] == 64)
+    slots = 1000
+    entries_at = 40 + 4 * slots
+    newest = index_files(src)[-1]
+    _, slot_vals, ents = read_index_file(newest, slots)
+    head = slot_vals[q["slot"]]
+    cases = {
+        "self loop": lambda p: _patch(p, entries_at + 20 * head + 16, ">i", head),
+        "forward loop": lambda p: _patch(p, entries_at + 20 * ents[head][3] + 16, ">i", head),
+        "huge slot": lambda p: _patch(p, 40 + 4 * q["slot"], ">i", 0x7FFFFFFF),
+        "negative slot": lambda p: _patch(p, 40 + 4 * q["slot"], ">i", -5),
+        "count beyond capacity": lambda p: _patch(p, 36, ">i", 0x7FFFFFFF),
+        "negative time": lambda p: _patch(p, entries_at + 20 * head + 12, ">i", -1),
+        "garbage entries": lambda p: _patch(p, entries_at, "4000s", bytes(range(256)) * 15 + bytes(160)),
+    }
+    for name, damage in cases.items():
+        root = copy_store(src, tmp_path, name.replace(" ", "_"))
+        damage(index_files(root)[-1])
+        with MessageStore(root, read_only=True) as store:
+            got = store.query_offsets(q["topic"], q["key"])
+            assert len(got) <= 64 and got == sorted(got), name
+            for m in store.query_by_key(q["topic"], q["key"]):
+                assert "hot" in m.keys
+            store.query_keys(q["topic"], ["hot", "AaAa", "user-5"])
+
+
+def test_file_of_unknown_geometry_is_refused(tmp_path):
+    from rmqstore.errors import CorruptStoreError
+    root = tmp_path / "s"
+    MessageStore(root, StoreConfig(warm_mapped_file=False)).close()
+    os.makedirs(root / "index", exist_ok=True)
+    with open(root / "index" / "20260101000000000", "wb") as f:
+        f.write(b"\0" * 1001)
+    with pytest.raises(CorruptStoreError):
+        MessageStore(root, read_only=True)
+
+
+# ---------------------------------------------------------------- durability
+
+def test_checkpoint_and_unclean_shutdown_cut(tmp_path):
+    cfg = StoreConfig(index_slots=16, index_entries=40, warm_mapped_file=False)
+    root = tmp_path / "s"
+    with MessageStore(root, cfg) as store:
+        first = _put_keyed(store, [("T", f"a{i} b{i}", None, 0) for i in range(30)])
+        store.wait_dispatched(5)
+        store.flush()
+        flushed_ts = store.checkpoint.index_msg_timestamp
+        assert flushed_ts == first[-1].store_timestamp
+    baseline = {f: open(f, "rb").read() for f in index_files(root)}
+    # pretend the last flush happened an hour earlier and the process died
+    with open(root / "checkpoint", "r+b") as f:
+        f.seek(16)
+        f.write(struct.pack(">q", flushed_ts - 3_600_000))
+    open(root / "abort", "wb").close()
+    with MessageStore(root, cfg) as store:
+        assert store.recovery.index_entries_dropped == 60
+        store.wait_dispatched(5)
+        assert [m.phy_offset for m in store.query_by_key("T", "b7")] == [first[7].phy_offset]
+    # re-dispatch rebuilt exactly what was cut (the first file name is kept; later ones are new)
+    rebuilt = [open(f, "rb").read() for f in index_files(root)]
+    assert rebuilt == list(baseline.values())
+
+
+def test_generate_uniq_key(tmp_path):
+    cfg = StoreConfig(generate_uniq_key=True, warm_mapped_file=False)
+    with MessageStore(tmp_path / "s", cfg) as store:
+        r1 = store.put(Message("T", b"a"))
+        r2 = store.put(Message("T", b"b", properties={"UNIQ_KEY": "mine"}))
+        store.wait_dispatched(5)
+        u1 = store.get_by_offset(r1.phy_offset).uniq_key
+        assert len(u1) == 32 and int(u1, 16) >= 0 and u1 == u1.upper()
+        assert store.get_by_offset(r2.phy_offset).uniq_key == "mine"
+        assert store.query_by_uniq_key("T", u1).phy_offset == r1.phy_offset
+    with MessageStore(tmp_path / "t", cfg.with_(generate_uniq_key=False)) as store:
+        r = store.put(Message("T", b"a"))
+        assert store.get_by_offset(r.phy_offset).uniq_key is None
