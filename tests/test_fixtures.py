@@ -127,10 +127,10 @@ def test_blank_records_at_every_file_end(fixture_store):
     assert data[off:off + 8] == ends[0].to_bytes(4, "big") + bytes.fromhex("CBD43194")
 
 
-@pytest.mark.parametrize("which", ["498-clean", "533-v2"])
+@pytest.mark.parametrize("which", ["498-clean", "533-v2", "498-crashed"])
 def test_read_only_open_changes_nothing(which, tmp_path):
-    from conftest import FIXTURE_DIRS
-    path = FIXTURE_DIRS[which] / "store"
+    from conftest import CRASHED_498, FIXTURE_DIRS
+    path = dict(FIXTURE_DIRS, **{"498-crashed": CRASHED_498})[which] / "store"
     if not path.is_dir():
         pytest.skip("fixture missing")
     before = tree_state(path)
