@@ -14,14 +14,16 @@ from rmqstore.cli_common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CommandEr
 from rmqstore.errors import StoreError
 
 
-def _common():
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+def _parents():
+    """Options shared by subcommands: (--json only, --json + options of a store to open)."""
+    j = argparse.ArgumentParser(add_help=False)
+    j.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = argparse.ArgumentParser(add_help=False, parents=[j])
     p.add_argument("--index-slots", type=positive_int, metavar="N",
                    help="index hash slots of a foreign store (default RocketMQ's 5000000)")
     p.add_argument("--index-entries", type=positive_int, metavar="N",
                    help="index entries per file of a foreign store (default RocketMQ's 20000000)")
-    return p
+    return j, p
 
 
 def build_parser():
@@ -29,9 +31,9 @@ def build_parser():
                      epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    common = _common()
+    json_only, store_opts = _parents()
     for module in (cli_read, cli_admin):
-        module.register(sub, common)
+        module.register(sub, json_only, store_opts)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""Subcommands that write or check whole stores: put, recover, digest, diff."""
+"""Subcommands that write, check or time whole stores: put, recover, digest, diff, bench."""
 import base64
 import binascii
 import dataclasses
@@ -10,8 +10,8 @@ import crc32c
 import numpy as np
 
 from rmqstore._codec import Message
-from rmqstore.cli_common import (EXIT_FOUND, CommandError, open_store, positive_int, print_fields, print_json,
-                                 print_line, print_table, progress, require_store)
+from rmqstore.cli_common import (EXIT_FOUND, CommandError, nonneg_int, open_store, positive_int, print_fields,
+                                 print_json, print_line, print_table, progress, require_store)
 from rmqstore.errors import StoreError
 from rmqstore.segments import list_segment_files
 
@@ -157,8 +157,17 @@ def cmd_diff(args):
     return None if diverge is None else EXIT_FOUND
 
 
-def register(sub, common):
-    p = sub.add_parser("put", parents=[common], help="append messages read as JSON lines from stdin",
+def cmd_bench(args):
+    from rmqstore import bench   # imports the peers (sqlite3, LMDB) only when asked
+    rows = bench.run(args.dir, args.messages, args.body_size, args.batch, peers=not args.no_peers,
+                     out=None if args.json else print)
+    if args.json:
+        print_json([{"system": name, "operation": kind, "label": label, "count": n, "seconds": sec,
+                     "bodyBytes": nbytes} for name, kind, label, n, sec, nbytes in rows])
+
+
+def register(sub, json_only, store_opts):
+    p = sub.add_parser("put", parents=[store_opts], help="append messages read as JSON lines from stdin",
                        description="Append one message per JSON line of stdin: {\"topic\": T, \"body\": TEXT "
                        "| \"bodyBase64\": B64, \"tags\", \"keys\" (string or list), \"properties\", "
                        "\"queueId\", \"flag\", \"sysFlag\", \"bornTimestamp\", \"delayLevel\"}. "
@@ -170,19 +179,28 @@ def register(sub, common):
     p.add_argument("--cq-entries", dest="consume_queue_entries", type=positive_int, metavar="N",
                    help="entries per consume-queue file of a new store (default 300000)")
     p.set_defaults(func=cmd_put)
-    p = sub.add_parser("recover", parents=[common], help="run crash recovery and report what it did",
+    p = sub.add_parser("recover", parents=[store_opts], help="run crash recovery and report what it did",
                        description="Open the store for writing, which recovers it (truncating a torn tail "
                        "and rebuilding consume-queue entries), close it cleanly, and print the report.")
     p.add_argument("store")
     p.set_defaults(func=cmd_recover)
-    p = sub.add_parser("digest", parents=[common], help="CRC32C of every commitlog segment",
+    p = sub.add_parser("digest", parents=[json_only], help="CRC32C of every commitlog segment",
                        description="CRC32C of every commitlog segment file, for backup and replica checks.")
     p.add_argument("store")
     p.set_defaults(func=cmd_digest)
-    p = sub.add_parser("diff", parents=[common], help="first commitlog offset where two stores diverge",
+    p = sub.add_parser("diff", parents=[json_only], help="first commitlog offset where two stores diverge",
                        description="First commitlog offset where two stores (a master and a replica, a "
                        "store and its backup) diverge: digests first, then bytes. Exit status 3 when "
                        "they differ.")
     p.add_argument("store", metavar="STORE_A")
     p.add_argument("other", metavar="STORE_B")
     p.set_defaults(func=cmd_diff)
+    p = sub.add_parser("bench", parents=[json_only], help="the standard workload, rmqstore beside its peers",
+                       description="Put, read back per queue and scan a workload on rmqstore and, beside it, "
+                       "sqlite3, LMDB (if installed) and a pure-Python reader/writer; prints a table.")
+    p.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
+    p.add_argument("--messages", type=positive_int, default=1_000_000, metavar="N", help="messages (1000000)")
+    p.add_argument("--body-size", type=nonneg_int, default=128, metavar="BYTES", help="body size (128)")
+    p.add_argument("--batch", type=nonneg_int, default=0, metavar="K", help="put_batch of K (0: single puts)")
+    p.add_argument("--no-peers", action="store_true", help="time rmqstore only")
+    p.set_defaults(func=cmd_bench)

@@ -146,9 +146,9 @@ def cmd_tail(args):
         time.sleep(args.interval)
 
 
-def register(sub, common):
+def register(sub, json_only, store_opts):
     def add(name, func, help_, *, body=False):
-        p = sub.add_parser(name, parents=[common], help=help_, description=help_)
+        p = sub.add_parser(name, parents=[store_opts], help=help_, description=help_)
         p.add_argument("store", help="store directory (opened read-only)")
         if body:
             p.add_argument("--body", choices=BODY_MODES, default="utf8",

@@ -14,7 +14,7 @@ from conftest import CLEAN_498, CRASHED_498, copy_store, load_jsonl_gz, load_man
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-SUBCOMMANDS = ["stats", "get", "msg", "at", "query", "dump", "tail", "put", "recover", "digest", "diff"]
+SUBCOMMANDS = ["stats", "get", "msg", "at", "query", "dump", "tail", "put", "recover", "digest", "diff", "bench"]
 
 
 def run(*args, stdin=None, expect=0):
@@ -153,10 +153,10 @@ def test_msg_and_at_match_manifest(clean_498):
 
 def test_dump_topic_and_range(clean_498):
     store, man = clean_498
-    lines = run("dump", store, "--topic", "TopicB-orders", "--topic", "主题-Unicode-テスト-🚀", "--body", "none").stdout
+    topics = ("TopicB-orders", "主题-Unicode-テスト-🚀")
+    lines = run("dump", store, "--topic", topics[0], "--topic", topics[1], "--body", "none").stdout
     got = [json.loads(x)["commitLogOffset"] for x in lines.splitlines()]
-    assert got == [m["commitLogOffset"] for m in man["messages"]
-                   if m["topic"] in ("TopicB-orders", "主题-Unicode-テスト-🚀")]
+    assert got == [m["commitLogOffset"] for m in man["messages"] if m["topic"] in topics]
     offs = [m["commitLogOffset"] for m in man["messages"]]
     lo, hi = offs[100], offs[140]
     lines = run("dump", store, "--from", lo, "--to", hi, "--body", "base64").stdout.splitlines()
@@ -325,3 +325,9 @@ def test_ctrl_c_exits_130(small_store):
     _, err = tail.communicate(timeout=60)
     assert tail.returncode == 130 and "Traceback" not in err
     assert run_json("stats", small_store)["cleanShutdown"] is True
+
+
+def test_bench_runs_the_workload(tmp_path):
+    rows = run_json("bench", "--messages", 300, "--body-size", 64, "--no-peers", "--dir", tmp_path)
+    assert {r["operation"]: r["count"] for r in rows} == {"write": 300, "dispatch": 300, "read": 300, "scan": 300}
+    assert {r["system"] for r in rows} == {"rmqstore"}
