@@ -1,4 +1,5 @@
-"""Subcommands that write, check or time whole stores: put, recover, digest, diff, bench."""
+"""Subcommands that write, check or time whole stores: put, recover, digest, diff, bench, spark."""
+import argparse
 import base64
 import binascii
 import dataclasses
@@ -166,6 +167,14 @@ def cmd_bench(args):
                      "bodyBytes": nbytes} for name, kind, label, n, sec, nbytes in rows])
 
 
+def cmd_spark(args):
+    try:
+        from rmqstore.spark import jobs
+    except ImportError as e:
+        raise CommandError(f"the spark jobs need the [spark] extra (pip install 'rmqstore[spark]'): {e}") from None
+    return jobs.main(args.argv)
+
+
 def register(sub, json_only, store_opts):
     p = sub.add_parser("put", parents=[store_opts], help="append messages read as JSON lines from stdin",
                        description="Append one message per JSON line of stdin: {\"topic\": T, \"body\": TEXT "
@@ -204,3 +213,8 @@ def register(sub, json_only, store_opts):
     p.add_argument("--batch", type=nonneg_int, default=0, metavar="K", help="put_batch of K (0: single puts)")
     p.add_argument("--no-peers", action="store_true", help="time rmqstore only")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("spark", help="pipeline jobs on Spark: export, rebuild, query, verify",
+                       description="Run a job of rmqstore.spark.jobs: rmqstore spark [--master M] JOB ... "
+                       "(export, rebuild, query, verify; 'rmqstore spark JOB --help' describes each).")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="JOB ...", help="the job and its arguments")
+    p.set_defaults(func=cmd_spark)

@@ -14,7 +14,7 @@ from conftest import CLEAN_498, CRASHED_498, copy_store, load_jsonl_gz, load_man
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-SUBCOMMANDS = ["stats", "get", "msg", "at", "query", "dump", "tail", "put", "recover", "digest", "diff", "bench"]
+SUBCOMMANDS = ["stats", "get", "msg", "at", "query", "dump", "tail", "put", "recover", "digest", "diff", "bench", "spark"]
 
 
 def run(*args, stdin=None, expect=0):
@@ -331,3 +331,9 @@ def test_bench_runs_the_workload(tmp_path):
     rows = run_json("bench", "--messages", 300, "--body-size", 64, "--no-peers", "--dir", tmp_path)
     assert {r["operation"]: r["count"] for r in rows} == {"write": 300, "dispatch": 300, "read": 300, "scan": 300}
     assert {r["system"] for r in rows} == {"rmqstore"}
+
+
+def test_spark_delegates_to_the_jobs():
+    pytest.importorskip("rmqstore.spark.jobs")
+    assert "--out" in run("spark", "export", "--help").stdout
+    run("spark", "nosuchjob", expect=2)
