@@ -120,8 +120,14 @@ class ConsumeQueue:
             seg = self.segments.roll(expect - expect % self.file_size)
             self.min_logic_offset = expect
             cur = seg.base_offset
-        if expect > cur:
-            log.warning("%s: queue offset %d skips from %d; filling the gap", self.directory, queue_offset, cur // ENTRY)
+            if expect > cur:
+                log.warning("%s: first queue offset %d; filling the file before it", self.directory, queue_offset)
+        elif expect > cur:
+            # RocketMQ putMessagePositionInfo: "logic queue order maybe wrong", appends where
+            # it is; filling the gap would let one corrupt QUEUEOFFSET create files without end
+            log.error("%s: queue offset %d skips from %d; appending at %d", self.directory, queue_offset,
+                      cur // ENTRY, cur // ENTRY)
+            expect = cur
         while True:
             if seg.wrote_pos >= seg.size:
                 seg = self.segments.roll()
@@ -131,6 +137,30 @@ class ConsumeQueue:
         _cq.append_entry(seg, phy_offset, size, tags_code)
         self.max_physic_offset = phy_offset + size
         return True
+
+    def put_run(self, phy, size, tags, queue_offsets):
+        """Append many entries (numpy arrays, commitlog order). The first goes through
+        ``put`` (duplicates skipped, odd offsets handled); a run whose queue offsets then
+        continue one by one is written by the kernel, file by file."""
+        n = len(phy)
+        i = 0
+        while i < n and not self.put(int(phy[i]), int(size[i]), int(tags[i]), int(queue_offsets[i])):
+            i += 1
+        if i == n:
+            return
+        i += 1
+        first = int(queue_offsets[i - 1])
+        if i < n and int(queue_offsets[n - 1]) - first == n - i and \
+                self.segments.max_offset == (first + 1) * ENTRY:
+            while i < n:
+                seg = self.segments.last
+                if seg.wrote_pos >= seg.size:
+                    seg = self.segments.roll()
+                i += _cq.append_entries(seg, phy, size, tags, i, n)
+            self.max_physic_offset = int(phy[n - 1]) + int(size[n - 1])
+            return
+        for j in range(i, n):
+            self.put(int(phy[j]), int(size[j]), int(tags[j]), int(queue_offsets[j]))
 
     def flush(self, least_pages=0):
         return self.segments.flush(least_pages)
