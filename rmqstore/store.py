@@ -4,6 +4,8 @@ import logging
 import os
 import threading
 
+import numpy as np
+
 from rmqstore import _codec
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import CommitLog
@@ -11,7 +13,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.consume_queue import HOLE_SIZE, ConsumeQueueTable
 from rmqstore.consumer import GetMessageResult, GetMessageStatus as S, TagFilter
 from rmqstore.dispatch import Dispatcher
-from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, MessageNotFoundError,
+from rmqstore.errors import (CorruptRecordError, CorruptStoreError, InvalidArgumentError, MessageNotFoundError,
                              StoreClosedError, StoreLockedError, StoreReadOnlyError)
 from rmqstore.flush import FlushService
 from rmqstore._index import keys_match
@@ -93,11 +95,15 @@ class MessageStore:
         cl_size = detect_file_size(os.path.join(self.path, "commitlog"))
         if cl_size and cl_size != cfg.commitlog_file_size:
             log.info("%s: using the store's commitlog segment size %d", self.path, cl_size)
-            cfg = cfg.with_(commitlog_file_size=cl_size)
+            try:
+                cfg = cfg.with_(commitlog_file_size=cl_size)
+            except InvalidArgumentError:
+                raise CorruptStoreError(f"{self.path}/commitlog: first segment is {cl_size} bytes") from None
         cq_entries = _detect_cq_entries(self.path)
         if cq_entries and cq_entries != cfg.consume_queue_entries:
             cfg = cfg.with_(consume_queue_entries=cq_entries)
         self.config = cfg
+        self._delays = cfg.delay_levels_ms()
         self._uniq = UniqKeyGenerator(_codec.pack_host(cfg.store_host)) if cfg.generate_uniq_key else None
         self.abort_path = os.path.join(self.path, "abort")
         self.clean_shutdown = not os.path.exists(self.abort_path)
@@ -153,25 +159,37 @@ class MessageStore:
     # -- dispatch -------------------------------------------------------------------------
     def _dispatch_cq(self, batch):
         """CommitLogDispatcherBuildConsumeQueue: one CQ entry per message, except PREPARED
-        and ROLLBACK; delayed messages carry their delivery time as tags code."""
-        table = self.consume_queues
+        and ROLLBACK; delayed messages carry their delivery time as tags code. Rows are
+        grouped by topic/queue and each run is written by the CQ kernel."""
         rows = batch.rows
-        delays = None
-        for i, (topic, phy, size, qid, qoff, sysf, tags, ts) in enumerate(zip(
-                batch.topics, rows["phy_offset"].tolist(), rows["size"].tolist(), rows["queue_id"].tolist(),
-                rows["queue_offset"].tolist(), rows["sys_flag"].tolist(), rows["tags_code"].tolist(),
-                rows["store_timestamp"].tolist())):
-            if (sysf & 0xC) in _NO_CQ:
-                continue
-            if topic == SCHEDULE_TOPIC:
-                level = batch.properties(i).get("DELAY")
-                if level is not None and level.isdigit():
-                    delays = delays or self.config.delay_levels_ms()
-                    lv = min(int(level), len(delays))
-                    if lv > 0:
-                        tags = ts + delays[lv - 1]
-            table.get_or_create(topic, qid).put(phy, size, tags, qoff)
-            self._last_cq_timestamp = ts
+        tran = rows["sys_flag"] & 0xC
+        keep = np.nonzero((tran != _codec.TRANSACTION_PREPARED) & (tran != _codec.TRANSACTION_ROLLBACK))[0]
+        if not len(keep):
+            return
+        tags = rows["tags_code"].copy()
+        names = batch.topic_names
+        if SCHEDULE_TOPIC in names:
+            for i in np.nonzero(batch.topic_ids == names.index(SCHEDULE_TOPIC))[0].tolist():
+                tags[i] = self._deliver_time(batch.properties(i).get("DELAY"), int(rows["store_timestamp"][i]), tags[i])
+        key = (batch.topic_ids[keep].astype(np.int64) << 32) | (rows["queue_id"][keep].astype(np.int64) & 0xFFFFFFFF)
+        perm = np.argsort(key, kind="stable")
+        order, key = keep[perm], key[perm]
+        bounds = np.flatnonzero(np.diff(key)) + 1
+        phy, size, qoff = rows["phy_offset"][order], rows["size"][order], rows["queue_offset"][order]
+        tags = tags[order]
+        table = self.consume_queues
+        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)]):
+            cq = table.get_or_create(names[batch.topic_ids[order[lo]]], int(rows["queue_id"][order[lo]]))
+            cq.put_run(phy[lo:hi], size[lo:hi], tags[lo:hi], qoff[lo:hi])
+        self._last_cq_timestamp = int(rows["store_timestamp"][keep[-1]])
+
+    def _deliver_time(self, level, store_ts, tags_code):
+        """RocketMQ computeDeliverTimestamp for a SCHEDULE_TOPIC_XXXX message's DELAY level."""
+        if level is None or not level.isdigit():
+            return tags_code
+        delays = self._delays
+        lv = min(int(level), len(delays))
+        return store_ts + delays[lv - 1] if lv > 0 else tags_code
 
     _last_cq_timestamp = 0
 
