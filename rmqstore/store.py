@@ -543,6 +543,17 @@ class MessageStore:
                 out.append(m)
         return out
 
+    # -- retention ------------------------------------------------------------------------
+    def clean_expired(self, now=None):
+        """Delete expired commitlog segments and the CQ/index files below the new minimum
+        (rules in retention.py); ``now`` in seconds since the epoch. Returns a report."""
+        self._check_open()
+        if self.read_only:
+            raise StoreReadOnlyError("store opened read-only")
+        from rmqstore.retention import clean_expired
+        with self.commitlog.lock:
+            return clean_expired(self, now)
+
 
 def _empty_entries():
     import numpy as np

@@ -1,0 +1,70 @@
+"""Retention: delete expired commitlog segments and the consume-queue and index files that
+only point into them (RocketMQ CleanCommitLogService / CleanConsumeQueueService).
+
+A segment's age is its file's mtime, as RocketMQ's ``deleteExpiredFileByTime``: the last
+write to it, i.e. about its newest message's store time. Segments go oldest first, at
+most ``BATCH`` per call, never the one being written; they go when it is a ``delete_when``
+hour and they are older than ``file_reserved_time`` hours, or at once (whatever their age)
+while disk use is at or above ``disk_max_used_space_ratio`` percent.
+"""
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+BATCH = 10   # RocketMQ deleteCommitLogFilesInterval batch: DELETE_FILES_BATCH_MAX
+
+
+@dataclass
+class RetentionReport:
+    """What one ``clean_expired`` call did."""
+    reason: str = ""              # "", "time" or "disk"
+    segments_deleted: int = 0
+    bytes_freed: int = 0
+    consume_queue_files_deleted: int = 0
+    index_files_deleted: int = 0
+    min_phy_offset: int = 0
+    disk_used_ratio: float = 0.0
+
+
+def is_delete_hour(delete_when, now):
+    """Whether local time ``now`` (seconds) falls in one of ``delete_when``'s hours ("04;05")."""
+    hour = time.localtime(now).tm_hour
+    return any(h.strip().isdigit() and int(h) == hour for h in delete_when.split(";"))
+
+
+def disk_used_ratio(path):
+    u = shutil.disk_usage(path)
+    return 100.0 * (u.total - u.free) / u.total if u.total else 0.0
+
+
+def clean_expired(store, now=None):
+    """Apply the retention rules once; returns a RetentionReport."""
+    cfg = store.config
+    now = time.time() if now is None else now
+    cl = store.commitlog
+    rep = RetentionReport(disk_used_ratio=disk_used_ratio(cl.segments.directory))
+    if rep.disk_used_ratio >= cfg.disk_max_used_space_ratio:
+        rep.reason = "disk"
+    elif is_delete_hour(cfg.delete_when, now):
+        rep.reason = "time"
+    doomed = []
+    if rep.reason:
+        for seg in cl.segments.segments[:-1][:BATCH]:
+            if rep.reason == "time" and os.path.getmtime(seg.path) + cfg.file_reserved_time * 3600 > now:
+                break
+            doomed.append(seg)
+    if doomed:
+        rep.segments_deleted = len(doomed)
+        rep.bytes_freed = sum(s.size for s in doomed)
+        cl.segments.delete_segments(doomed)
+        log.info("retention (%s): deleted %d commitlog segments, min offset now %d", rep.reason,
+                 len(doomed), cl.min_offset)
+    rep.min_phy_offset = cl.min_offset
+    for cq in list(store.consume_queues.queues.values()):
+        rep.consume_queue_files_deleted += cq.delete_below(rep.min_phy_offset)
+    if store.index is not None:
+        rep.index_files_deleted = store.index.delete_expired(rep.min_phy_offset) or 0
+    return rep

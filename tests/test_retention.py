@@ -1,0 +1,90 @@
+"""Retention: expired commitlog segments go at the delete hour (by file mtime), never the
+active one; CQ files wholly below the new minimum go; min offsets and OFFSET_TOO_SMALL
+reflect it."""
+import os
+import time
+
+import pytest
+
+from rmqstore import GetMessageStatus, Message, MessageStore, StoreConfig
+from rmqstore import retention
+
+HOUR = 3600
+
+
+def _store(path, **kw):
+    cfg = StoreConfig(commitlog_file_size=4096, consume_queue_entries=4, warm_mapped_file=False,
+                      file_reserved_time=72, delete_when="04", disk_max_used_space_ratio=100, **kw)
+    return MessageStore(path, cfg)
+
+
+def _fill(s, n=60):
+    res = [s.put(Message("Ret", b"x" * 300), queue_id=0) for _ in range(n)]
+    s.wait_dispatched(5)
+    return res
+
+
+def _at_hour(hour, days_later=0):
+    t = time.localtime()
+    return time.mktime((t.tm_year, t.tm_mon, t.tm_mday + days_later, hour, 30, 0, 0, 0, -1))
+
+
+def _age(s, n, seconds_old, now):
+    for seg in s.commitlog.segments.segments[:n]:
+        os.utime(seg.path, (now - seconds_old, now - seconds_old))
+
+
+def test_expired_segments_go_at_delete_hour(tmp_path):
+    with _store(tmp_path) as s:
+        res = _fill(s)
+        segs = s.commitlog.segments.segments
+        assert len(segs) >= 5
+        now = _at_hour(4, days_later=10)
+        _age(s, len(segs), HOUR, now)
+        _age(s, 3, 73 * HOUR, now)
+        # not the delete hour: nothing happens
+        rep = s.clean_expired(now=_at_hour(5, days_later=10))
+        assert (rep.reason, rep.segments_deleted) == ("", 0)
+        rep = s.clean_expired(now=now)
+        assert rep.reason == "time" and rep.segments_deleted == 3
+        new_min = 3 * 4096
+        assert s.min_phy_offset == rep.min_phy_offset == new_min
+        assert not os.path.exists(segs[0].path) and os.path.exists(segs[3].path)
+        first_left = next(i for i, r in enumerate(res) if r.phy_offset >= new_min)
+        assert s.min_offset("Ret", 0) == first_left
+        assert rep.consume_queue_files_deleted == first_left // 4
+        r = s.get_messages("Ret", 0, 0)
+        assert (r.status, r.next_offset) == (GetMessageStatus.OFFSET_TOO_SMALL, first_left)
+        r = s.get_messages("Ret", 0, first_left, 1)
+        assert r.status == GetMessageStatus.FOUND and r.messages[0].phy_offset == res[first_left].phy_offset
+    with _store(tmp_path) as s:       # survives a reopen
+        assert s.min_phy_offset == new_min and s.min_offset("Ret", 0) == first_left
+
+
+def test_never_the_active_segment_and_disk_pressure(tmp_path, monkeypatch):
+    with _store(tmp_path) as s:
+        _fill(s, 30)
+        n = len(s.commitlog.segments.segments)
+        now = time.time()
+        _age(s, n, 1000 * HOUR, now)
+        monkeypatch.setattr(retention, "disk_used_ratio", lambda path: 100.0)
+        rep = s.clean_expired(now=_at_hour(12))     # not the delete hour, but the disk is full
+        assert rep.reason == "disk" and rep.segments_deleted == min(n - 1, retention.BATCH)
+        assert len(s.commitlog.segments.segments) == n - rep.segments_deleted
+        rep = s.clean_expired(now=_at_hour(12))
+        assert len(s.commitlog.segments.segments) == 1        # the active one stays
+        last = s.put(Message("Ret", b"after"), queue_id=0)
+        assert s.get_by_offset(last.phy_offset).body == b"after"
+
+
+def test_young_segments_stay(tmp_path):
+    with _store(tmp_path) as s:
+        _fill(s, 30)
+        now = _at_hour(4, days_later=1)
+        _age(s, len(s.commitlog.segments.segments), 10 * HOUR, now)
+        assert s.clean_expired(now=now).segments_deleted == 0
+
+
+@pytest.mark.parametrize("when,hour,hit", [("04", 4, True), ("04;05", 5, True), ("04", 3, False)])
+def test_delete_hour(when, hour, hit):
+    assert retention.is_delete_hour(when, _at_hour(hour)) == hit
