@@ -14,7 +14,8 @@ from conftest import CLEAN_498, CRASHED_498, copy_store, load_jsonl_gz, load_man
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-SUBCOMMANDS = ["stats", "get", "msg", "at", "query", "dump", "tail", "put", "recover", "digest", "diff", "bench", "spark"]
+SUBCOMMANDS = ["stats", "get", "msg", "at", "query", "dump", "tail", "put", "recover", "digest", "diff", "bench",
+               "spark"]
 
 
 def run(*args, stdin=None, expect=0):
