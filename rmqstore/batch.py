@@ -58,13 +58,15 @@ class DecodeStats:
 
 
 def iter_columns(path, base_offset, start=0, end=None, *, check_crc=False, mode="fail",
-                 batch_bytes=32 << 20, stats=None):
+                 batch_bytes=32 << 20, stats=None, aligned=False):
     """Yield column dicts (see ``_codec.decode_batch``) for the records of segment file
     ``path`` that start in ``[start, end)``, about ``batch_bytes`` of records per dict.
 
     ``mode="fail"`` raises CorruptRecordError (naming the path and commitlog offset) at the
     first invalid record; ``mode="skip"`` skips to the next valid record header and counts
     the region in ``stats`` (a DecodeStats). Decoding stops at end of data or a BLANK record.
+    ``aligned`` says ``start`` and ``end`` are record boundaries (e.g. from ``end_offset``):
+    no header search, and nothing at or after ``end`` is read even if written meanwhile.
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be one of {MODES}, not {mode!r}")
@@ -73,8 +75,11 @@ def iter_columns(path, base_offset, start=0, end=None, *, check_crc=False, mode=
     try:
         size = seg.size
         end = size if end is None else min(end, size)
-        pos = start if start == 0 else _sync(seg, start, end)
-        limit = size if end >= size else (_sync(seg, end, size) or size)
+        if aligned:
+            pos, limit = start, end
+        else:
+            pos = start if start == 0 else _sync(seg, start, end)
+            limit = size if end >= size else (_sync(seg, end, size) or size)
         need = 0   # window size needed for a record larger than batch_bytes
         while pos is not None and pos < limit:
             window = min(limit, pos + max(batch_bytes, need))
@@ -101,6 +106,22 @@ def iter_columns(path, base_offset, start=0, end=None, *, check_crc=False, mode=
             stats.skipped_bytes += (limit if pos is None else pos) - at
     finally:
         seg.close()
+
+
+def end_offset(store_path, hint=0):
+    """Commitlog offset where a store's written data ends (a record boundary): the end of
+    the last segment holding data (a writer may have preallocated empty ones after it),
+    walking headers from ``hint`` when it lies in that segment. 0 for no segments."""
+    for path, base, size in reversed(segment_files(store_path)):
+        seg = MappedSegment(path, base, 0, readonly=True)
+        try:
+            pos = hint - base if base <= hint < base + size else 0
+            end, _, status = _codec.scan_segment(seg, pos, size, False)
+        finally:
+            seg.close()
+        if end > 0 or status != "end" or base <= hint:
+            return base + (size if status == "blank" else end)
+    return 0
 
 
 def decode_segment(path, base_offset, start=0, end=None, check_crc=False, mode="fail"):

@@ -77,3 +77,108 @@ def test_corrupt_record_fail_and_skip(clean_498, tmp_path):
     assert got == sorted(o for o in offsets if o != bad)
     assert (stats.corrupt, stats.corrupt_offsets, stats.records) == (1, [bad], len(offsets) - 1)
     assert stats.skipped_bytes == sorted(offsets)[6] - bad
+
+
+# ------------------------------------------------------------------------------ Spark
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark")
+    from rmqstore.spark import session
+    s = session("local[2]", spark_sql_shuffle_partitions="2", spark_default_parallelism="2")
+    yield s
+    s.stop()
+
+
+def _write_store(path, n, topics=("TopicA", "TopicB"), start=0):
+    from rmqstore import Message, MessageStore, StoreConfig
+    cfg = StoreConfig(commitlog_file_size=64 * 1024, consume_queue_entries=20)
+    with MessageStore(path, cfg) as st:
+        for i in range(start, start + n):
+            st.put(Message(topics[i % len(topics)], f"body-{path.name}-{i}".encode() * (i % 7 + 1),
+                           tags=f"t{i % 3}", keys=[f"k{i}", "hot"] if i % 10 == 0 else [f"k{i}"]))
+        st.wait_dispatched(10)
+    return cfg
+
+
+@pytest.mark.spark
+def test_source_reads_fixture(spark, clean_498):
+    store, manifest = clean_498
+    rows = spark.read.format("rocketmq").load(str(store)).collect()
+    assert sorted((_actual(r.asDict()) for r in rows), key=lambda r: r["phy_offset"]) == \
+        [_expected(m) for m in sorted(manifest["messages"], key=lambda m: m["commitLogOffset"])]
+
+
+@pytest.mark.spark
+def test_query_by_key_across_stores(spark, clean_498, tmp_path):
+    from rmqstore.spark import jobs
+    store, manifest = clean_498
+    _write_store(tmp_path / "s1", 120)
+    q = next(q for q in manifest["queries"][0]["queryMessage"] if q["key"] == "hot" or len(q["hits"]) > 3)
+    want = sorted(m["commitLogOffset"] for m in manifest["messages"] if m["topic"] == q["topic"]
+                  and q["key"] in (m["keys"] or "").split(" "))
+    got = jobs.query(spark, [str(store), str(tmp_path / "*")], topic=q["topic"], key=q["key"]).collect()
+    assert sorted(r.phy_offset for r in got) == want and {r.store for r in got} == {str(store)}
+    assert {h["commitLogOffset"] for h in q["hits"]} <= set(want) or len(q["hits"]) == 64
+    hot = jobs.query(spark, [str(store), str(tmp_path / "*")], key="hot", topic="TopicA").collect()
+    assert sorted(r.keys[0] for r in hot if r.store.endswith("s1")) == sorted(f"k{i}" for i in range(0, 120, 10))
+    timed = jobs.query(spark, [str(store)], begin=manifest["messages"][100]["storeTimestamp"],
+                       end=manifest["messages"][200]["storeTimestamp"]).count()
+    assert timed == sum(manifest["messages"][100]["storeTimestamp"] <= m["storeTimestamp"]
+                        < manifest["messages"][200]["storeTimestamp"] for m in manifest["messages"])
+
+
+@pytest.mark.spark
+def test_rebuild_consume_queues_byte_identical(spark, tmp_path):
+    from rmqstore.spark import jobs
+    store = tmp_path / "s"
+    cfg = _write_store(store, 400, topics=("TopicA", "TopicB", "TopicC"))
+    result, summary = jobs.rebuild(spark, str(store), str(tmp_path / "cq"), cfg)
+    assert summary["messages"] == 400 and len(result) == 3 * cfg.default_queue_nums
+    orig = {os.path.relpath(os.path.join(d, f), store / "consumequeue")
+            for d, _, fs in os.walk(store / "consumequeue") for f in fs}
+    new = {os.path.relpath(os.path.join(d, f), tmp_path / "cq") for d, _, fs in os.walk(tmp_path / "cq") for f in fs}
+    assert orig == new and len(orig) > 12
+    for rel in orig:
+        assert (store / "consumequeue" / rel).read_bytes() == (tmp_path / "cq" / rel).read_bytes(), rel
+
+
+@pytest.mark.spark
+def test_verify_reports_corruption(spark, clean_498, tmp_path):
+    from rmqstore.spark import jobs
+    store, manifest = clean_498
+    copy = tmp_path / "broken"
+    shutil.copytree(store / "commitlog", copy / "commitlog")
+    victim = sorted(m["commitLogOffset"] for m in manifest["messages"])[10]
+    path = copy / "commitlog" / f"{0:020d}"
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:   # flip a body byte: the CRC no longer matches
+        f.seek(victim + 200)
+        b = f.read(1)
+        f.seek(victim + 200)
+        f.write(bytes([b[0] ^ 0xFF]))
+    reports, summary = jobs.verify(spark, [str(store), str(copy)])
+    assert reports[str(store)]["ok"] and reports[str(store)]["records"] == 5000
+    bad = reports[str(copy)]
+    assert not bad["ok"] and bad["corrupt_offsets"] == [victim] and bad["records"] == 4999
+    assert summary["bad_stores"] == 1
+
+
+@pytest.mark.spark
+def test_stream_picks_up_appended_messages(spark, tmp_path):
+    from rmqstore import Message, MessageStore, StoreConfig
+    store = tmp_path / "live"
+    with MessageStore(store, StoreConfig(commitlog_file_size=64 * 1024)) as st:
+        st.put_batch([Message("TopicA", b"x%d" % i) for i in range(30)])
+        q = spark.readStream.format("rocketmq").load(str(store)).select("phy_offset", "body") \
+            .writeStream.format("memory").queryName("live_tail").start()
+        try:
+            q.processAllAvailable()
+            first = spark.table("live_tail").count()
+            st.put_batch([Message("TopicA", b"y%d" % i) for i in range(2000)])   # rolls segments
+            q.processAllAvailable()
+            bodies = [bytes(r.body) for r in spark.table("live_tail").orderBy("phy_offset").collect()]
+        finally:
+            q.stop()
+    assert first == 30
+    assert bodies == [b"x%d" % i for i in range(30)] + [b"y%d" % i for i in range(2000)]
