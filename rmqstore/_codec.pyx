@@ -476,10 +476,14 @@ def decode_record(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc=
     ("blank"|"end", size) at a BLANK record / end of data; raises CorruptRecordError."""
     cdef RecView r
     cdef int code
+    if seg.closing or seg.unmapped:
+        raise StoreClosedError(f"{seg.path}: segment is closed")
     if limit > seg.m.size:
         limit = seg.m.size
-    if pos < 0 or pos > limit:
-        raise InvalidArgumentError(f"{seg.path}: position {pos} outside 0..{limit}")
+    if pos < 0 or pos > seg.m.size:
+        raise InvalidArgumentError(f"{seg.path}: position {pos} outside 0..{seg.m.size}")
+    if pos >= limit:   # past the published data: nothing is stored there (yet)
+        return ("end", 0)
     seg.check_range(pos, limit - pos)
     code = parse_record(seg.m.base + pos, limit - pos, check_crc, &r)
     if code == REC_OK:
