@@ -183,8 +183,11 @@ def test_consumer_offsets_persisted_in_rocketmq_shape(tmp_path):
         assert s.committed_offset("g2", "T", 0) == -1
 
 
-def test_offset_by_time(tmp_path):
-    with MessageStore(tmp_path / "s", _cfg(consume_queue_entries=100)) as s:
+@pytest.mark.parametrize("per_file", [100, 5])
+def test_offset_by_time(tmp_path, per_file):
+    """4.9 rule: choose the first CQ file whose last entry was stored at or after the time
+    (else the last file), then the exact hit or the nearer neighbour inside that file."""
+    with MessageStore(tmp_path / "s", _cfg(consume_queue_entries=per_file)) as s:
         rs = []
         for i in range(12):
             rs.append(s.put(Message("T", b"t%d" % i), queue_id=0))
@@ -201,7 +204,37 @@ def test_offset_by_time(tmp_path):
         for i in range(len(ts) - 1):      # between two: the nearer one, the left one on a tie
             gap = ts[i + 1] - ts[i]
             assert gap >= 2
+            if (i + 1) % per_file == 0:   # the next file is chosen; its entries are all later
+                assert s.offset_by_time("T", 0, ts[i] + 1) == i + 1
+                assert s.offset_by_time("T", 0, ts[i + 1] - 1) == i + 1
+                continue
             assert s.offset_by_time("T", 0, ts[i] + 1) == i
             assert s.offset_by_time("T", 0, ts[i + 1] - 1) == (i + 1 if gap > 2 else i)
         assert s.offset_by_time("T", 0, ts[-1] + 3_600_000) == len(ts) - 1   # 4.9: last entry
         assert s.offset_by_time("Nope", 0, ts[0]) == 0
+
+
+def test_cq_entries_past_commitlog_end_are_not_followed(tmp_path):
+    """A truncated commitlog (or a corrupt CQ tail): entries pointing past the commitlog end
+    are dropped on open, read-only included, and never followed."""
+    root = tmp_path / "s"
+    with MessageStore(root, _cfg()) as s:
+        rs = _fill(s, "T", 0, ["A"] * 6)
+    path = root / "consumequeue" / "T" / "0" / ("%020d" % 0)
+    data = bytearray(path.read_bytes())
+    struct.pack_into(">qiq", data, 6 * 20, 1 << 40, 100, 0)       # a 7th entry far past the end
+    path.write_bytes(bytes(data))
+    before = path.read_bytes()
+    with MessageStore(root, _cfg(), read_only=True) as s:
+        assert s.max_offset("T", 0) == 6
+        res = s.get_messages("T", 0, 0, 32)
+        assert [m.phy_offset for m in res.messages] == [r.phy_offset for r in rs]
+        assert s.get_messages("T", 0, 6, 32).status == S.OFFSET_OVERFLOW_ONE
+    assert path.read_bytes() == before
+    with MessageStore(root, _cfg()) as s:
+        assert s.max_offset("T", 0) == 6
+        r = s.put(Message("T", b"new", tags="A"), queue_id=0)
+        s.wait_dispatched()
+        assert r.queue_offset == 6
+        assert s.get_messages("T", 0, 6, 32).messages[0].body == b"new"
+    assert ref.read_cq_entries(root, "T", 0)[6][1] == r.phy_offset
