@@ -8,7 +8,7 @@ import threading
 import time
 
 import reference_codec as ref
-from rmqstore import Message, MessageStore, StoreClosedError, StoreConfig
+from rmqstore import Message, MessageStore, StoreConfig
 from rmqstore import GetMessageStatus as S
 
 WRITERS = 3

@@ -12,7 +12,7 @@ import pytest
 
 import reference_codec as ref
 from rmqstore import (InvalidTopicError, Message, MessageNotFoundError, MessageStore, MessageTooLargeError,
-                      StoreClosedError, StoreConfig, StoreLockedError, StoreReadOnlyError)
+                      StoreClosedError, StoreConfig, StoreReadOnlyError)
 
 STORE_HOST = "10.0.0.1:10911"
 
