@@ -2,6 +2,7 @@
 """Consume-queue kernels: 20-byte big-endian entries (commitlog offset i64, size i32,
 tags code i64) appended into and read out of a mapped segment."""
 from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memcmp
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
@@ -69,3 +70,48 @@ def valid_end(MappedSegment seg, int64_t pos, int64_t limit):
                 end_phy = off + size
             pos += 20
     return pos, end_phy
+
+
+def append_entries(MappedSegment seg, const int64_t[:] phy, const int32_t[:] size, const int64_t[:] tags,
+                   Py_ssize_t start, Py_ssize_t stop):
+    """Write entries ``[start, stop)`` of the arrays at the write position, as many as the
+    segment has room for, and publish them; returns how many were written."""
+    cdef Py_ssize_t i, n
+    cdef char *p
+    if start < 0 or stop > phy.shape[0] or stop > size.shape[0] or stop > tags.shape[0] or start > stop:
+        raise IndexError(f"entry range [{start}, {stop}) outside the arrays")
+    n = min(stop - start, (seg.m.size - seg.wrote_pos) // 20)
+    seg.check_range(seg.wrote_pos, n * 20)
+    p = seg.m.base + seg.wrote_pos
+    with nogil:
+        for i in range(start, start + n):
+            rmq_st64(p, phy[i])
+            rmq_st32(p + 8, size[i])
+            rmq_st64(p + 12, tags[i])
+            p += 20
+    seg.wrote_pos += n * 20
+    return n
+
+
+def topic_ids(bytes raw, const int32_t[:] off, const int32_t[:] length, dict ids, list names):
+    """Per-row topic number (an index into ``names``) of dispatch rows whose topics lie at
+    ``raw[off:off+length]``; new topics are decoded once and appended to ``names``."""
+    cdef Py_ssize_t i, n = off.shape[0], size = len(raw)
+    cdef const char *base = raw
+    cdef int32_t prev_off = -1, prev_len = -1, prev_id = -1
+    out = np.empty(n, np.int32)
+    cdef int32_t[::1] o = out
+    for i in range(n):
+        if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
+            raise IndexError(f"topic of row {i} outside the batch bytes")
+        if prev_id >= 0 and length[i] == prev_len and memcmp(base + off[i], base + prev_off, prev_len) == 0:
+            o[i] = prev_id
+            continue
+        key = raw[off[i]:off[i] + length[i]]
+        tid = ids.get(key)
+        if tid is None:
+            tid = ids[key] = len(names)
+            names.append(key.decode("utf-8", "replace"))
+        prev_off, prev_len, prev_id = off[i], length[i], tid
+        o[i] = prev_id
+    return out

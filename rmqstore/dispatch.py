@@ -3,39 +3,32 @@ other CommitLogDispatcher with each new message."""
 import logging
 import threading
 
-from rmqstore import _codec
+from rmqstore import _codec, _cq
 
 log = logging.getLogger(__name__)
 
 
 class DispatchBatch:
-    """Consecutive records read in one pass: ``rows`` (numpy, _codec.DISPATCH_DTYPE),
-    the records' ``raw`` bytes, and helpers to get at each one's topic and properties."""
+    """Consecutive records read in one pass: ``rows`` (numpy, _codec.DISPATCH_DTYPE), the
+    records' ``raw`` bytes, each row's ``topic_ids`` (int32 indexes into ``topic_names``,
+    which the dispatcher shares across batches) and each record's properties on demand."""
 
-    __slots__ = ("rows", "raw", "_topics", "_cache")
+    __slots__ = ("rows", "raw", "topic_ids", "topic_names")
 
-    def __init__(self, rows, raw, topic_cache):
+    def __init__(self, rows, raw, topic_numbers, topic_names):
         self.rows = rows
         self.raw = raw
-        self._topics = None
-        self._cache = topic_cache
+        self.topic_names = topic_names
+        self.topic_ids = _cq.topic_ids(raw, rows["topic_off"], rows["topic_len"], topic_numbers, topic_names)
 
     def __len__(self):
         return len(self.rows)
 
     @property
     def topics(self):
-        """The topic of each row (str), decoded once per distinct topic."""
-        if self._topics is None:
-            raw, cache, out = self.raw, self._cache, []
-            for off, n in zip(self.rows["topic_off"].tolist(), self.rows["topic_len"].tolist()):
-                b = raw[off:off + n]
-                t = cache.get(b)
-                if t is None:
-                    t = cache[b] = b.decode("utf-8", "replace")
-                out.append(t)
-            self._topics = out
-        return self._topics
+        """The topic of each row (str)."""
+        names = self.topic_names
+        return [names[i] for i in self.topic_ids.tolist()]
 
     def properties(self, i):
         row = self.rows[i]
@@ -53,7 +46,8 @@ class Dispatcher:
         self.batch_records = batch_records
         self.consumers = []
         self.error = None
-        self._topic_cache = {}
+        self._topic_numbers = {}   # topic bytes -> index in _topic_names
+        self._topic_names = []
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stop = False
@@ -81,7 +75,7 @@ class Dispatcher:
         pos = start - seg.base_offset
         rows, raw, end, status = _codec.scan_dispatch(seg, pos, seg.wrote_pos, self.batch_records)
         if len(rows):
-            batch = DispatchBatch(rows, raw, self._topic_cache)
+            batch = DispatchBatch(rows, raw, self._topic_numbers, self._topic_names)
             for consumer in self.consumers:
                 consumer(batch)
         if status == "blank" or (status == "end" and end >= seg.size):
