@@ -357,3 +357,23 @@ def test_unclean_shutdown_is_detected(tmp_path):
     with MessageStore(root, _cfg()) as store:
         assert not store.clean_shutdown
         assert [m.body for m in store.scan()] == [b"x"]
+
+
+def test_bad_message_input_is_refused_and_nothing_lost(tmp_path):
+    from rmqstore import InvalidArgumentError
+    with MessageStore(tmp_path / "s", _cfg()) as store:
+        ok = store.put(Message("T", bytearray(b"from a bytearray"), properties={"k": "v"}), queue_id=0)
+        mv = store.put(Message("T", memoryview(b"--view--")[2:6]), queue_id=0)
+        for props in ({"a\x01b": "v"}, {"k": "v\x02w"}, {"": "v"}, {"k": 5}):
+            with pytest.raises(InvalidArgumentError):
+                store.put(Message("T", b"x", properties=props), queue_id=0)
+        with pytest.raises(InvalidArgumentError):
+            store.put(Message("T", b"x"), queue_id=-1)
+        with pytest.raises(InvalidArgumentError):
+            Message("T", b"x", born_host="not-a-host")
+        with pytest.raises(InvalidArgumentError):
+            store.put(Message("T", b"x", properties={"DELAY": "soon"}), queue_id=0)
+        nxt = store.put(Message("T", b"after"), queue_id=0)
+        assert nxt.queue_offset == 2 and nxt.phy_offset == mv.phy_offset + mv.size
+        assert [m.body for m in store.scan()] == [b"from a bytearray", b"view", b"after"]
+        assert store.get_by_offset(ok.phy_offset).properties == {"k": "v"}
