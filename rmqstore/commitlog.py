@@ -31,7 +31,7 @@ class CommitLog:
         self.readonly = readonly
         self.segments = SegmentQueue(f"{root}/commitlog", segment_size or config.commitlog_file_size, readonly,
                                      config.file_mode, config.dir_mode,
-                                     preallocate=config.warm_mapped_file)
+                                     preallocate=config.warm_mapped_file, prefault_bytes=config.warm_ahead_bytes)
         self.store_host = _codec.pack_host(config.store_host)
         self.lock = threading.Lock()
         self._delay_levels = config.delay_levels_ms()

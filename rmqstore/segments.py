@@ -41,7 +41,7 @@ class SegmentQueue:
     """
 
     def __init__(self, directory, file_size, readonly=False, file_mode=0o600, dir_mode=0o700,
-                 preallocate=False):
+                 preallocate=False, prefault_bytes=-1):
         self.directory = str(directory)
         self.file_size = file_size
         self.readonly = readonly
@@ -50,6 +50,7 @@ class SegmentQueue:
         self._view = ([], [])   # (segments, their base offsets), replaced as one
         self._lock = threading.Lock()
         self._alloc = ThreadPoolExecutor(1, thread_name_prefix="rmq-alloc") if preallocate and not readonly else None
+        self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
         self._pending = None   # (offset, Future[MappedSegment])
         self._closed = False
         self.flushed_where = 0
@@ -126,7 +127,7 @@ class SegmentQueue:
 
     def _warm(self, offset):
         seg = self._open_new(offset)
-        seg.prefault(0, -1, 1)
+        seg.prefault(0, min(self.prefault_bytes, self.file_size) if self.prefault_bytes >= 0 else -1, 1)
         return seg
 
     def roll(self, offset=None):
