@@ -7,6 +7,8 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy, memchr, memset
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
+                               PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint32_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 import numpy as np
@@ -892,8 +894,11 @@ cdef class Appender:
     first time a topic is written (raises if the name is not allowed), ``delay(msg, topic,
     queue_id, props)`` -> (topic, queue_id, props) for a message with a DELAY property, and
     ``warm(seg)`` once the end of written data reaches ``warm_mark`` (a commitlog offset).
-    Not thread-safe: the caller holds the commitlog's write lock."""
+    Thread-safe: ``put``/``put_batch`` hold the appender's own write lock, a C lock taken
+    without a Python call when free (waiting for it releases the GIL). ``with appender:``
+    holds it for other writers of the commitlog (retention, truncation)."""
     cdef public int64_t warm_mark
+    cdef PyThread_type_lock _lock
     cdef dict topics                    # topic -> _TopicState
     cdef object segments, check_topic, delay, warm
     cdef MappedSegment seg              # the last segment, during a call
@@ -916,6 +921,25 @@ cdef class Appender:
         self.warm = warm
         self.topics = {}
         self.warm_mark = 0
+        self._lock = PyThread_allocate_lock()
+        if self._lock == NULL:
+            raise MemoryError("cannot allocate the commitlog write lock")
+
+    def __dealloc__(self):
+        if self._lock != NULL:
+            PyThread_free_lock(self._lock)
+
+    cdef inline void _acquire(self) noexcept:
+        if not PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+
+    def __enter__(self):
+        self._acquire()
+        return self
+
+    def __exit__(self, *exc):
+        PyThread_release_lock(self._lock)
 
     @property
     def queue_offsets(self):
@@ -939,17 +963,25 @@ cdef class Appender:
 
     def put(self, Message msg, queue_id=None):
         """Append one message; returns its PutResult."""
-        self.seg = self._last()
-        return self._append(msg, queue_id, now_ms())
+        self._acquire()
+        try:
+            self.seg = self._last()
+            return self._append(msg, queue_id, now_ms())
+        finally:
+            PyThread_release_lock(self._lock)
 
     def put_batch(self, msgs, queue_id=None):
         """Append every message of ``msgs`` with one store timestamp; list of PutResult."""
-        cdef int64_t ts = now_ms()
         cdef list out = []
-        self.seg = self._last()
-        for m in msgs:
-            out.append(self._append(<Message?>m, queue_id, ts))
-        return out
+        self._acquire()
+        try:
+            ts = now_ms()
+            self.seg = self._last()
+            for m in msgs:
+                out.append(self._append(<Message?>m, queue_id, ts))
+            return out
+        finally:
+            PyThread_release_lock(self._lock)
 
     cdef MappedSegment _last(self):
         segs = self.segments.segments

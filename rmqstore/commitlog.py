@@ -1,5 +1,4 @@
 """CommitLog: every message of every topic, appended to one run of segments."""
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore import _codec
@@ -33,11 +32,11 @@ class CommitLog:
                                      config.file_mode, config.dir_mode,
                                      preallocate=config.warm_mapped_file, prefault_bytes=config.warm_ahead_bytes)
         self.store_host = _codec.pack_host(config.store_host)
-        self.lock = threading.Lock()
         self._delay_levels = config.delay_levels_ms()
         self._appender = _codec.Appender(self.segments, self.store_host, config.message_version,
                                          config.max_message_size, config.default_queue_nums,
                                          self._check_topic, self._delay, self._warm_ahead)
+        self.lock = self._appender   # the write lock: ``with commitlog.lock:`` excludes appends
         warm = config.warm_mapped_file and config.warm_ahead_bytes > 0 and not readonly
         self._warmer = ThreadPoolExecutor(1, thread_name_prefix="rmq-warm") if warm else None
         self._warm_to = 0              # commitlog offset faulted in (or queued) so far
@@ -111,15 +110,15 @@ class CommitLog:
         self._appender.warm_mark = min(end, pos + ahead // 2)
 
     def put(self, msg, queue_id=None):
-        self._check_writable()
-        with self.lock:
-            return self._appender.put(msg, queue_id)
+        if self.readonly or self.failed is not None:
+            self._check_writable()
+        return self._appender.put(msg, queue_id)
 
     def put_batch(self, msgs, queue_id=None):
         """Append ``msgs`` under one lock acquisition, all with one store timestamp."""
-        self._check_writable()
-        with self.lock:
-            return self._appender.put_batch(msgs, queue_id)
+        if self.readonly or self.failed is not None:
+            self._check_writable()
+        return self._appender.put_batch(msgs, queue_id)
 
     # -- reading --------------------------------------------------------------------------
     def get(self, offset, check_crc=False):

@@ -104,6 +104,7 @@ class MessageStore:
             cfg = cfg.with_(consume_queue_entries=cq_entries)
         self.config = cfg
         self._delays = cfg.delay_levels_ms()
+        self._sync = cfg.flush_mode == "sync" and not self.read_only
         self._uniq = UniqKeyGenerator(_codec.pack_host(cfg.store_host)) if cfg.generate_uniq_key else None
         self.abort_path = os.path.join(self.path, "abort")
         self.clean_shutdown = not os.path.exists(self.abort_path)
@@ -259,11 +260,12 @@ class MessageStore:
     # -- writing --------------------------------------------------------------------------
     def put(self, msg, queue_id=None):
         """Append one message; returns a PutResult. In SYNC mode it is durable on return."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if self._uniq is not None:
             self._uniq.stamp(msg)
         res = self.commitlog.put(msg, queue_id)
-        if self.flusher is not None and self.config.flush_mode == "sync":
+        if self._sync:
             self.flusher.wait_flushed(res.phy_offset + res.size)
         return res
 
@@ -275,7 +277,7 @@ class MessageStore:
             for m in msgs:
                 self._uniq.stamp(m)
         res = self.commitlog.put_batch(msgs, queue_id)
-        if res and self.config.flush_mode == "sync":
+        if res and self._sync:
             self.flusher.wait_flushed(res[-1].phy_offset + res[-1].size)
         return res
 
