@@ -283,10 +283,11 @@ def systems():
 
 def run(directory=None, messages=1_000_000, body_size=128, batch=0, peers=True, config=None, out=print):
     """Run the workload on rmqstore (with ``config``, default: RocketMQ's defaults and 8
-    queues) and the peers under ``directory`` (a temporary one by default, removed afterwards). Returns rows (system, kind, label, count, seconds,
-    body_bytes) where kind is "write", "dispatch" (rmqstore: waiting for the consume queues
-    after the last put; body_bytes is then the lag in bytes when it started), "read" (every
-    queue, pages of 32) or "scan"."""
+    queues) and the peers under ``directory`` (a temporary one by default, removed
+    afterwards). Returns rows (system, kind, label, count, seconds, body_bytes) where kind
+    is "write", "dispatch" (rmqstore: waiting for the consume queues after the last put;
+    body_bytes is then the lag in bytes when it started), "read" (every queue, pages of 32)
+    or "scan"."""
     tmp = directory is None
     directory = tempfile.mkdtemp(prefix="rmqstore-bench-") if tmp else str(directory)
     items = workload(messages, body_size)

@@ -7,7 +7,7 @@ import numpy as np
 
 from rmqstore import _cq
 from rmqstore.errors import CorruptStoreError
-from rmqstore.segments import SegmentQueue, list_segment_files
+from rmqstore.segments import SegmentQueue
 from rmqstore.topics import is_safe_dirname
 
 log = logging.getLogger(__name__)

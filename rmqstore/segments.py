@@ -73,7 +73,8 @@ class SegmentQueue:
                     raise CorruptStoreError(f"{path}: {size} bytes, expected {self.file_size}")
                 if segs and offset != segs[-1].base_offset + self.file_size:
                     raise CorruptStoreError(
-                        f"{path}: starts at {offset}, expected {segs[-1].base_offset + self.file_size} (missing segment)")
+                        f"{path}: starts at {offset}, expected {segs[-1].base_offset + self.file_size}"
+                        " (missing segment)")
                 seg = MappedSegment(path, offset, self.file_size, readonly=self.readonly)
                 seg.wrote_pos = seg.flushed_pos = self.file_size
                 segs.append(seg)
