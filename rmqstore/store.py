@@ -2,6 +2,7 @@
 import fcntl
 import logging
 import os
+import shutil
 import threading
 
 import numpy as np
@@ -22,6 +23,7 @@ from rmqstore.offsets import ConsumerOffsets
 from rmqstore.recovery import recover_commitlog
 from rmqstore.segments import detect_file_size
 from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
+from rmqstore.verify import verify_store
 
 log = logging.getLogger(__name__)
 _NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
@@ -55,7 +57,7 @@ class MessageStore:
     lock, reads take none. Crash behaviour: see recovery.py and flush.py.
     """
 
-    def __init__(self, path, config=None, read_only=False):
+    def __init__(self, path, config=None, read_only=False, progress=None):
         self.path = os.path.abspath(str(path))
         cfg = config or StoreConfig()
         self.read_only = read_only
@@ -70,7 +72,7 @@ class MessageStore:
             os.makedirs(self.path, mode=cfg.dir_mode, exist_ok=True)
             self._acquire_lock(cfg)
         try:
-            self._open(cfg)
+            self._open(cfg, progress)
         except BaseException:
             self._release_lock()
             raise
@@ -91,7 +93,7 @@ class MessageStore:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def _open(self, cfg):
+    def _open(self, cfg, progress=None):
         cl_size = detect_file_size(os.path.join(self.path, "commitlog"))
         if cl_size and cl_size != cfg.commitlog_file_size:
             log.info("%s: using the store's commitlog segment size %d", self.path, cl_size)
@@ -120,7 +122,7 @@ class MessageStore:
             self.commitlog.segments.load()
             self.consume_queues.load()
             self.offsets.load()
-            self._recover()
+            self._recover(progress)
             if not self.read_only:
                 with open(self.abort_path, "wb") as f:
                     f.write(str(os.getpid()).encode())
@@ -131,10 +133,10 @@ class MessageStore:
             self._teardown()
             raise
 
-    def _recover(self):
+    def _recover(self, progress=None):
         cfg = self.config
         self.recovery = rep = recover_commitlog(self.commitlog, self.clean_shutdown, self.checkpoint,
-                                                cfg.check_crc_on_recover, cfg.message_index_enable)
+                                                cfg.check_crc_on_recover, cfg.message_index_enable, progress)
         end = self.commitlog.max_offset
         for cq in self.consume_queues.queues.values():   # read-only: positions only, files untouched
             rep.consume_queue_bytes_truncated += cq.recover() + cq.truncate_dirty(end)
@@ -147,10 +149,7 @@ class MessageStore:
             reput = min(reput, rep.start_offset)
         if self.index is not None and self.index.resume_offset is not None:
             reput = max(min(reput, self.index.resume_offset), self.commitlog.min_offset)
-        self.dispatcher = Dispatcher(self.commitlog, reput)
-        self.dispatcher.add(self._dispatch_cq)
-        if self.index is not None:
-            self.dispatcher.add(self.index.dispatch)
+        self.dispatcher = self._new_dispatcher(reput)
         if not self.read_only:
             before = self.dispatcher.reput_from
             self.dispatcher.catch_up()
@@ -158,6 +157,24 @@ class MessageStore:
         self.commitlog.queue_offsets = {k: cq.max_offset for k, cq in self.consume_queues.queues.items()}
 
     # -- dispatch -------------------------------------------------------------------------
+    def _new_dispatcher(self, reput):
+        d = Dispatcher(self.commitlog, reput)
+        d.add(self._dispatch_cq)
+        if self.index is not None:
+            d.add(self.index.dispatch)
+        return d
+
+    def _cq_tags(self, batch):
+        """Each row's consume-queue tags code: the tags hash, or for a SCHEDULE_TOPIC_XXXX
+        message its delivery time."""
+        rows = batch.rows
+        tags = rows["tags_code"].copy()
+        names = batch.topic_names
+        if SCHEDULE_TOPIC in names:
+            for i in np.nonzero(batch.topic_ids == names.index(SCHEDULE_TOPIC))[0].tolist():
+                tags[i] = self._deliver_time(batch.properties(i).get("DELAY"), int(rows["store_timestamp"][i]), tags[i])
+        return tags
+
     def _dispatch_cq(self, batch):
         """CommitLogDispatcherBuildConsumeQueue: one CQ entry per message, except PREPARED
         and ROLLBACK; delayed messages carry their delivery time as tags code. Rows are
@@ -167,11 +184,8 @@ class MessageStore:
         keep = np.nonzero((tran != _codec.TRANSACTION_PREPARED) & (tran != _codec.TRANSACTION_ROLLBACK))[0]
         if not len(keep):
             return
-        tags = rows["tags_code"].copy()
+        tags = self._cq_tags(batch)
         names = batch.topic_names
-        if SCHEDULE_TOPIC in names:
-            for i in np.nonzero(batch.topic_ids == names.index(SCHEDULE_TOPIC))[0].tolist():
-                tags[i] = self._deliver_time(batch.properties(i).get("DELAY"), int(rows["store_timestamp"][i]), tags[i])
         key = (batch.topic_ids[keep].astype(np.int64) << 32) | (rows["queue_id"][keep].astype(np.int64) & 0xFFFFFFFF)
         perm = np.argsort(key, kind="stable")
         order, key = keep[perm], key[perm]
@@ -555,6 +569,49 @@ class MessageStore:
         from rmqstore.retention import clean_expired
         with self.commitlog.lock:
             return clean_expired(self, now)
+
+    # -- maintenance ----------------------------------------------------------------------
+    def verify(self, progress=None):
+        """Check the whole store (rules in verify.py): records and CRCs, consume queues and
+        index against the commitlog, checkpoint times. Changes nothing; returns a
+        VerifyReport. ``progress(nbytes)`` is called after each commitlog segment."""
+        self._check_open()
+        return verify_store(self, progress)
+
+    def rebuild(self, progress=None):
+        """Rebuild every consume queue and index file from the commitlog: ``consumequeue/``
+        and ``index/`` are removed and everything from the commitlog minimum is dispatched
+        again, giving the files incremental dispatch writes. Appends wait meanwhile; readers
+        see the queues grow back. ``progress(nbytes)`` follows the dispatch. Returns the
+        commitlog bytes dispatched; raises CorruptRecordError where a bad record stops it."""
+        self._check_open()
+        if self.read_only:
+            raise StoreReadOnlyError("store opened read-only")
+        cfg = self.config
+        with self.commitlog.lock, self._logics_lock:
+            self.dispatcher.stop()
+            if self.index is not None:
+                self.index.close()
+            self.consume_queues.close()
+            for name in ("consumequeue", "index"):
+                shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+            self.consume_queues = ConsumeQueueTable(self.path, cfg.consume_queue_entries, False, cfg.file_mode,
+                                                    cfg.dir_mode)
+            if self.index is not None:
+                self.index = IndexService(self.path, cfg, self.checkpoint).load(True, self.commitlog.max_offset)
+            start = done = self.commitlog.min_offset
+            self.dispatcher = d = self._new_dispatcher(start)
+            while d.run_once():
+                if progress is not None:
+                    progress(d.reput_from - done)
+                done = d.reput_from
+            self.commitlog.queue_offsets = {k: cq.max_offset for k, cq in self.consume_queues.queues.items()}
+            d.start()
+        self.flush()
+        if d.error is not None:
+            raise CorruptRecordError(f"{self.path}: rebuild stopped: {d.error}")
+        return d.reput_from - start
+
 
 
 def _empty_entries():

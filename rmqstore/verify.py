@@ -1,0 +1,394 @@
+"""Verify: check a whole store against itself without changing a byte.
+
+What is checked (``verify_store``; ``MessageStore.verify`` runs it):
+
+1. Commitlog, segment by segment: every record's structure and body CRC (the scan kernel,
+   GIL released). A CRC mismatch is reported and the scan goes on after the record (its
+   structure still gives its length); a structural error ends that segment's scan. A
+   segment other than the last must end with a BLANK record that reaches the file end;
+   nothing but zeros may follow the end of data.
+2. Consume queues: every entry below the commitlog end must point at a record start, with
+   the record's size, topic, queue id, queue offset (the entry's own) and tags code (the
+   delivery time for SCHEDULE_TOPIC_XXXX); every message that gets a consume-queue entry
+   must have one (one that is past its queue's end only counts as not dispatched yet,
+   a problem after a clean shutdown). Compared as numpy arrays, never per record.
+3. Index files: header sanity, slots and ``prevIndex`` links in range and strictly backwards
+   (so every chain walk terminates), each entry reached exactly once from its hash's slot,
+   and the entries equal, in order, the keys dispatch derives from the commitlog.
+4. Checkpoint: no time in the future or past the newest stored message.
+
+On a read-only open the commitlog files are scanned to their ends, so what recovery would
+cut is reported; consume-queue and index checks stop at the (recovered) commitlog end. On a
+writer, dispatch is caught up first and the check stops at the end seen then.
+"""
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from rmqstore import _codec, _index
+from rmqstore.consume_queue import HOLE_SIZE
+from rmqstore.dispatch import DispatchBatch
+
+_CRC = "body CRC mismatch"
+_CHUNK = 16384              # records per dispatch-scan call
+_INDEX_ENTRY = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
+
+
+@dataclass
+class Problem:
+    """One thing wrong. ``offset`` is a commitlog offset (kind ``commitlog``), a queue offset
+    (``consume_queue``), a byte position in the file (``index``, ``checkpoint``)."""
+    kind: str
+    path: str
+    offset: int
+    message: str
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found; ``ok`` when ``problems`` is empty. ``undispatched`` counts
+    messages not in their consume queue or index yet (a problem only after a clean
+    shutdown: recovery re-dispatches them). At most ``max_problems`` are listed, the
+    rest counted in ``problems_omitted``."""
+    ok: bool = True
+    clean_shutdown: bool = True
+    segments: int = 0
+    bytes: int = 0
+    records: int = 0
+    commitlog_end: int = 0
+    consume_queues: int = 0
+    consume_queue_entries: int = 0
+    index_files: int = 0
+    index_entries: int = 0
+    undispatched: int = 0
+    problems: list = field(default_factory=list)
+    problems_omitted: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self):
+        return asdict(self)
+
+
+class _Records:
+    """Columns of every message read by the dispatch scan, in commitlog order."""
+
+    def __init__(self):
+        self.parts = {k: [] for k in ("phy", "size", "queue_id", "queue_offset", "tags", "topic", "cq",
+                                      "key_hash", "key_phy")}
+        self.topic_numbers, self.topic_names = {}, []
+        self.max_store_ts = 0
+
+    def add(self, store, rows, raw):
+        batch = DispatchBatch(rows, raw, self.topic_numbers, self.topic_names)
+        p = self.parts
+        tran = rows["sys_flag"] & 0xC
+        p["phy"].append(rows["phy_offset"])
+        p["size"].append(rows["size"])
+        p["queue_id"].append(rows["queue_id"])
+        p["queue_offset"].append(rows["queue_offset"])
+        p["tags"].append(store._cq_tags(batch))
+        p["topic"].append(batch.topic_ids)
+        p["cq"].append((tran != _codec.TRANSACTION_PREPARED) & (tran != _codec.TRANSACTION_ROLLBACK))
+        if store.index is not None:
+            hashes, phys, _ = _index.extract_keys(raw, rows)
+            p["key_hash"].append(hashes)
+            p["key_phy"].append(phys)
+        self.max_store_ts = max(self.max_store_ts, int(rows["store_timestamp"].max()))
+
+    def finish(self, end):
+        """Concatenate, keeping messages (and keys) below commitlog offset ``end``."""
+        dtypes = {"phy": np.int64, "size": np.int32, "queue_id": np.int32, "queue_offset": np.int64,
+                  "tags": np.int64, "topic": np.int32, "cq": bool, "key_hash": np.int32, "key_phy": np.int64}
+        for k, parts in self.parts.items():
+            setattr(self, k, np.concatenate(parts) if parts else np.empty(0, dtypes[k]))
+        keep = self.phy < end
+        for k in ("phy", "size", "queue_id", "queue_offset", "tags", "topic", "cq"):
+            setattr(self, k, getattr(self, k)[keep])
+        keep = self.key_phy < end
+        self.key_hash, self.key_phy = self.key_hash[keep], self.key_phy[keep]
+
+
+class _Verifier:
+    def __init__(self, store, max_problems):
+        self.store = store
+        self.max_problems = max_problems
+        self.rep = VerifyReport(clean_shutdown=store.clean_shutdown)
+        self.recs = _Records()
+
+    def problem(self, kind, path, offset, message):
+        rep = self.rep
+        rep.ok = False
+        if len(rep.problems) < self.max_problems:
+            rep.problems.append(Problem(kind, path, int(offset), message))
+        else:
+            rep.problems_omitted += 1
+
+    def lag(self, n):
+        """``n`` messages not dispatched yet."""
+        self.rep.undispatched += n
+        if n and self.store.clean_shutdown:
+            self.rep.ok = False
+
+    # -- 1. commitlog -------------------------------------------------------------------------
+    def commitlog(self, end, progress):
+        segs = self.store.commitlog.segments.segments
+        for k, seg in enumerate(segs):
+            last = k == len(segs) - 1
+            limit = seg.size if self.store.read_only else min(seg.size, end - seg.base_offset)
+            data_end, status = self._scan(seg, limit)
+            self._collect(seg, data_end)
+            self._segment_end(seg, data_end, status, last, limit)
+            self.rep.segments += 1
+            self.rep.bytes += limit
+            if progress is not None:
+                progress(seg.size)
+
+    def _scan(self, seg, limit):
+        """Structure and CRC of every record; returns (end of records, scan status)."""
+        pos = 0
+        while True:
+            end, n, status = _codec.scan_segment(seg, pos, limit, True)
+            self.rep.records += n
+            if status != _CRC:
+                break
+            off = seg.base_offset + end
+            self.problem("commitlog", seg.path, off, f"record at commitlog offset {off}: body CRC mismatch")
+            self.rep.records += 1
+            pos = end + _codec.decode_record(seg, end, limit, False).store_size
+        if status not in ("end", "blank"):
+            off = seg.base_offset + end
+            self.problem("commitlog", seg.path, off, f"record at commitlog offset {off}: {status}; the "
+                         f"{seg.size - end} bytes after it in {os.path.basename(seg.path)} are unreadable")
+        return end, status
+
+    def _collect(self, seg, end):
+        pos = 0
+        while pos < end:
+            rows, raw, nxt, status = _codec.scan_dispatch(seg, pos, end, _CHUNK)
+            if len(rows):
+                self.recs.add(self.store, rows, raw)
+            if status != "end" or nxt <= pos:
+                break
+            pos = nxt
+
+    def _segment_end(self, seg, end, status, last, limit):
+        if status == "blank":
+            if end != seg.size:
+                self.problem("commitlog", seg.path, seg.base_offset + end,
+                             f"BLANK record ends at commitlog offset {seg.base_offset + end}, "
+                             f"not at the segment end {seg.base_offset + seg.size}")
+            return
+        if status != "end" or end >= limit:
+            return
+        with memoryview(seg) as mv:
+            tail = np.frombuffer(mv, np.uint8)[end:limit]
+            nz = int(np.flatnonzero(tail)[0]) if tail.any() else -1
+            del tail
+        if nz >= 0:
+            off = seg.base_offset + end + nz
+            self.problem("commitlog", seg.path, off, f"non-zero bytes at commitlog offset {off}, after the "
+                         f"end of data at {seg.base_offset + end}")
+        elif not last:
+            off = seg.base_offset + end
+            self.problem("commitlog", seg.path, off, f"data ends at commitlog offset {off} without a BLANK "
+                         f"record, {seg.size - end} bytes before the segment end (recovery stops here)")
+
+    # -- 2. consume queues ----------------------------------------------------------------------
+    def consume_queues(self, end):
+        recs, rep = self.recs, self.rep
+        tid = {name: i for i, name in enumerate(recs.topic_names)}
+        covered = np.zeros(len(recs.phy), bool)
+        bad = set()          # (topic id, queue id, queue offset) of entries already reported
+        bounds = {}          # (topic id, queue id) -> (min, max) queue offset
+        for (topic, qid), cq in sorted(self.store.consume_queues.queues.items()):
+            rep.consume_queues += 1
+            lo, hi = cq.min_offset, cq.max_offset
+            e = cq.read(lo, hi - lo)
+            rep.consume_queue_entries += len(e)
+            t = tid.get(topic, -1)
+            bounds[(t, qid)] = (lo, hi)
+            qoff = lo + np.flatnonzero((e["size"] != HOLE_SIZE) & (e["phy_offset"] < end))
+            e = e[qoff - lo]
+            i = np.minimum(np.searchsorted(recs.phy, e["phy_offset"]), max(len(recs.phy) - 1, 0))
+            found = (recs.phy[i] == e["phy_offset"]) if len(recs.phy) else np.zeros(len(e), bool)
+            ok = found & (recs.size[i] == e["size"]) & (recs.topic[i] == t) & (recs.queue_id[i] == qid) & \
+                (recs.queue_offset[i] == qoff) & (recs.tags[i] == e["tags_code"]) & recs.cq[i]
+            covered[i[ok]] = True
+            for j in np.flatnonzero(~ok).tolist():
+                bad.add((t, qid, int(qoff[j])))
+                self._cq_problem(cq, int(qoff[j]), e[j], int(i[j]) if found[j] else None, topic, qid)
+        self._missing(covered, bounds, bad)
+
+    def _cq_problem(self, cq, qoff, entry, rec, topic, qid):
+        recs = self.recs
+        phy, size, tags = int(entry["phy_offset"]), int(entry["size"]), int(entry["tags_code"])
+        where = f"{topic}/{qid} queue offset {qoff} (commitlog offset {phy}, size {size})"
+        if rec is None:
+            why = "no record starts at that commitlog offset"
+        elif not recs.cq[rec]:
+            why = "the record is a PREPARED or ROLLBACK message, which get no entry"
+        else:
+            got = {"size": int(recs.size[rec]), "topic": recs.topic_names[recs.topic[rec]],
+                   "queue id": int(recs.queue_id[rec]), "queue offset": int(recs.queue_offset[rec]),
+                   "tags code": int(recs.tags[rec])}
+            want = {"size": size, "topic": topic, "queue id": qid, "queue offset": qoff, "tags code": tags}
+            why = "; ".join(f"record {k} is {got[k]!r}, entry says {want[k]!r}" for k in got if got[k] != want[k])
+        self.problem("consume_queue", cq.directory, qoff, f"consume queue {where}: {why}")
+
+    def _missing(self, covered, bounds, bad):
+        """Messages that should have a consume-queue entry and have none."""
+        recs = self.recs
+        todo = np.flatnonzero(recs.cq & ~covered)
+        if not len(todo):
+            return
+        lag = 0
+        for r in todo.tolist():
+            t, qid, qoff = int(recs.topic[r]), int(recs.queue_id[r]), int(recs.queue_offset[r])
+            lo, hi = bounds.get((t, qid), (0, 0))
+            if qoff >= hi:
+                lag += 1
+            elif qoff >= lo and (t, qid, qoff) not in bad:
+                self.problem("consume_queue", self.store.consume_queues.root, qoff,
+                             f"message at commitlog offset {recs.phy[r]} ({recs.topic_names[t]}/{qid} queue "
+                             f"offset {qoff}) has no consume-queue entry")
+        self.lag(lag)
+
+    # -- 3. index -------------------------------------------------------------------------------
+    def index(self, end):
+        idx = self.store.index
+        if idx is None:
+            return
+        got_hash, got_phy = [], []
+        files = idx.files
+        for f in files:
+            h, p = self._index_file(f, end)
+            got_hash.append(h)
+            got_phy.append(p)
+        self.rep.index_files = len(files)
+        if not files:
+            self.lag(len(np.unique(self.recs.key_phy)))
+            return
+        got_hash, got_phy = np.concatenate(got_hash), np.concatenate(got_phy)
+        self.rep.index_entries = len(got_hash)
+        self._index_sequence(files, got_hash, got_phy)
+
+    def _index_file(self, f, end):
+        """Structure of one file; returns (key hashes, commitlog offsets) of its entries below ``end``."""
+        path = f.seg.path
+        begin_ts, end_ts, begin_phy, end_phy, used, count = f.header
+        empty = (np.empty(0, np.int32), np.empty(0, np.int64))
+        if not 1 <= count <= f.entries:
+            self.problem("index", path, 36, f"{path}: indexCount {count} outside 1..{f.entries}")
+            return empty
+        if count > 1 and (begin_ts > end_ts or begin_phy > end_phy):
+            self.problem("index", path, 0, f"{path}: header times {begin_ts}..{end_ts} or offsets "
+                         f"{begin_phy}..{end_phy} run backwards")
+        ent_at = 40 + 4 * f.slots
+        with memoryview(f.seg) as mv:
+            slots = np.frombuffer(mv, ">i4", f.slots, 40).astype(np.int32)
+            ents = np.frombuffer(mv, _INDEX_ENTRY, count, ent_at).copy()
+        bad = np.flatnonzero((slots < 0) | (slots >= count))
+        for s in bad[:3].tolist():
+            self.problem("index", path, 40 + 4 * s, f"{path}: slot {s} holds {slots[s]}, outside 0..{count - 1}")
+        if used != np.count_nonzero(slots) and not len(bad):
+            self.problem("index", path, 32, f"{path}: hashSlotCount {used}, {np.count_nonzero(slots)} slots used")
+        n = np.arange(count)
+        prev, hashes = ents["prev"].astype(np.int64), ents["hash"].astype(np.int64)
+        broken = (prev[1:] < 0) | (prev[1:] >= n[1:]) | (hashes[1:] < 0) | (ents["time_diff"][1:] < 0)
+        for i in (np.flatnonzero(broken)[:3] + 1).tolist():
+            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} (hash {hashes[i]}, prevIndex "
+                         f"{prev[i]}, timeDiff {ents['time_diff'][i]}) is not a valid backward link")
+        if not len(bad) and not broken.any():
+            self._index_chains(path, f.slots, slots, hashes, prev, ent_at)
+        phy = ents["phy"][1:].astype(np.int64)
+        back = np.flatnonzero(np.diff(phy) < 0)
+        if len(back):
+            i = int(back[0]) + 2
+            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} points at commitlog offset {phy[i - 1]}, "
+                         f"before entry {i - 1}'s {phy[i - 2]}")
+        keep = phy < end
+        return hashes[1:][keep].astype(np.int32), phy[keep]
+
+    def _index_chains(self, path, nslots, slots, hashes, prev, ent_at):
+        """Every entry is the head of its hash's slot or the prevIndex of exactly one entry
+        of the same slot."""
+        heads = np.flatnonzero(slots)
+        wrong = heads[hashes[slots[heads]] % nslots != heads]
+        for s in wrong[:3].tolist():
+            self.problem("index", path, 40 + 4 * s, f"{path}: slot {s} points at entry {slots[s]}, whose hash "
+                         f"{hashes[slots[s]]} belongs to slot {hashes[slots[s]] % nslots}")
+        links = np.flatnonzero(prev > 0)
+        astray = links[hashes[prev[links]] % nslots != hashes[links] % nslots]
+        for i in astray[:3].tolist():
+            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} links to entry {prev[i]} of another slot")
+        refs = np.bincount(np.concatenate([slots[heads], prev[links]]), minlength=len(hashes))
+        odd = np.flatnonzero(refs[1:] != 1) + 1
+        for i in odd[:3].tolist():
+            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} is reached {refs[i]} times from "
+                         "slots and chains, not once")
+
+    def _index_sequence(self, files, got_hash, got_phy):
+        """The entries equal the keys dispatch derives from the commitlog (from the first
+        indexed message on; a message whose keys began in a deleted file may be partial)."""
+        recs = self.recs
+        exp_hash, exp_phy = recs.key_hash, recs.key_phy
+        if len(got_phy):
+            first = int(got_phy[0])
+            start = int(np.searchsorted(exp_phy, first, "left"))
+            at_first = int(np.searchsorted(exp_phy, first, "right")) - start
+            start += max(0, at_first - int(np.count_nonzero(got_phy == first)))
+            exp_hash, exp_phy = exp_hash[start:], exp_phy[start:]
+        n = min(len(got_hash), len(exp_hash))
+        diff = np.flatnonzero((got_hash[:n] != exp_hash[:n]) | (got_phy[:n] != exp_phy[:n]))
+        if len(diff):
+            i = int(diff[0])
+            self.problem("index", self._entry_path(files, i), int(got_phy[i]),
+                         f"index entry #{i} (hash {got_hash[i]}, commitlog offset {got_phy[i]}) should be "
+                         f"hash {exp_hash[i]} of the message at {exp_phy[i]}")
+        elif len(got_hash) > n:
+            self.problem("index", self._entry_path(files, n), int(got_phy[n]),
+                         f"{len(got_hash) - n} index entries from commitlog offset {got_phy[n]} match no message key")
+        elif len(exp_hash) > n:
+            self.lag(len(np.unique(exp_phy[n:])))
+
+    @staticmethod
+    def _entry_path(files, i):
+        for f in files:
+            i -= max(0, f.count - 1)
+            if i < 0:
+                return f.seg.path
+        return files[-1].seg.path
+
+    # -- 4. checkpoint --------------------------------------------------------------------------
+    def checkpoint(self, now_ms):
+        cp = self.store.checkpoint
+        if not cp.existed:
+            return
+        newest = self.recs.max_store_ts
+        for pos, name in ((0, "physicMsgTimestamp"), (8, "logicsMsgTimestamp"), (16, "indexMsgTimestamp")):
+            ts = cp.as_dict()[name]
+            if ts > now_ms:
+                self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is in the future (now {now_ms})")
+            elif newest and ts > newest:
+                self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is after the newest stored "
+                             f"message ({newest})")
+
+
+def verify_store(store, progress=None, max_problems=1000):
+    """Check ``store`` (an open MessageStore) as described above; returns a VerifyReport.
+    ``progress(nbytes)`` is called after each commitlog segment."""
+    t0 = time.monotonic()
+    if not store.read_only:
+        store.wait_dispatched()
+    end = store.max_phy_offset
+    v = _Verifier(store, max_problems)
+    v.rep.commitlog_end = end
+    v.commitlog(end, progress)
+    v.recs.finish(end)
+    v.consume_queues(end)
+    v.index(end)
+    v.checkpoint(time.time_ns() // 1_000_000)
+    v.rep.seconds = time.monotonic() - t0
+    return v.rep
