@@ -120,7 +120,7 @@ def test_broken_record_structure_ends_that_segment(own):
 def test_consume_queue_entry_pointing_elsewhere(own):
     path, res = own
     q0 = [r for r in res if r.topic == "T1" and r.queue_id == 0]
-    victim, other = q0[12], q0[3]               # queue offset 12 is entry 2 of the second file
+    other = q0[3]                       # queue offset 12 (entry 2 of the second file) -> message 3
     f = path / "consumequeue" / "T1" / "0" / f"{10 * 20:020d}"
     _patch(f, struct.pack(">q", other.phy_offset), 2 * 20)
     p = _only_problem(_verify(path), "consume_queue")
