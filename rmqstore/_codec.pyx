@@ -5,6 +5,7 @@ checked against what remains before it is used."""
 cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.list cimport PyList_GET_SIZE
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy, memchr, memset
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
@@ -15,7 +16,9 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport *
 from rmqstore._segment cimport MappedSegment
-from rmqstore.errors import CorruptRecordError, MessageTooLargeError, InvalidArgumentError, StoreClosedError
+from rmqstore.errors import (CorruptRecordError, MessageTooLargeError, InvalidArgumentError, MessageNotFoundError,
+                             StoreClosedError)
+from rmqstore._cq import ENTRY_DTYPE
 
 cnp.import_array()
 
@@ -49,36 +52,13 @@ cdef enum:
     REC_SIZE = -3        # TOTALSIZE out of range
     REC_FIELDS = -4      # field lengths do not add up to TOTALSIZE
     REC_CRC = -5         # BODYCRC mismatch
+    REC_NOSEG = 3        # no segment holds the offset (read path only)
+    REC_PLACE = -6       # a valid record that says it is at another offset (read path only)
 
 _REASONS = {REC_SHORT: "truncated record", REC_MAGIC: "bad magic code", REC_SIZE: "bad total size",
             REC_FIELDS: "field lengths do not add up to the total size", REC_CRC: "body CRC mismatch"}
 
-cdef struct RecView:
-    int32_t total
-    int32_t magic
-    int32_t body_crc
-    int32_t queue_id
-    int32_t flag
-    int64_t queue_offset
-    int64_t phy_offset
-    int32_t sys_flag
-    int64_t born_ts
-    int32_t born_off      # relative to the record start
-    int32_t born_len      # address bytes, 4 or 16 (port follows)
-    int64_t store_ts
-    int32_t store_off
-    int32_t store_len
-    int32_t reconsume
-    int64_t prepared
-    int32_t body_off
-    int32_t body_len
-    int32_t topic_off
-    int32_t topic_len
-    int32_t props_off
-    int32_t props_len
-
-
-cdef inline int parse_record(const char *p, int64_t avail, bint check_crc, RecView *r) noexcept nogil:
+cdef int parse_record(const char *p, int64_t avail, bint check_crc, RecView *r) noexcept nogil:
     """Validate and index the record at p (avail bytes readable). Pure C, no allocation."""
     cdef int64_t pos
     cdef int64_t i
@@ -369,10 +349,6 @@ cdef class PutResult:
 cdef class MessageExt:
     """A stored message, decoded from its record. Numeric fields are parsed eagerly;
     topic, body and properties are decoded from the record bytes on first access."""
-    cdef bytes _raw
-    cdef RecView r
-    cdef object _topic, _props, _body
-    cdef readonly int64_t store_offset   # where the record was read (== phy_offset when sane)
 
     @property
     def phy_offset(self): return self.r.phy_offset
@@ -480,14 +456,9 @@ def decode_record(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc=
     cdef int code
     if seg.closing or seg.unmapped:
         raise StoreClosedError(f"{seg.path}: segment is closed")
-    if limit > seg.m.size:
-        limit = seg.m.size
     if pos < 0 or pos > seg.m.size:
         raise InvalidArgumentError(f"{seg.path}: position {pos} outside 0..{seg.m.size}")
-    if pos >= limit:   # past the published data: nothing is stored there (yet)
-        return ("end", 0)
-    seg.check_range(pos, limit - pos)
-    code = parse_record(seg.m.base + pos, limit - pos, check_crc, &r)
+    code = parse_at(seg.m.base, seg.m.size, limit, pos, check_crc, &r)
     if code == REC_OK:
         return build_ext(seg.m.base + pos, &r, seg.base_offset + pos)
     if code == REC_END:
@@ -495,6 +466,171 @@ def decode_record(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc=
     if code == REC_BLANK:
         return ("blank", r.total)
     record_error(code, seg.base_offset + pos)
+
+
+cdef inline int parse_at(const char *base, int64_t size, int64_t limit, int64_t pos, bint check_crc,
+                         RecView *r) noexcept nogil:
+    """parse_record at ``pos`` of a mapping of ``size`` bytes published up to ``limit``."""
+    if limit > size:
+        limit = size
+    if pos >= limit:   # past the published data: nothing is stored there (yet)
+        return REC_END
+    return parse_record(base + pos, limit - pos, check_crc, r)
+
+
+cdef int record_at(list segs, int64_t offset, bint check_crc, RecView *r, const char **p) except -100:
+    """Parse the record starting at commitlog ``offset`` in ``segs`` (a snapshot of the
+    segment list, ascending): REC_OK with ``*p`` at it; REC_NOSEG, REC_END or REC_BLANK
+    when no message starts there; a negative REC_* when it is invalid (REC_PLACE: it says
+    it is elsewhere). A closed segment raises StoreClosedError. ``*p`` stays valid while
+    the caller holds the GIL (unmapping needs it)."""
+    cdef Py_ssize_t lo = 0, hi = PyList_GET_SIZE(segs), mid
+    cdef MappedSegment seg
+    cdef int code
+    if offset < 0:
+        return REC_NOSEG
+    while lo < hi:      # past the last segment whose base is <= offset
+        mid = (lo + hi) >> 1
+        if (<MappedSegment>segs[mid]).base_offset <= offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return REC_NOSEG
+    seg = <MappedSegment>segs[lo - 1]
+    if seg.closing or seg.unmapped:
+        raise StoreClosedError(f"{seg.path}: segment is closed")
+    if offset - seg.base_offset >= seg.m.size:
+        return REC_NOSEG
+    code = parse_at(seg.m.base, seg.m.size, seg.wrote_pos, offset - seg.base_offset, check_crc, r)
+    if code == REC_OK:
+        if r.phy_offset != offset:
+            return REC_PLACE
+        p[0] = seg.m.base + (offset - seg.base_offset)
+    return code
+
+
+cdef str read_error_text(int code, int64_t offset, RecView *r):
+    if code == REC_NOSEG:
+        return f"no commitlog segment holds offset {offset}"
+    if code == REC_END or code == REC_BLANK:
+        return f"no message at commitlog offset {offset} ({'end' if code == REC_END else 'blank'})"
+    if code == REC_PLACE:
+        return f"commitlog offset {offset}: record says it is at {r.phy_offset}"
+    return f"commitlog offset {offset}: {_REASONS.get(code, code)}"
+
+
+cdef int raise_read_error(int code, int64_t offset, RecView *r) except -1:
+    """The one translator of record_at statuses: MessageNotFoundError or CorruptRecordError."""
+    if code > 0:
+        raise MessageNotFoundError(read_error_text(code, offset, r))
+    raise CorruptRecordError(read_error_text(code, offset, r), offset)
+
+
+def get_message(list segs, offset, bint check_crc=False):
+    """The MessageExt whose record starts at commitlog ``offset`` in ``segs`` (a segment
+    list snapshot); MessageNotFoundError when none does, CorruptRecordError when invalid."""
+    cdef RecView r
+    cdef const char *p = NULL
+    cdef int64_t off
+    cdef int code
+    try:
+        off = offset
+    except OverflowError:
+        raise MessageNotFoundError(f"no commitlog segment holds offset {offset}") from None
+    code = record_at(segs, off, check_crc, &r, &p)
+    if code != REC_OK:
+        raise_read_error(code, off, &r)
+    return build_ext(p, &r, off)
+
+
+cdef inline int64_t ld_i64(const char *p) noexcept nogil:
+    cdef int64_t v
+    memcpy(&v, p, 8)
+    return v
+
+
+cdef inline int32_t ld_i32(const char *p) noexcept nogil:
+    cdef int32_t v
+    memcpy(&v, p, 4)
+    return v
+
+
+cdef int32_t HOLE = 0x7FFFFFFF
+
+
+cdef int check_entries(cnp.ndarray entries) except -1:
+    if entries.dtype != ENTRY_DTYPE or entries.ndim != 1:
+        raise InvalidArgumentError("entries must be a 1-d array of consume-queue ENTRY_DTYPE")
+    return 0
+
+
+def gather_messages(list segs, cnp.ndarray entries, Py_ssize_t max_count, Py_ssize_t max_msgs,
+                    int64_t max_bytes, int64_t cl_max, int64_t file_size, codes, tags):
+    """RocketMQ getMessage's loop over consume-queue ``entries`` (ENTRY_DTYPE, queue order)
+    reading ``segs`` (a commitlog segment list snapshot, files of ``file_size``): hole
+    entries are skipped; an entry must pass the tags-code filter ``codes`` (a set, None for
+    all), point inside ``cl_max``, lead to a record of its size at its offset and, when
+    ``tags`` (a set of str) is given, that record's TAGS must be one of them. Stops before
+    the entry that would pass ``max_count`` / ``max_msgs`` messages or ``max_bytes``; after
+    a record that is gone, skips the rest of its commitlog file.
+
+    Returns (messages, entries consumed, removing, problems): ``removing`` when a record
+    was gone before any message was found; problems are (entry index, phy, size, text to
+    log or None). Runs with the GIL held: a call reads a bounded run of one CQ file and
+    builds an object per message, and the mappings cannot go away meanwhile."""
+    cdef RecView r
+    cdef const char *p = NULL
+    cdef const char *row
+    cdef Py_ssize_t n, k, used = 0, nmsg = 0
+    cdef Py_ssize_t stride
+    cdef int64_t phy, tc, total = 0, skip_below = 0
+    cdef int32_t size, voff = 0, vlen = 0
+    cdef int code
+    cdef bint skipping = False, removing = False
+    cdef list msgs = [], problems = []
+    check_entries(entries)
+    n = entries.shape[0]
+    stride = entries.strides[0]
+    row = <const char *>cnp.PyArray_DATA(entries)
+    for k in range(n):
+        phy = ld_i64(row + k * stride)
+        size = ld_i32(row + k * stride + 8)
+        if skipping and phy < skip_below:
+            used += 1
+            continue
+        if nmsg and (nmsg >= max_count or total + size > max_bytes or nmsg > max_msgs - 1):
+            break
+        used += 1
+        if size == HOLE:
+            continue
+        if codes is not None:
+            tc = ld_i64(row + k * stride + 12)
+            if tc not in codes:
+                continue
+        if phy < 0 or size <= 0 or phy + size > cl_max:
+            problems.append((k, phy, size, f"CQ entry ({phy}, {size}) points outside the commitlog"))
+            continue
+        code = record_at(segs, phy, False, &r, &p)
+        if code > 0:
+            removing |= not nmsg
+            skipping = True
+            skip_below = phy + file_size - phy % file_size
+            continue
+        if code < 0:
+            problems.append((k, phy, size, read_error_text(code, phy, &r)))
+            continue
+        if r.total != size:
+            problems.append((k, phy, size, None))
+            continue
+        if tags is not None and not (find_property(p + r.props_off, r.props_len, b"TAGS", 4, &voff, &vlen)
+                                     and PyUnicode_DecodeUTF8(p + r.props_off + voff, vlen, "replace") in tags):
+            continue
+        msgs.append(build_ext(p, &r, phy))
+        total += size
+        nmsg += 1
+        skipping = False
+    return msgs, used, removing, problems
 
 
 def decode_bytes(const unsigned char[:] data, int64_t offset=0, bint check_crc=False):

@@ -123,15 +123,7 @@ class CommitLog:
     # -- reading --------------------------------------------------------------------------
     def get(self, offset, check_crc=False):
         """The MessageExt whose record starts at commitlog ``offset``."""
-        seg = self.segments.find(offset)
-        if seg is None or offset < 0:
-            raise MessageNotFoundError(f"no commitlog segment holds offset {offset}")
-        r = _codec.decode_record(seg, offset - seg.base_offset, seg.wrote_pos, check_crc)
-        if not isinstance(r, MessageExt):
-            raise MessageNotFoundError(f"no message at commitlog offset {offset} ({r[0]})")
-        if r.phy_offset != offset:
-            raise CorruptRecordError(f"commitlog offset {offset}: record says it is at {r.phy_offset}", offset)
-        return r
+        return _codec.get_message(self.segments.segments, offset, check_crc)
 
     def read(self, offset, size):
         """Raw bytes ``[offset, offset+size)`` if they lie in one segment's written part."""

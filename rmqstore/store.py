@@ -11,7 +11,7 @@ from rmqstore import _codec
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import CommitLog
 from rmqstore.config import StoreConfig
-from rmqstore.consume_queue import HOLE_SIZE, ConsumeQueueTable
+from rmqstore.consume_queue import ConsumeQueueTable
 from rmqstore.consumer import GetMessageResult, GetMessageStatus as S, TagFilter
 from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import (CorruptRecordError, CorruptStoreError, InvalidArgumentError, MessageNotFoundError,
@@ -398,53 +398,17 @@ class MessageStore:
         if len(entries) == 0:
             seg_end = offset - offset % cfg.consume_queue_entries + cfg.consume_queue_entries
             return GetMessageResult(S.OFFSET_FOUND_NULL, seg_end, lo, hi)
-        res = GetMessageResult(S.NO_MATCHED_MESSAGE, offset, lo, hi)
-        msgs = res.messages
-        total_bytes = 0
-        max_bytes = cfg.max_transfer_bytes_on_message_in_memory
-        max_msgs = min(max_count, cfg.max_transfer_count_on_message_in_memory)
-        next_file_start = None
-        cl_max = self.commitlog.max_offset
-        get = self.commitlog.get
-        i = 0
-        for phy, size, tags_code in zip(entries["phy_offset"].tolist(), entries["size"].tolist(),
-                                        entries["tags_code"].tolist()):
-            if next_file_start is not None and phy < next_file_start:
-                i += 1
-                continue
-            if msgs and (len(msgs) >= max_count or total_bytes + size > max_bytes or len(msgs) > max_msgs - 1):
-                break
-            i += 1
-            if size == HOLE_SIZE:
-                continue
-            if not flt.match_code(tags_code):
-                continue
-            if phy < 0 or size <= 0 or phy + size > cl_max:
-                res.problems.append((offset + i - 1, phy, size))
-                log.warning("%s/%d offset %d: CQ entry (%d, %d) points outside the commitlog",
-                            topic, queue_id, offset + i - 1, phy, size)
-                continue
-            try:
-                m = get(phy)
-            except MessageNotFoundError:
-                if not msgs:
-                    res.status = S.MESSAGE_WAS_REMOVING
-                next_file_start = self.commitlog.next_segment_offset(phy)
-                continue
-            except CorruptRecordError as e:
-                res.problems.append((offset + i - 1, phy, size))
-                log.warning("%s/%d offset %d: %s", topic, queue_id, offset + i - 1, e)
-                continue
-            if m.store_size != size:
-                res.problems.append((offset + i - 1, phy, size))
-                continue
-            if not flt.matches_all and not flt.match_tags(m.tags):
-                continue
-            msgs.append(m)
-            total_bytes += size
-            res.status = S.FOUND
-            next_file_start = None
-        res.next_offset = offset + i
+        cl = self.commitlog
+        msgs, used, removing, problems = _codec.gather_messages(
+            cl.segments.segments, entries, max_count, cfg.max_transfer_count_on_message_in_memory,
+            cfg.max_transfer_bytes_on_message_in_memory, cl.max_offset, cl.segments.file_size,
+            flt.codes, flt.tags)
+        status = S.FOUND if msgs else S.MESSAGE_WAS_REMOVING if removing else S.NO_MATCHED_MESSAGE
+        res = GetMessageResult(status, offset + used, lo, hi, msgs)
+        for k, phy, size, why in problems:
+            res.problems.append((offset + k, phy, size))
+            if why:
+                log.warning("%s/%d offset %d: %s", topic, queue_id, offset + k, why)
         return res
 
     def offset_by_time(self, topic, queue_id, timestamp):
