@@ -23,6 +23,7 @@ writer, dispatch is caught up first and the check stops at the end seen then.
 """
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -32,7 +33,10 @@ from rmqstore.consume_queue import HOLE_SIZE
 from rmqstore.dispatch import DispatchBatch
 
 _CRC = "body CRC mismatch"
-_CHUNK = 16384              # records per dispatch-scan call
+_CHUNK_BYTES = 1 << 20       # record bytes per dispatch-scan call
+_WORKERS = min(4, len(os.sched_getaffinity(0)))
+_COLUMNS = {"phy": np.int64, "size": np.int32, "queue_id": np.int32, "queue_offset": np.int64, "tags": np.int64,
+            "topic": np.int32, "cq": bool, "key_hash": np.int32, "key_phy": np.int64}
 _INDEX_ENTRY = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
 
 
@@ -71,43 +75,119 @@ class VerifyReport:
         return asdict(self)
 
 
-class _Records:
-    """Columns of every message read by the dispatch scan, in commitlog order."""
+class _Segment:
+    """Step 1 for one commitlog segment (runs on a worker thread): its problems as
+    (kind, path, offset, message) tuples, its record count and the columns of its messages
+    (``_collect``), with topic numbers local to the segment (``names``)."""
 
-    def __init__(self):
-        self.parts = {k: [] for k in ("phy", "size", "queue_id", "queue_offset", "tags", "topic", "cq",
-                                      "key_hash", "key_phy")}
-        self.topic_numbers, self.topic_names = {}, []
+    def __init__(self, store, seg, limit, last):
+        self.store, self.seg = store, seg
+        self.problems = []
+        self.records = 0
+        self.parts = {k: [] for k in _COLUMNS}
+        self.numbers, self.names = {}, []
         self.max_store_ts = 0
+        end, status = self._scan(limit)
+        self._collect(end)
+        self._segment_end(end, status, last, limit)
 
-    def add(self, store, rows, raw):
-        batch = DispatchBatch(rows, raw, self.topic_numbers, self.topic_names)
+    def problem(self, offset, message):
+        self.problems.append(("commitlog", self.seg.path, offset, message))
+
+    def _scan(self, limit):
+        """Structure and CRC of every record; returns (end of records, scan status)."""
+        seg, pos = self.seg, 0
+        while True:
+            end, n, status = _codec.scan_segment(seg, pos, limit, True)
+            self.records += n
+            if status != _CRC:
+                break
+            off = seg.base_offset + end
+            self.problem(off, f"record at commitlog offset {off}: body CRC mismatch")
+            self.records += 1
+            pos = end + _codec.decode_record(seg, end, limit, False).store_size
+        if status not in ("end", "blank"):
+            off = seg.base_offset + end
+            self.problem(off, f"record at commitlog offset {off}: {status}; the {seg.size - end} bytes after "
+                         f"it in {os.path.basename(seg.path)} are unreadable")
+        return end, status
+
+    def _collect(self, end):
+        """Index the records, about ``_CHUNK_BYTES`` of them per kernel call (a larger
+        copy costs fresh pages, a smaller one calls)."""
+        pos, per_call = 0, 256
+        while pos < end:
+            rows, raw, nxt, status = _codec.scan_dispatch(self.seg, pos, end, per_call)
+            if len(rows):
+                self._add(rows, raw)
+                per_call = max(16, _CHUNK_BYTES * len(rows) // len(raw))
+            if status != "end" or nxt <= pos:
+                break
+            pos = nxt
+
+    def _add(self, rows, raw):
+        batch = DispatchBatch(rows, raw, self.numbers, self.names)
         p = self.parts
         tran = rows["sys_flag"] & 0xC
         p["phy"].append(rows["phy_offset"])
         p["size"].append(rows["size"])
         p["queue_id"].append(rows["queue_id"])
         p["queue_offset"].append(rows["queue_offset"])
-        p["tags"].append(store._cq_tags(batch))
+        p["tags"].append(self.store._cq_tags(batch))
         p["topic"].append(batch.topic_ids)
         p["cq"].append((tran != _codec.TRANSACTION_PREPARED) & (tran != _codec.TRANSACTION_ROLLBACK))
-        if store.index is not None:
+        if self.store.index is not None:
             hashes, phys, _ = _index.extract_keys(raw, rows)
             p["key_hash"].append(hashes)
             p["key_phy"].append(phys)
         self.max_store_ts = max(self.max_store_ts, int(rows["store_timestamp"].max()))
 
-    def finish(self, end):
-        """Concatenate, keeping messages (and keys) below commitlog offset ``end``."""
-        dtypes = {"phy": np.int64, "size": np.int32, "queue_id": np.int32, "queue_offset": np.int64,
-                  "tags": np.int64, "topic": np.int32, "cq": bool, "key_hash": np.int32, "key_phy": np.int64}
-        for k, parts in self.parts.items():
-            setattr(self, k, np.concatenate(parts) if parts else np.empty(0, dtypes[k]))
-        keep = self.phy < end
-        for k in ("phy", "size", "queue_id", "queue_offset", "tags", "topic", "cq"):
-            setattr(self, k, getattr(self, k)[keep])
-        keep = self.key_phy < end
-        self.key_hash, self.key_phy = self.key_hash[keep], self.key_phy[keep]
+    def _segment_end(self, end, status, last, limit):
+        seg = self.seg
+        if status == "blank":
+            if end != seg.size:
+                self.problem(seg.base_offset + end, f"BLANK record ends at commitlog offset "
+                             f"{seg.base_offset + end}, not at the segment end {seg.base_offset + seg.size}")
+            return
+        if status != "end" or end >= limit:
+            return
+        with memoryview(seg) as mv:
+            tail = np.frombuffer(mv, np.uint8)[end:limit]
+            nz = int(np.flatnonzero(tail)[0]) if tail.any() else -1
+            del tail
+        if nz >= 0:
+            off = seg.base_offset + end + nz
+            self.problem(off, f"non-zero bytes at commitlog offset {off}, after the end of data at "
+                         f"{seg.base_offset + end}")
+        elif not last:
+            off = seg.base_offset + end
+            self.problem(off, f"data ends at commitlog offset {off} without a BLANK record, {seg.size - end} "
+                         "bytes before the segment end (recovery stops here)")
+
+
+class _Records:
+    """Columns of every message below the commitlog end, in commitlog order: ``phy``,
+    ``size``, ``queue_id``, ``queue_offset``, ``tags`` (the CQ tags code), ``topic`` (an
+    index into ``topic_names``), ``cq`` (gets a CQ entry), and every index key's
+    ``key_hash`` / ``key_phy``."""
+
+    def __init__(self, segments, end):
+        self.topic_names, numbers = [], {}
+        for sg in segments:   # segment-local topic numbers -> store-wide ones
+            remap = np.array([numbers.setdefault(n, len(numbers)) for n in sg.names] or [0], np.int32)
+            sg.parts["topic"] = [remap[t] for t in sg.parts["topic"]]
+        self.topic_names = list(numbers)
+        for k, dtype in _COLUMNS.items():
+            parts = [a for sg in segments for a in sg.parts[k]]
+            setattr(self, k, np.concatenate(parts) if parts else np.empty(0, dtype))
+        self.max_store_ts = max((sg.max_store_ts for sg in segments), default=0)
+        if len(self.phy) and self.phy[-1] >= end:
+            keep = self.phy < end
+            for k in ("phy", "size", "queue_id", "queue_offset", "tags", "topic", "cq"):
+                setattr(self, k, getattr(self, k)[keep])
+        if len(self.key_phy) and self.key_phy[-1] >= end:
+            keep = self.key_phy < end
+            self.key_hash, self.key_phy = self.key_hash[keep], self.key_phy[keep]
 
 
 class _Verifier:
@@ -115,7 +195,7 @@ class _Verifier:
         self.store = store
         self.max_problems = max_problems
         self.rep = VerifyReport(clean_shutdown=store.clean_shutdown)
-        self.recs = _Records()
+        self.recs = None
 
     def problem(self, kind, path, offset, message):
         rep = self.rep
@@ -133,67 +213,23 @@ class _Verifier:
 
     # -- 1. commitlog -------------------------------------------------------------------------
     def commitlog(self, end, progress):
-        segs = self.store.commitlog.segments.segments
-        for k, seg in enumerate(segs):
-            last = k == len(segs) - 1
-            limit = seg.size if self.store.read_only else min(seg.size, end - seg.base_offset)
-            data_end, status = self._scan(seg, limit)
-            self._collect(seg, data_end)
-            self._segment_end(seg, data_end, status, last, limit)
-            self.rep.segments += 1
-            self.rep.bytes += limit
-            if progress is not None:
-                progress(seg.size)
-
-    def _scan(self, seg, limit):
-        """Structure and CRC of every record; returns (end of records, scan status)."""
-        pos = 0
-        while True:
-            end, n, status = _codec.scan_segment(seg, pos, limit, True)
-            self.rep.records += n
-            if status != _CRC:
-                break
-            off = seg.base_offset + end
-            self.problem("commitlog", seg.path, off, f"record at commitlog offset {off}: body CRC mismatch")
-            self.rep.records += 1
-            pos = end + _codec.decode_record(seg, end, limit, False).store_size
-        if status not in ("end", "blank"):
-            off = seg.base_offset + end
-            self.problem("commitlog", seg.path, off, f"record at commitlog offset {off}: {status}; the "
-                         f"{seg.size - end} bytes after it in {os.path.basename(seg.path)} are unreadable")
-        return end, status
-
-    def _collect(self, seg, end):
-        pos = 0
-        while pos < end:
-            rows, raw, nxt, status = _codec.scan_dispatch(seg, pos, end, _CHUNK)
-            if len(rows):
-                self.recs.add(self.store, rows, raw)
-            if status != "end" or nxt <= pos:
-                break
-            pos = nxt
-
-    def _segment_end(self, seg, end, status, last, limit):
-        if status == "blank":
-            if end != seg.size:
-                self.problem("commitlog", seg.path, seg.base_offset + end,
-                             f"BLANK record ends at commitlog offset {seg.base_offset + end}, "
-                             f"not at the segment end {seg.base_offset + seg.size}")
-            return
-        if status != "end" or end >= limit:
-            return
-        with memoryview(seg) as mv:
-            tail = np.frombuffer(mv, np.uint8)[end:limit]
-            nz = int(np.flatnonzero(tail)[0]) if tail.any() else -1
-            del tail
-        if nz >= 0:
-            off = seg.base_offset + end + nz
-            self.problem("commitlog", seg.path, off, f"non-zero bytes at commitlog offset {off}, after the "
-                         f"end of data at {seg.base_offset + end}")
-        elif not last:
-            off = seg.base_offset + end
-            self.problem("commitlog", seg.path, off, f"data ends at commitlog offset {off} without a BLANK "
-                         f"record, {seg.size - end} bytes before the segment end (recovery stops here)")
+        """Segments on worker threads (the kernels release the GIL), results in order."""
+        store = self.store
+        segs = store.commitlog.segments.segments
+        jobs = [(seg, seg.size if store.read_only else min(seg.size, end - seg.base_offset), k == len(segs) - 1)
+                for k, seg in enumerate(segs)]
+        done = []
+        with ThreadPoolExecutor(_WORKERS, thread_name_prefix="rmq-verify") as pool:
+            for (seg, limit, _), sg in zip(jobs, pool.map(lambda job: _Segment(store, *job), jobs)):
+                for p in sg.problems:
+                    self.problem(*p)
+                self.rep.segments += 1
+                self.rep.records += sg.records
+                self.rep.bytes += limit
+                done.append(sg)
+                if progress is not None:
+                    progress(seg.size)
+        self.recs = _Records(done, end)
 
     # -- 2. consume queues ----------------------------------------------------------------------
     def consume_queues(self, end):
@@ -386,7 +422,6 @@ def verify_store(store, progress=None, max_problems=1000):
     v = _Verifier(store, max_problems)
     v.rep.commitlog_end = end
     v.commitlog(end, progress)
-    v.recs.finish(end)
     v.consume_queues(end)
     v.index(end)
     v.checkpoint(time.time_ns() // 1_000_000)
