@@ -24,7 +24,6 @@ from rmqstore.recovery import recover_commitlog
 from rmqstore.segments import detect_file_size
 from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 from rmqstore.verify import verify_store
-from rmqstore.verify import verify_store
 
 log = logging.getLogger(__name__)
 _NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
@@ -158,24 +157,6 @@ class MessageStore:
         self.commitlog.queue_offsets = {k: cq.max_offset for k, cq in self.consume_queues.queues.items()}
 
     # -- dispatch -------------------------------------------------------------------------
-    def _new_dispatcher(self, reput):
-        d = Dispatcher(self.commitlog, reput)
-        d.add(self._dispatch_cq)
-        if self.index is not None:
-            d.add(self.index.dispatch)
-        return d
-
-    def _cq_tags(self, batch):
-        """Each row's consume-queue tags code: the tags hash, or for a SCHEDULE_TOPIC_XXXX
-        message its delivery time."""
-        rows = batch.rows
-        tags = rows["tags_code"].copy()
-        names = batch.topic_names
-        if SCHEDULE_TOPIC in names:
-            for i in np.nonzero(batch.topic_ids == names.index(SCHEDULE_TOPIC))[0].tolist():
-                tags[i] = self._deliver_time(batch.properties(i).get("DELAY"), int(rows["store_timestamp"][i]), tags[i])
-        return tags
-
     def _new_dispatcher(self, reput):
         d = Dispatcher(self.commitlog, reput)
         d.add(self._dispatch_cq)
@@ -597,50 +578,6 @@ class MessageStore:
         if d.error is not None:
             raise CorruptRecordError(f"{self.path}: rebuild stopped: {d.error}")
         return d.reput_from - start
-
-
-    # -- maintenance ----------------------------------------------------------------------
-    def verify(self, progress=None):
-        """Check the whole store (rules in verify.py): records and CRCs, consume queues and
-        index against the commitlog, checkpoint times. Changes nothing; returns a
-        VerifyReport. ``progress(nbytes)`` is called after each commitlog segment."""
-        self._check_open()
-        return verify_store(self, progress)
-
-    def rebuild(self, progress=None):
-        """Rebuild every consume queue and index file from the commitlog: ``consumequeue/``
-        and ``index/`` are removed and everything from the commitlog minimum is dispatched
-        again, giving the files incremental dispatch writes. Appends wait meanwhile; readers
-        see the queues grow back. ``progress(nbytes)`` follows the dispatch. Returns the
-        commitlog bytes dispatched; raises CorruptRecordError where a bad record stops it."""
-        self._check_open()
-        if self.read_only:
-            raise StoreReadOnlyError("store opened read-only")
-        cfg = self.config
-        with self.commitlog.lock, self._logics_lock:
-            self.dispatcher.stop()
-            if self.index is not None:
-                self.index.close()
-            self.consume_queues.close()
-            for name in ("consumequeue", "index"):
-                shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
-            self.consume_queues = ConsumeQueueTable(self.path, cfg.consume_queue_entries, False, cfg.file_mode,
-                                                    cfg.dir_mode)
-            if self.index is not None:
-                self.index = IndexService(self.path, cfg, self.checkpoint).load(True, self.commitlog.max_offset)
-            start = done = self.commitlog.min_offset
-            self.dispatcher = d = self._new_dispatcher(start)
-            while d.run_once():
-                if progress is not None:
-                    progress(d.reput_from - done)
-                done = d.reput_from
-            self.commitlog.queue_offsets = {k: cq.max_offset for k, cq in self.consume_queues.queues.items()}
-            d.start()
-        self.flush()
-        if d.error is not None:
-            raise CorruptRecordError(f"{self.path}: rebuild stopped: {d.error}")
-        return d.reput_from - start
-
 
 
 def _empty_entries():
