@@ -1,6 +1,8 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """IndexFile kernels: key extraction from dispatched records, RocketMQ putKey into a mapped
-index file, and the slot probe + chain walk of selectPhyOffset, with the GIL released.
+index file, the slot probe + chain walk of selectPhyOffset with the GIL released, and the
+read-back of the candidates (topic and real keys checked on the record before a message
+is built).
 
 File layout (big-endian)::
 
@@ -12,7 +14,8 @@ File layout (big-endian)::
 Every value read from a file is untrusted: slot values and prevIndex are checked against
 indexCount and the file's capacity, and a chain walk only moves to strictly older entries,
 so it terminates on any input."""
-from cpython.unicode cimport PyUnicode_Check
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
@@ -20,6 +23,7 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
 from rmqstore._segment cimport MappedSegment
+from rmqstore._codec cimport RecView, record_at, build_ext
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError
 
 cnp.import_array()
@@ -414,13 +418,13 @@ cdef class IndexFiles:
                 break
         return n
 
-    def query(self, str topic, str key, Py_ssize_t max_num=64, int64_t begin=0,
-              int64_t end=0x7FFFFFFFFFFFFFFF):
-        """Commitlog offsets of the entries whose hash equals ``topic#key``'s, newest
-        ``max_num`` (files newest first), sorted ascending like queryMessage."""
-        cdef Py_ssize_t tlen, klen, n, i
-        cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
-        cdef const char *k = PyUnicode_AsUTF8AndSize(key, &klen)
+    cdef object _query(self, object topic, object key, object max_num, object begin, object end,
+                       Py_ssize_t cap, list log):
+        """query's work: the offsets list, or with ``log`` (commitlog segments) the messages."""
+        cdef Py_ssize_t tlen, klen, n, mn
+        cdef int64_t b, e
+        cdef const char *t
+        cdef const char *k
         cdef char small[512]
         cdef char *buf = small
         cdef int64_t stack_out[64]
@@ -428,12 +432,16 @@ cdef class IndexFiles:
         cdef bint stack_pins[16]
         cdef bint *pinned = stack_pins
         cdef int32_t h
-        if max_num <= 0:
+        limits(topic, max_num, begin, end, cap, &mn, &b, &e)
+        check_key(key)
+        if mn == 0:
             return []
+        t = PyUnicode_AsUTF8AndSize(topic, &tlen)
+        k = PyUnicode_AsUTF8AndSize(key, &klen)
         if tlen + klen + 1 > 512:
             buf = <char *>malloc(tlen + klen + 1)
-        if max_num > 64:
-            out = <int64_t *>malloc(max_num * sizeof(int64_t))
+        if mn > 64:
+            out = <int64_t *>malloc(mn * sizeof(int64_t))
         if self.n > 16:
             pinned = <bint *>malloc(self.n * sizeof(bint))
         try:
@@ -443,10 +451,12 @@ cdef class IndexFiles:
             self.pin(pinned)
             try:
                 with nogil:
-                    n = self.walk(pinned, h, begin, end, max_num, out)
+                    n = self.walk(pinned, h, b, e, mn, out)
                     sort_i64(out, n)
             finally:
                 self.unpin(pinned)
+            if log is not None:
+                return keyed_messages(log, topic, key, out, n)
             return [out[i] for i in range(n)]
         finally:
             if buf != small:
@@ -456,30 +466,43 @@ cdef class IndexFiles:
             if pinned != stack_pins:
                 free(pinned)
 
-    def query_many(self, str topic, keys, Py_ssize_t max_num=64, int64_t begin=0,
-                   int64_t end=0x7FFFFFFFFFFFFFFF):
-        """``query`` for every key in one call: (offsets i64, bounds i64 of len(keys)+1);
-        the offsets of key i are ``offsets[bounds[i]:bounds[i+1]]``, sorted ascending."""
-        cdef Py_ssize_t nk = len(keys), i, n = 0, tlen, klen, cap = 0
-        cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
+    def query(self, topic, key, max_num=64, begin=0, end=None, Py_ssize_t cap=64):
+        """Commitlog offsets of the entries whose hash equals ``topic#key``'s, newest
+        ``max_num`` (at most ``cap``; files newest first), sorted ascending like
+        queryMessage. ``end`` None is no limit; bad arguments raise InvalidArgumentError."""
+        return self._query(topic, key, max_num, begin, end, cap, None)
+
+    def query_messages(self, list log, topic, key, max_num=64, begin=0, end=None, Py_ssize_t cap=64):
+        """``query`` read back from ``log`` (the commitlog's segment list): the messages of
+        ``topic`` whose UNIQ_KEY or a KEYS token really is ``key``, newest first."""
+        return self._query(topic, key, max_num, begin, end, cap, log)
+
+    def query_many(self, topic, keys, max_num=64, begin=0, end=None, Py_ssize_t cap=64, list log=None):
+        """``query`` for every key of the list ``keys`` in one call, the chain walks with the
+        GIL released: (offsets i64, bounds i64 of len(keys)+1), the offsets of key i being
+        ``offsets[bounds[i]:bounds[i+1]]`` sorted ascending; with ``log``, a list per key of
+        its messages as ``query_messages`` finds them."""
+        cdef Py_ssize_t nk, i, n = 0, tlen, klen, cap_k = 0, mn
+        cdef int64_t b, e
+        cdef const char *t
         cdef const char *k
         cdef bint *pinned
         cdef char *buf
         cdef int32_t *hs
-        if max_num < 0:
-            max_num = 0
+        limits(topic, max_num, begin, end, cap, &mn, &b, &e)
+        keys = list(keys)
+        nk = len(keys)
+        for key in keys:
+            check_key(key)
+            PyUnicode_AsUTF8AndSize(key, &klen)
+            if klen > cap_k:
+                cap_k = klen
+        t = PyUnicode_AsUTF8AndSize(topic, &tlen)
         hashes = np.empty(nk, np.int32)
         hs = <int32_t *>cnp.PyArray_DATA(hashes)
-        for i in range(nk):
-            key = keys[i]
-            if not PyUnicode_Check(key):
-                raise TypeError(f"keys[{i}] is {type(key).__name__}, not str")
-            k = PyUnicode_AsUTF8AndSize(key, &klen)
-            if klen > cap:
-                cap = klen
-        buf = <char *>malloc(tlen + cap + 1)
+        buf = <char *>malloc(tlen + cap_k + 1)
         pinned = <bint *>malloc(max(1, self.n) * sizeof(bint))
-        offsets = np.empty(nk * max_num, np.int64)
+        offsets = np.empty(nk * mn, np.int64)
         bounds = np.empty(nk + 1, np.int64)
         cdef int64_t *out = <int64_t *>cnp.PyArray_DATA(offsets)
         cdef int64_t *bd = <int64_t *>cnp.PyArray_DATA(bounds)
@@ -494,7 +517,7 @@ cdef class IndexFiles:
                 with nogil:
                     bd[0] = 0
                     for i in range(nk):
-                        n = self.walk(pinned, hs[i], begin, end, max_num, out + bd[i])
+                        n = self.walk(pinned, hs[i], b, e, mn, out + bd[i])
                         sort_i64(out + bd[i], n)
                         bd[i + 1] = bd[i] + n
             finally:
@@ -502,7 +525,63 @@ cdef class IndexFiles:
         finally:
             free(buf)
             free(pinned)
+        if log is not None:
+            return [keyed_messages(log, topic, keys[i], out + bd[i], bd[i + 1] - bd[i]) for i in range(nk)]
         return offsets[:bd[nk]], bounds
+
+
+cdef int limits(object topic, object max_num, object begin, object end, Py_ssize_t cap,
+                Py_ssize_t *mn, int64_t *b, int64_t *e) except -1:
+    """Query arguments checked (InvalidArgumentError) and clamped: max_num to [0, cap],
+    times to int64, ``end`` None to no limit."""
+    if not isinstance(topic, str):
+        raise InvalidArgumentError(f"topic must be a str, not {type(topic).__name__}")
+    if not isinstance(max_num, int) or not isinstance(begin, int) or not (end is None or isinstance(end, int)):
+        raise InvalidArgumentError("max_num, begin and end must be ints")
+    cdef int64_t m = clamp64(max_num)
+    mn[0] = 0 if m < 0 else (cap if m > cap else m)
+    b[0] = clamp64(begin)
+    e[0] = 0x7FFFFFFFFFFFFFFF if end is None else clamp64(end)
+    return 0
+
+
+cdef inline int64_t clamp64(object v) except? -1:
+    cdef int overflow = 0
+    cdef int64_t x = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow:
+        return 0x7FFFFFFFFFFFFFFF if overflow > 0 else -0x7FFFFFFFFFFFFFFF - 1
+    return x
+
+
+cdef int check_key(object key) except -1:
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"index key must be a non-empty str, got {key!r}")
+    return 0
+
+
+cdef list keyed_messages(list log, str topic, str key, const int64_t *offs, Py_ssize_t n):
+    """The messages at ``offs`` (ascending), newest first, that really are ``topic``'s and
+    hold ``key``: hash collisions, other topics, records gone (retention, past a recovered
+    end) or invalid are skipped, and an offset listed twice (UNIQ_KEY equal to a KEYS
+    token) gives one message. Records are checked in place before any object is built."""
+    cdef Py_ssize_t i, tlen, klen
+    cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
+    cdef const char *k = PyUnicode_AsUTF8AndSize(key, &klen)
+    cdef RecView r
+    cdef const char *p = NULL
+    cdef list out = []
+    for i in range(n - 1, -1, -1):
+        if i < n - 1 and offs[i] == offs[i + 1]:
+            continue
+        if record_at(log, offs[i], False, &r, &p) != 0:
+            continue
+        if not (r.topic_len == tlen and same(p + r.topic_off, t, tlen)):
+            # the stored name decodes with replacement characters; compare it as str then
+            if "\ufffd" not in topic or PyUnicode_DecodeUTF8(p + r.topic_off, r.topic_len, "replace") != topic:
+                continue
+        if has_key(p + r.props_off, r.props_len, k, klen):
+            out.append(build_ext(p, &r, offs[i]))
+    return out
 
 
 cdef void sort_i64(int64_t *a, Py_ssize_t n) noexcept nogil:
@@ -521,12 +600,18 @@ cdef void sort_i64(int64_t *a, Py_ssize_t n) noexcept nogil:
 def keys_match(const uint8_t[:] props, str key):
     """Whether a properties string holds ``key`` as its UNIQ_KEY or as one of its KEYS
     tokens: the real-key check RocketMQ's own query skips."""
-    cdef Py_ssize_t klen, i, j
+    cdef Py_ssize_t klen
     cdef const char *k = PyUnicode_AsUTF8AndSize(key, &klen)
-    cdef int32_t n = props.shape[0], voff = 0, vlen = 0
+    if props.shape[0] == 0:
+        return False
+    return has_key(<const char *>&props[0], props.shape[0], k, klen)
+
+
+cdef bint has_key(const char *p, int32_t n, const char *k, Py_ssize_t klen) noexcept nogil:
+    cdef int32_t voff = 0, vlen = 0
+    cdef Py_ssize_t i, j
     if n == 0 or klen == 0:
         return False
-    cdef const char *p = <const char *>&props[0]
     if find_value(p, n, b"UNIQ_KEY", 8, &voff, &vlen) and vlen == klen and same(p + voff, k, klen):
         return True
     if find_value(p, n, b"KEYS", 4, &voff, &vlen):

@@ -9,11 +9,10 @@ import numpy as np
 
 from rmqstore import _index
 from rmqstore._segment import MappedSegment
-from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError
+from rmqstore.errors import CorruptStoreError, StoreClosedError
 
 log = logging.getLogger(__name__)
 LONG_MAX = (1 << 63) - 1
-LONG_MIN = -(1 << 63)
 
 
 def file_name(ms):
@@ -209,28 +208,17 @@ class IndexService:
     # -- queries --------------------------------------------------------------------------
     def query_offsets(self, topic, key, max_num=64, begin=0, end=None):
         """IndexService.queryOffset, sorted ascending (DefaultMessageStore.queryMessage)."""
-        max_num, begin, end = self._limits(topic, max_num, begin, end)
-        _check_key(key)
-        return self.view.query(topic, key, max_num, begin, end)
+        self._check_open()
+        return self.view.query(topic, key, max_num, begin, end, self.config.max_msgs_num_batch)
 
     def query_offsets_many(self, topic, keys, max_num=64, begin=0, end=None):
         """query_offsets for many keys: (offsets, bounds) numpy arrays, see IndexFiles.query_many."""
-        max_num, begin, end = self._limits(topic, max_num, begin, end)
-        keys = list(keys)
-        for k in keys:
-            _check_key(k)
-        return self.view.query_many(topic, keys, max_num, begin, end)
+        self._check_open()
+        return self.view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch)
 
-    def _limits(self, topic, max_num, begin, end):
+    def _check_open(self):
         if self._closed:
             raise StoreClosedError(f"{self.directory}: index is closed")
-        if not isinstance(topic, str):
-            raise InvalidArgumentError(f"topic must be a str, not {type(topic).__name__}")
-        if not isinstance(max_num, int) or not isinstance(begin, int) or not isinstance(end, (int, type(None))):
-            raise InvalidArgumentError("max_num, begin and end must be ints")
-        end = LONG_MAX if end is None else min(max(end, LONG_MIN), LONG_MAX)
-        begin = min(max(begin, LONG_MIN), LONG_MAX)
-        return max(0, min(max_num, self.config.max_msgs_num_batch)), begin, end
 
     # -- retention and lifecycle ----------------------------------------------------------
     def delete_expired(self, min_phy_offset):
@@ -262,11 +250,6 @@ class IndexService:
         self.view = _index.IndexFiles([])
         for f in self.files:
             f.seg.close()
-
-
-def _check_key(key):
-    if not isinstance(key, str) or not key:
-        raise InvalidArgumentError(f"index key must be a non-empty str, got {key!r}")
 
 
 class UniqKeyGenerator:

@@ -17,7 +17,6 @@ from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import (CorruptRecordError, CorruptStoreError, InvalidArgumentError, MessageNotFoundError,
                              StoreClosedError, StoreLockedError, StoreReadOnlyError)
 from rmqstore.flush import FlushService
-from rmqstore._index import keys_match
 from rmqstore.index import IndexService, UniqKeyGenerator
 from rmqstore.offsets import ConsumerOffsets
 from rmqstore.recovery import recover_commitlog
@@ -476,7 +475,8 @@ class MessageStore:
 
     # -- index queries --------------------------------------------------------------------
     def _index_or_raise(self):
-        self._check_open()
+        if self._closed:
+            raise StoreClosedError(f"{self.path}: store is closed")
         if self.index is None:
             raise InvalidArgumentError(f"{self.path}: message_index_enable is off")
         return self.index
@@ -489,39 +489,22 @@ class MessageStore:
 
     def query_by_key(self, topic, key, max_num=64, begin=0, end=None):
         """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest
-        first: query_offsets minus hash collisions (each candidate's real keys are read)."""
-        offsets = self._index_or_raise().query_offsets(topic, key, max_num, begin, end)
-        return self._keyed_messages(topic, key, offsets)
+        first: query_offsets minus hash collisions (each candidate's record is checked in
+        place, in C, before a message is built)."""
+        return self._index_or_raise().view.query_messages(self.commitlog.segments.segments, topic, key, max_num,
+                                                          begin, end, self.config.max_msgs_num_batch)
 
     def query_keys(self, topic, keys, max_num=64, begin=0, end=None):
         """query_by_key for many keys in one index pass; a list per key, in ``keys`` order."""
-        keys = list(keys)
-        offsets, bounds = self._index_or_raise().query_offsets_many(topic, keys, max_num, begin, end)
-        offsets, bounds = offsets.tolist(), bounds.tolist()
-        return [self._keyed_messages(topic, k, offsets[bounds[i]:bounds[i + 1]]) for i, k in enumerate(keys)]
+        return self._index_or_raise().view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch,
+                                                      self.commitlog.segments.segments)
 
     def query_by_uniq_key(self, topic, uniq_key):
         """The newest message of ``topic`` whose UNIQ_KEY is ``uniq_key``."""
-        offsets = self._index_or_raise().query_offsets(topic, uniq_key, self.config.max_msgs_num_batch)
-        for m in self._keyed_messages(topic, uniq_key, offsets):
+        for m in self.query_by_key(topic, uniq_key, self.config.max_msgs_num_batch):
             if m.uniq_key == uniq_key:
                 return m
         raise MessageNotFoundError(f"{topic}: no message with UNIQ_KEY {uniq_key!r}")
-
-    def _keyed_messages(self, topic, key, offsets):
-        out = []
-        get, prev = self.commitlog.get, None
-        for off in reversed(offsets):
-            if off == prev:     # UNIQ_KEY equal to a KEYS token: one message, two entries
-                continue
-            prev = off
-            try:
-                m = get(off)
-            except (MessageNotFoundError, CorruptRecordError):
-                continue        # deleted by retention, or past a recovered end (read-only)
-            if m.topic == topic and keys_match(m.properties_raw, key):
-                out.append(m)
-        return out
 
     # -- retention ------------------------------------------------------------------------
     def clean_expired(self, now=None):
