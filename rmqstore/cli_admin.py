@@ -12,9 +12,10 @@ import numpy as np
 
 from rmqstore._codec import Message
 from rmqstore.cli_common import (EXIT_FOUND, CommandError, nonneg_int, open_store, positive_int, print_fields,
-                                 print_json, print_line, print_table, progress, require_store)
+                                 print_json, print_line, print_table, progress, require_store, store_config)
 from rmqstore.errors import StoreError
 from rmqstore.segments import list_segment_files
+from rmqstore.store import MessageStore
 
 _CHUNK = 1 << 20
 _PUT_FIELDS = {"topic", "body", "bodyBase64", "tags", "keys", "properties", "queueId", "flag", "sysFlag",
@@ -66,7 +67,9 @@ def cmd_put(args):
 
 
 def cmd_recover(args):
-    with open_store(args, read_only=False) as s:
+    files = segment_files(args.store)
+    with progress(sum(n for _, _, n in files), "recover") as bar, \
+            MessageStore(args.store, store_config(args), progress=bar.update) as s:
         rep = dataclasses.asdict(s.recovery)
     if args.json:
         return print_json(rep)

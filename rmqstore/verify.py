@@ -344,7 +344,7 @@ class _Verifier:
             i = int(back[0]) + 2
             self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} points at commitlog offset {phy[i - 1]}, "
                          f"before entry {i - 1}'s {phy[i - 2]}")
-        keep = phy < end
+        keep = (phy < end) & (phy >= self.store.min_phy_offset)   # below: removed by retention
         return hashes[1:][keep].astype(np.int32), phy[keep]
 
     def _index_chains(self, path, nslots, slots, hashes, prev, ent_at):
@@ -409,7 +409,7 @@ class _Verifier:
                 self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is in the future (now {now_ms})")
             elif newest and ts > newest:
                 self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is after the newest stored "
-                             f"message ({newest})")
+                             f"message ({newest}): messages it counted as flushed are gone")
 
 
 def verify_store(store, progress=None, max_problems=1000):

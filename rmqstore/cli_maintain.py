@@ -1,0 +1,105 @@
+"""Maintenance subcommands: verify (read-only), clean (retention now) and rebuild (consume
+queues and index from the commitlog)."""
+import argparse
+import dataclasses
+import time
+
+from rmqstore.cli_common import (EXIT_FOUND, nonneg_int, open_store, positive_int, print_fields, print_json,
+                                 print_table, progress, require_store, store_config)
+from rmqstore.store import MessageStore
+
+_EVERY_HOUR = ";".join(f"{h:02d}" for h in range(24))
+
+
+def _commitlog_bytes(s):
+    segs = s.commitlog.segments
+    return len(segs.segments) * segs.file_size
+
+
+def cmd_verify(args):
+    with open_store(args) as s:
+        with progress(_commitlog_bytes(s), "verify") as bar:
+            rep = s.verify(progress=bar.update)
+    if args.json:
+        print_json(rep.as_dict())
+    else:
+        print_fields([("store", args.store), ("clean shutdown", rep.clean_shutdown),
+                      ("commitlog", f"{rep.segments} segments, {rep.bytes} bytes, {rep.records} records, "
+                                    f"end {rep.commitlog_end}"),
+                      ("consume queues", f"{rep.consume_queues} queues, {rep.consume_queue_entries} entries"),
+                      ("index", f"{rep.index_files} files, {rep.index_entries} entries"),
+                      ("not dispatched yet", rep.undispatched), ("seconds", f"{rep.seconds:.3f}")], title="verify")
+        if rep.problems:
+            print()
+            print_table(["kind", "offset", "problem"], [(p.kind, p.offset, p.message) for p in rep.problems])
+        total = len(rep.problems) + rep.problems_omitted
+        print("ok" if rep.ok else f"{total} problem(s)" if total else
+              f"{rep.undispatched} message(s) missing from consume queues or index after a clean shutdown")
+    return None if rep.ok else EXIT_FOUND
+
+
+def cmd_clean(args):
+    require_store(args.store)
+    cfg = store_config(args)
+    if args.force:
+        cfg = cfg.with_(delete_when=_EVERY_HOUR)
+    if args.reserved_hours is not None:
+        cfg = cfg.with_(file_reserved_time=args.reserved_hours)
+    with MessageStore(args.store, cfg) as s:
+        rep = dataclasses.asdict(s.clean_expired(args.now))
+    if args.json:
+        return print_json(rep)
+    print_fields(list(rep.items()), title="clean")
+
+
+def cmd_rebuild(args):
+    t0 = time.monotonic()
+    with open_store(args, read_only=False) as s:
+        with progress(s.max_phy_offset - s.min_phy_offset, "rebuild") as bar:
+            n = s.rebuild(progress=bar.update)
+        out = {"bytesDispatched": n, "consumeQueues": len(s.consume_queues.queues),
+               "consumeQueueEntries": sum(cq.max_offset - cq.min_offset for cq in s.consume_queues.queues.values()),
+               "indexFiles": len(s.index.files) if s.index is not None else 0,
+               "indexEntries": sum(f.count - 1 for f in s.index.files) if s.index is not None else 0}
+    out["seconds"] = round(time.monotonic() - t0, 3)
+    if args.json:
+        return print_json(out)
+    print_fields(list(out.items()), title="rebuild")
+
+
+def _seconds(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def register(sub, json_only, store_opts):
+    p = sub.add_parser("verify", parents=[store_opts], help="check every record, consume queue and index file",
+                       description="Check the whole store read-only: every commitlog record's structure and "
+                       "body CRC, BLANK end-of-file records, each consume-queue entry against the record it "
+                       "points at, index links and keys, checkpoint times. Exit status 3 when problems are "
+                       "found; each names the file and offset.")
+    p.add_argument("store")
+    p.set_defaults(func=cmd_verify)
+    p = sub.add_parser("clean", parents=[store_opts], help="apply the retention rules now",
+                       description="Delete expired commitlog segments (older than the reserved time, at a "
+                       "deleteWhen hour, or at once when the disk is fuller than diskMaxUsedSpaceRatio) and "
+                       "the consume-queue and index files below the new minimum; never the segment being "
+                       "written. Opens the store for writing.")
+    p.add_argument("store")
+    p.add_argument("--now", type=_seconds, metavar="SECONDS", help="the time to apply the rules at (epoch seconds)")
+    p.add_argument("--force", action="store_true", help="whatever the hour (deleteWhen), delete what has expired")
+    p.add_argument("--reserved-hours", type=nonneg_int, metavar="H",
+                   help="keep segments written in the last H hours (default RocketMQ's 72)")
+    p.set_defaults(func=cmd_clean)
+    p = sub.add_parser("rebuild", parents=[store_opts], help="rebuild consume queues and index from the commitlog",
+                       description="Remove consumequeue/ and index/ and dispatch the whole commitlog again, "
+                       "writing the files incremental dispatch writes. Opens the store for writing.")
+    p.add_argument("store")
+    p.add_argument("--cq-entries", dest="consume_queue_entries", type=positive_int, metavar="N",
+                   help="entries per consume-queue file when the store has none to measure (default 300000)")
+    p.set_defaults(func=cmd_rebuild)
