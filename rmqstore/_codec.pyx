@@ -8,6 +8,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.list cimport PyList_GET_SIZE
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy, memchr, memset
+from libc.stdlib cimport malloc, free
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint32_t
@@ -779,12 +780,7 @@ def decode_batch(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc=F
                 code = REC_END
         if code < 0 and not skip_corrupt:
             record_error(code, seg.base_offset + p)
-        out = {name: np.empty(n, np.int64) for name in BATCH_FIELDS}
-        out.update(body_data=np.empty(body_total, np.uint8), topic_data=np.empty(topic_total, np.uint8),
-                   props_data=np.empty(props_total, np.uint8),
-                   body_offsets=np.empty(n + 1, np.int64), topic_offsets=np.empty(n + 1, np.int64),
-                   props_offsets=np.empty(n + 1, np.int64),
-                   born_addr=np.zeros((n, 16), np.uint8), store_addr=np.zeros((n, 16), np.uint8))
+        out = new_columns(n, body_total, topic_total, props_total)
         _fill_batch(seg.m.base + pos, limit - pos, n, out)
         if code == REC_BLANK:
             p += r.total
@@ -797,56 +793,231 @@ def decode_batch(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc=F
     return out
 
 
+cdef dict new_columns(int64_t n, int64_t body_total, int64_t topic_total, int64_t props_total):
+    """Empty decode_batch columns for ``n`` records with these variable-length totals."""
+    out = {name: np.empty(n, np.int64) for name in BATCH_FIELDS}
+    out.update(body_data=np.empty(body_total, np.uint8), topic_data=np.empty(topic_total, np.uint8),
+               props_data=np.empty(props_total, np.uint8),
+               body_offsets=np.empty(n + 1, np.int64), topic_offsets=np.empty(n + 1, np.int64),
+               props_offsets=np.empty(n + 1, np.int64),
+               born_addr=np.zeros((n, 16), np.uint8), store_addr=np.zeros((n, 16), np.uint8))
+    return out
+
+
+cdef struct Cols:
+    int64_t *f[15]          # BATCH_FIELDS, in order
+    int64_t *o_body
+    int64_t *o_topic
+    int64_t *o_props
+    uint8_t *a_born
+    uint8_t *a_store
+    char *bd
+    char *td
+    char *pd
+    int64_t bo, to, po      # bytes of body/topic/props data filled so far
+
+
+cdef void cols_of(dict out, Cols *c) except *:
+    cdef int j
+    for j, name in enumerate(BATCH_FIELDS):
+        c.f[j] = <int64_t *>cnp.PyArray_DATA(out[name])
+    c.o_body = <int64_t *>cnp.PyArray_DATA(out["body_offsets"])
+    c.o_topic = <int64_t *>cnp.PyArray_DATA(out["topic_offsets"])
+    c.o_props = <int64_t *>cnp.PyArray_DATA(out["props_offsets"])
+    c.a_born = <uint8_t *>cnp.PyArray_DATA(out["born_addr"])
+    c.a_store = <uint8_t *>cnp.PyArray_DATA(out["store_addr"])
+    c.bd = <char *>cnp.PyArray_DATA(out["body_data"])
+    c.td = <char *>cnp.PyArray_DATA(out["topic_data"])
+    c.pd = <char *>cnp.PyArray_DATA(out["props_data"])
+    c.bo = c.to = c.po = 0
+
+
+cdef inline void fill_row(Cols *c, int64_t i, const char *p, RecView *r) noexcept nogil:
+    """Row ``i`` of the columns from the record at ``p`` (already validated into ``r``)."""
+    c.f[0][i] = r.phy_offset
+    c.f[1][i] = r.total
+    c.f[2][i] = r.magic
+    c.f[3][i] = r.body_crc
+    c.f[4][i] = r.queue_id
+    c.f[5][i] = r.flag
+    c.f[6][i] = r.queue_offset
+    c.f[7][i] = r.sys_flag
+    c.f[8][i] = r.born_ts
+    c.f[9][i] = r.store_ts
+    c.f[10][i] = r.reconsume
+    c.f[11][i] = r.prepared
+    c.f[12][i] = tags_code_of(p + r.props_off, r.props_len)
+    c.f[13][i] = rmq_ld32(p + r.born_off + r.born_len)
+    c.f[14][i] = rmq_ld32(p + r.store_off + r.store_len)
+    memcpy(c.a_born + i * 16, p + r.born_off, r.born_len)
+    memcpy(c.a_store + i * 16, p + r.store_off, r.store_len)
+    c.o_body[i] = c.bo
+    c.o_topic[i] = c.to
+    c.o_props[i] = c.po
+    memcpy(c.bd + c.bo, p + r.body_off, r.body_len)
+    memcpy(c.td + c.to, p + r.topic_off, r.topic_len)
+    memcpy(c.pd + c.po, p + r.props_off, r.props_len)
+    c.bo += r.body_len
+    c.to += r.topic_len
+    c.po += r.props_len
+    c.o_body[i + 1] = c.bo
+    c.o_topic[i + 1] = c.to
+    c.o_props[i + 1] = c.po
+
+
 cdef void _fill_batch(const char *base, int64_t avail, int64_t n, dict out) except *:
     """Second pass of decode_batch over ``n`` records the first pass validated."""
     cdef RecView r
-    cdef int64_t i, pos = 0, bo = 0, to = 0, po = 0
-    cdef int64_t[::1] c_phy = out["phy_offset"], c_size = out["store_size"], c_magic = out["magic"]
-    cdef int64_t[::1] c_crc = out["body_crc"], c_qid = out["queue_id"], c_flag = out["flag"]
-    cdef int64_t[::1] c_qoff = out["queue_offset"], c_sys = out["sys_flag"], c_born = out["born_timestamp"]
-    cdef int64_t[::1] c_store = out["store_timestamp"], c_rec = out["reconsume_times"]
-    cdef int64_t[::1] c_prep = out["prepared_transaction_offset"], c_tags = out["tags_code"]
-    cdef int64_t[::1] c_bport = out["born_port"], c_sport = out["store_port"]
-    cdef int64_t[::1] o_body = out["body_offsets"], o_topic = out["topic_offsets"], o_props = out["props_offsets"]
-    cdef uint8_t[:, ::1] a_born = out["born_addr"], a_store = out["store_addr"]
-    cdef char *bd = <char *>cnp.PyArray_DATA(out["body_data"])
-    cdef char *td = <char *>cnp.PyArray_DATA(out["topic_data"])
-    cdef char *pd = <char *>cnp.PyArray_DATA(out["props_data"])
-    cdef const char *p
+    cdef Cols c
+    cdef int64_t i, pos = 0
+    cols_of(out, &c)
+    c.o_body[0] = c.o_topic[0] = c.o_props[0] = 0
     with nogil:
         for i in range(n):
-            p = base + pos
-            parse_record(p, avail - pos, False, &r)
-            c_phy[i] = r.phy_offset
-            c_size[i] = r.total
-            c_magic[i] = r.magic
-            c_crc[i] = r.body_crc
-            c_qid[i] = r.queue_id
-            c_flag[i] = r.flag
-            c_qoff[i] = r.queue_offset
-            c_sys[i] = r.sys_flag
-            c_born[i] = r.born_ts
-            c_store[i] = r.store_ts
-            c_rec[i] = r.reconsume
-            c_prep[i] = r.prepared
-            c_tags[i] = tags_code_of(p + r.props_off, r.props_len)
-            c_bport[i] = rmq_ld32(p + r.born_off + r.born_len)
-            c_sport[i] = rmq_ld32(p + r.store_off + r.store_len)
-            memcpy(&a_born[i, 0], p + r.born_off, r.born_len)
-            memcpy(&a_store[i, 0], p + r.store_off, r.store_len)
-            o_body[i] = bo
-            o_topic[i] = to
-            o_props[i] = po
-            memcpy(bd + bo, p + r.body_off, r.body_len)
-            memcpy(td + to, p + r.topic_off, r.topic_len)
-            memcpy(pd + po, p + r.props_off, r.props_len)
-            bo += r.body_len
-            to += r.topic_len
-            po += r.props_len
+            parse_record(base + pos, avail - pos, False, &r)
+            fill_row(&c, i, base + pos, &r)
             pos += r.total
-        o_body[n] = bo
-        o_topic[n] = to
-        o_props[n] = po
+
+
+cdef struct SegRef:
+    int64_t base_offset
+    const char *base
+    int64_t size
+    int64_t limit           # published write position when pinned
+
+
+cdef inline const char *seg_ref_find(SegRef *refs, Py_ssize_t n, int64_t offset, RecView *r, bint check_crc,
+                                     int32_t size) noexcept nogil:
+    """The record at commitlog ``offset`` in the pinned ``refs`` when it is valid, there,
+    and ``size`` bytes long; NULL otherwise."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    cdef int64_t pos
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if refs[mid].base_offset <= offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return NULL
+    pos = offset - refs[lo - 1].base_offset
+    if pos >= refs[lo - 1].size or parse_at(refs[lo - 1].base, refs[lo - 1].size, refs[lo - 1].limit, pos,
+                                            check_crc, r) != REC_OK:
+        return NULL
+    if r.phy_offset != offset or r.total != size:
+        return NULL
+    return refs[lo - 1].base + pos
+
+
+cdef extern from *:
+    void __builtin_prefetch(const void *p) nogil
+
+cdef enum:
+    PREFETCH = 16           # records ahead: a queue's records are scattered through the log
+
+
+cdef inline void prefetch_record(SegRef *refs, Py_ssize_t n, int64_t offset, int32_t size) noexcept nogil:
+    """Start loading the record at commitlog ``offset`` (up to 512 bytes of it) into cache."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    cdef int64_t pos, i
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if refs[mid].base_offset <= offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0 or size <= 0:
+        return
+    pos = offset - refs[lo - 1].base_offset
+    if pos + size > refs[lo - 1].limit:
+        return
+    i = 0
+    while i < size and i < 512:
+        __builtin_prefetch(refs[lo - 1].base + pos + i)
+        i += 64
+
+
+def decode_entries(list log, cnp.ndarray entries, bint check_crc=False):
+    """Decode the records that consume-queue ``entries`` (ENTRY_DTYPE) point at in ``log``
+    (a commitlog segment list snapshot) into decode_batch's columns, in one pass with the
+    GIL released and the segments in their range pinned. Hole entries are skipped; an entry
+    whose record is gone, invalid, elsewhere or of another size is left out and its index
+    listed in ``missing`` (int64). ``count`` is the number of rows. The data columns are
+    sized from the entry sizes and returned as views of what was filled."""
+    cdef Py_ssize_t n, k, i0 = 0, i1 = 0, nref = 0, j, nmiss = 0
+    cdef Py_ssize_t stride
+    cdef const char *row
+    cdef const char *p
+    cdef int64_t phy, lo = 0x7FFFFFFFFFFFFFFF, hi = -1, nok = 0, rows = 0, nbytes = 0
+    cdef int32_t size
+    cdef RecView r
+    cdef Cols c
+    cdef MappedSegment seg
+    check_entries(entries)
+    n = entries.shape[0]
+    stride = entries.strides[0]
+    row = <const char *>cnp.PyArray_DATA(entries)
+    for k in range(n):
+        phy = ld_i64(row + k * stride)
+        size = ld_i32(row + k * stride + 8)
+        if size != HOLE and size > 0 and phy >= 0:
+            lo = min(lo, phy)
+            hi = max(hi, phy)
+            rows += 1
+            nbytes += size
+    for j in range(PyList_GET_SIZE(log)):       # the segments holding [lo, hi]
+        seg = <MappedSegment>log[j]
+        if seg.base_offset <= lo:
+            i0 = j
+        if seg.base_offset <= hi:
+            i1 = j + 1
+    cdef SegRef *refs = <SegRef *>malloc(max(1, i1 - i0) * sizeof(SegRef))
+    missing = np.empty(n, np.int64)
+    cdef int64_t *miss = <int64_t *>cnp.PyArray_DATA(missing)
+    out = new_columns(rows, nbytes, nbytes, nbytes)   # a record's parts are each shorter than it
+    cols_of(out, &c)
+    c.o_body[0] = c.o_topic[0] = c.o_props[0] = 0
+    try:
+        if refs == NULL:
+            raise MemoryError()
+        for j in range(i0, i1):
+            seg = <MappedSegment>log[j]
+            if not seg.hold():
+                raise StoreClosedError(f"{seg.path}: segment is closed")
+            refs[nref].base_offset = seg.base_offset
+            refs[nref].base = seg.m.base
+            refs[nref].size = seg.m.size
+            refs[nref].limit = seg.wrote_pos
+            nref += 1
+        with nogil:
+            for k in range(n):
+                if k + PREFETCH < n:
+                    prefetch_record(refs, nref, ld_i64(row + (k + PREFETCH) * stride),
+                                    ld_i32(row + (k + PREFETCH) * stride + 8))
+                size = ld_i32(row + k * stride + 8)
+                if size == HOLE:
+                    continue
+                p = seg_ref_find(refs, nref, ld_i64(row + k * stride), &r, check_crc, size)
+                if p == NULL:
+                    miss[nmiss] = k
+                    nmiss += 1
+                else:
+                    fill_row(&c, nok, p, &r)
+                    nok += 1
+    finally:
+        for j in range(i0, i0 + nref):
+            (<MappedSegment>log[j]).release()
+        free(refs)
+    for name in BATCH_FIELDS + ("born_addr", "store_addr"):
+        out[name] = out[name][:nok]
+    for name in ("body", "topic", "props"):
+        out[name + "_offsets"] = out[name + "_offsets"][:nok + 1]
+    out["body_data"] = out["body_data"][:c.bo]
+    out["topic_data"] = out["topic_data"][:c.to]
+    out["props_data"] = out["props_data"][:c.po]
+    out["count"] = nok
+    out["missing"] = missing[:nmiss]
+    return out
 
 
 # ---------------------------------------------------------------------------- encode

@@ -364,6 +364,19 @@ class MessageStore:
             count = max(0, cq.max_offset - offset)
         return cq.read(max(offset, cq.min_offset), count)
 
+    def read_queue_columns(self, topic, queue_id, offset=0, count=None, check_crc=False):
+        """The messages of one queue from ``offset`` (``count`` consume-queue entries, default
+        all) decoded into columns as ``_codec.decode_batch`` lays them out, in one pass with
+        the GIL released; ``missing`` lists the queue offsets whose record could not be read."""
+        self._check_open()
+        cq = self.consume_queues.get(topic, queue_id)
+        start = max(offset, cq.min_offset) if cq is not None else offset
+        entries = cq.read(start, cq.max_offset - start if count is None else count) if cq is not None \
+            else _empty_entries()
+        cols = _codec.decode_entries(self.commitlog.segments.segments, entries, check_crc)
+        cols["missing"] += start
+        return cols
+
     def get_messages(self, topic, queue_id, offset, max_count=32, tags=None):
         """RocketMQ DefaultMessageStore.getMessage: up to ``max_count`` messages of one
         queue from ``offset``, filtered by a tag expression; statuses and next offsets as

@@ -238,3 +238,36 @@ def test_cq_entries_past_commitlog_end_are_not_followed(tmp_path):
         assert r.queue_offset == 6
         assert s.get_messages("T", 0, 6, 32).messages[0].body == b"new"
     assert ref.read_cq_entries(root, "T", 0)[6][1] == r.phy_offset
+
+
+def test_read_queue_columns_match_get_messages(tmp_path):
+    """The columnar read of a queue holds what get_messages returns, row for row; an entry
+    pointing into a record is listed as missing, holes are skipped."""
+    root = tmp_path / "s"
+    with MessageStore(root, _cfg()) as s:
+        _fill(s, "T", 0, ["A", None, "标签", "B"] * 6)
+        _fill(s, "U", 0, ["A"])
+    path = root / "consumequeue" / "T" / "0" / ("%020d" % 0)
+    data = bytearray(path.read_bytes())
+    phy, = struct.unpack_from(">q", data, 3 * 20)
+    struct.pack_into(">q", data, 3 * 20, phy + 7)
+    struct.pack_into(">qiq", data, 5 * 20, 0, 0x7FFFFFFF, 0)             # a RocketMQ hole entry
+    path.write_bytes(bytes(data))
+    with MessageStore(root, _cfg(), read_only=True) as s:
+        want = []
+        offset = 0
+        while (r := s.get_messages("T", 0, offset, 32)).messages:
+            want += r.messages
+            offset = r.next_offset
+        cols = s.read_queue_columns("T", 0)
+        assert cols["count"] == len(want) == 22 and cols["missing"].tolist() == [3]
+        assert cols["queue_offset"].tolist() == [m.queue_offset for m in want]
+        assert cols["tags_code"].tolist() == [m.tags_code for m in want]
+        bo, po = cols["body_offsets"], cols["props_offsets"]
+        for i, m in enumerate(want):
+            assert bytes(cols["body_data"][bo[i]:bo[i + 1]]) == m.body
+            assert bytes(cols["props_data"][po[i]:po[i + 1]]) == m.properties_raw
+        part = s.read_queue_columns("T", 0, 10, 4)
+        assert part["queue_offset"].tolist() == [10, 11, 12, 13] and part["count"] == 4
+        assert s.read_queue_columns("T", 0, 24)["count"] == 0
+        assert s.read_queue_columns("Nope", 0)["count"] == 0
