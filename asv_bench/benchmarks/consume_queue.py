@@ -1,5 +1,6 @@
 """Consumers: dispatch keeps up with put; whole queues read with get_messages(32), as a
-numpy consume-queue range and by batch decode; sqlite3 paging and LMDB cursors as peers."""
+numpy consume-queue range, as columns through the CQ (read_queue_columns) and by batch
+decode of the whole log; sqlite3 paging and LMDB cursors as peers."""
 import numpy as np
 
 from rmqstore import _codec
@@ -49,6 +50,11 @@ class ReadQueues(StoreCase):
     def time_cq_range_numpy(self, body_size):
         for q in range(QUEUES):
             self.store.consume_queue_entries(TOPIC, q)
+
+    def time_read_queue_columns(self, body_size):
+        """Each queue's messages decoded into columns through its CQ entries."""
+        for q in range(QUEUES):
+            self.store.read_queue_columns(TOPIC, q)
 
     def time_batch_decode_queues(self, body_size):
         """decode_batch of the segments, then each queue's rows picked by a numpy mask."""
