@@ -23,7 +23,7 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
 from rmqstore._segment cimport MappedSegment
-from rmqstore._codec cimport RecView, record_at, build_ext
+from rmqstore._codec cimport RecView, record_at, build_ext, prefetch_at
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError
 
 cnp.import_array()
@@ -37,6 +37,11 @@ DEFAULT_MAX_NUM = 64
 cdef int64_t HDR = 40
 cdef int32_t INT_MAX = 0x7FFFFFFF
 cdef int32_t ROLLBACK = 0xC
+cdef enum:
+    AHEAD = 8               # keys ahead whose slots/entries/records a batch query prefetches
+
+cdef extern from *:
+    void __builtin_prefetch(const void *p) nogil
 
 
 def file_size(int64_t slots, int64_t entries):
@@ -283,14 +288,9 @@ def truncate_entries(MappedSegment seg, int32_t slots, int32_t entries, int64_t 
                 break
             prev_phy = phy
             keep += 1
-        for i in range(keep, count):
-            ep = ents + i * 20
-            rmq_st64(ep, 0)
-            rmq_st64(ep + 8, 0)
-            rmq_st32(ep + 16, 0)
         for s in range(slots):
             sv = rmq_ld32(b + HDR + s * 4)
-            while sv >= keep:     # newer entries chain back to older ones: stop in the prefix
+            while sv >= keep:     # cut entries link back to older ones: follow them into the prefix
                 prev = rmq_ld32(ents + <int64_t>sv * 20 + 16) if sv < count else 0
                 sv = prev if 0 < prev < sv else 0
             if sv < 0:
@@ -298,6 +298,11 @@ def truncate_entries(MappedSegment seg, int32_t slots, int32_t entries, int64_t 
             rmq_st32(b + HDR + s * 4, sv)
             if sv:
                 used += 1
+        for i in range(keep, count):   # only now: the walk above reads their links
+            ep = ents + i * 20
+            rmq_st64(ep, 0)
+            rmq_st64(ep + 8, 0)
+            rmq_st32(ep + 16, 0)
     if keep > 1:
         ep = ents + <int64_t>(keep - 1) * 20
         rmq_st64(b + 24, rmq_ld64(ep + 4))
@@ -403,6 +408,24 @@ cdef class IndexFiles:
                 else:
                     seg.pins -= 1
 
+    cdef void prefetch_chain(self, bint *pinned, int32_t h, bint entry) noexcept nogil:
+        """Start loading the slot of hash ``h`` in every file, or with ``entry`` the newest
+        entry its (by now cached) slot names: a batch of keys is walked AHEAD keys behind."""
+        cdef Py_ssize_t i
+        cdef const char *slot
+        cdef int32_t idx, count
+        for i in range(self.n):
+            if not pinned[i]:
+                continue
+            slot = self.views[i].base + HDR + <int64_t>(h % self.views[i].slots) * 4
+            if not entry:
+                __builtin_prefetch(slot)
+                continue
+            idx = rmq_ld32(slot)
+            count = min(rmq_ld32(self.views[i].base + 36), self.views[i].entries)
+            if 0 < idx < count:
+                __builtin_prefetch(self.views[i].base + HDR + <int64_t>self.views[i].slots * 4 + <int64_t>idx * 20)
+
     cdef Py_ssize_t walk(self, bint *pinned, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
                          int64_t *out) noexcept nogil:
         """IndexService.queryOffset over all files, newest first."""
@@ -482,7 +505,7 @@ cdef class IndexFiles:
         GIL released: (offsets i64, bounds i64 of len(keys)+1), the offsets of key i being
         ``offsets[bounds[i]:bounds[i+1]]`` sorted ascending; with ``log``, a list per key of
         its messages as ``query_messages`` finds them."""
-        cdef Py_ssize_t nk, i, n = 0, tlen, klen, cap_k = 0, mn
+        cdef Py_ssize_t nk, i, j, n = 0, tlen, klen, cap_k = 0, mn
         cdef int64_t b, e
         cdef const char *t
         cdef const char *k
@@ -517,6 +540,10 @@ cdef class IndexFiles:
                 with nogil:
                     bd[0] = 0
                     for i in range(nk):
+                        if i + 2 * AHEAD < nk:
+                            self.prefetch_chain(pinned, hs[i + 2 * AHEAD], False)
+                        if i + AHEAD < nk:
+                            self.prefetch_chain(pinned, hs[i + AHEAD], True)
                         n = self.walk(pinned, hs[i], b, e, mn, out + bd[i])
                         sort_i64(out + bd[i], n)
                         bd[i + 1] = bd[i] + n
@@ -525,9 +552,15 @@ cdef class IndexFiles:
         finally:
             free(buf)
             free(pinned)
-        if log is not None:
-            return [keyed_messages(log, topic, keys[i], out + bd[i], bd[i + 1] - bd[i]) for i in range(nk)]
-        return offsets[:bd[nk]], bounds
+        if log is None:
+            return offsets[:bd[nk]], bounds
+        found = []
+        for i in range(nk):
+            if i + AHEAD < nk:
+                for j in range(bd[i + AHEAD], bd[i + AHEAD + 1]):
+                    prefetch_at(log, out[j])
+            found.append(keyed_messages(log, topic, keys[i], out + bd[i], bd[i + 1] - bd[i]))
+        return found
 
 
 cdef int limits(object topic, object max_num, object begin, object end, Py_ssize_t cap,

@@ -1,8 +1,8 @@
 """The ``checkpoint`` file: the store times up to which each structure is durable."""
-import os
 import struct
 
 from rmqstore.errors import CorruptStoreError
+from rmqstore.files import write_atomic
 
 PAGE = 4096
 _FIELDS = struct.Struct(">qqqqq")
@@ -64,19 +64,7 @@ class Checkpoint:
         return head.ljust(PAGE, b"\0")
 
     def flush(self):
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
-        try:
-            os.write(fd, self.to_bytes())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomic(self.path, self.to_bytes(), self.file_mode)
 
     def as_dict(self):
         return {"physicMsgTimestamp": self.physic_msg_timestamp, "logicsMsgTimestamp": self.logics_msg_timestamp,

@@ -4,6 +4,7 @@ import logging
 import threading
 
 from rmqstore import _codec, _cq
+from rmqstore.errors import CorruptRecordError, StoreIOError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class Dispatcher:
         self.reput_from = reput_from
         self.batch_records = batch_records
         self.consumers = []
-        self.error = None
+        self.error = None      # why dispatch stopped for good (a corrupt record, a bug)
+        self.stalled = None    # the OSError it is retrying after (full disk)
         self._topic_numbers = {}   # topic bytes -> index in _topic_names
         self._topic_names = []
         self._cond = threading.Condition()
@@ -100,29 +102,49 @@ class Dispatcher:
         self._thread.start()
 
     def _loop(self):
+        backoff = 0.0
         while not self._stop:
             try:
                 busy = self.run_once()
-            except Exception as e:   # a consumer failed: stop rather than skip messages
+            except OSError as e:   # e.g. no room for a new CQ file: retry the batch, skip nothing
+                if self.stalled is None:
+                    log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
+                self.stalled = e
+                with self._cond:
+                    self._cond.notify_all()
+                backoff = min(1.0, backoff * 2 or 0.01)
+                self._wake.wait(backoff)
+                self._wake.clear()
+                continue
+            except Exception as e:   # a bug in a consumer: stop rather than skip messages
                 log.exception("dispatch failed")
                 self.error = f"dispatch failed: {e!r}"
                 with self._cond:
                     self._cond.notify_all()
                 return
+            if self.stalled is not None:
+                log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
+                self.stalled = None
+            backoff = 0.0
             if not busy:
                 self._wake.wait(0.001)
                 self._wake.clear()
 
     def wait_dispatched(self, timeout=None):
         """Block until everything written before the call is dispatched; False on timeout.
-        Raises CorruptRecordError if dispatch stopped at a bad record."""
-        from rmqstore.errors import CorruptRecordError
+        Raises CorruptRecordError if dispatch stopped at a bad record, and StoreIOError
+        when it is stalled by an I/O error (full disk) and no timeout was given."""
         target = self.commitlog.max_offset
         self._wake.set()
         with self._cond:
-            ok = self._cond.wait_for(lambda: self.reput_from >= target or self.error is not None, timeout)
-        if self.error is not None and self.reput_from < target:
-            raise CorruptRecordError(self.error)
+            ok = self._cond.wait_for(lambda: self.reput_from >= target or self.error is not None
+                                     or (timeout is None and self.stalled is not None), timeout)
+        if self.reput_from < target:
+            if self.error is not None:
+                raise CorruptRecordError(self.error)
+            if timeout is None and self.stalled is not None:
+                e = self.stalled
+                raise StoreIOError(e.errno, f"dispatch stalled: {e.strerror or e}", e.filename) from e
         return ok
 
     def stop(self):

@@ -10,6 +10,7 @@ import numpy as np
 from rmqstore import _index
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
+from rmqstore.files import make_dirs
 
 log = logging.getLogger(__name__)
 LONG_MAX = (1 << 63) - 1
@@ -141,7 +142,7 @@ class IndexService:
         cfg = self.config
         slots, entries = (self.files[-1].slots, self.files[-1].entries) if self.files else \
             (cfg.index_slots, cfg.index_entries)
-        os.makedirs(self.directory, mode=cfg.dir_mode, exist_ok=True)
+        make_dirs(self.directory, cfg.dir_mode)
         ms = time.time_ns() // 1_000_000
         while True:
             path = os.path.join(self.directory, file_name(ms))

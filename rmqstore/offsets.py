@@ -4,6 +4,7 @@ import os
 import threading
 
 from rmqstore.errors import CorruptStoreError
+from rmqstore.files import make_dirs, write_atomic
 
 
 class ConsumerOffsets:
@@ -46,17 +47,5 @@ class ConsumerOffsets:
                 return
             body = {"offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in self.table.items()}}
             self.dirty = False
-        os.makedirs(os.path.dirname(self.path), mode=self.dir_mode, exist_ok=True)
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
-        try:
-            os.write(fd, json.dumps(body, indent=2, ensure_ascii=False).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(os.path.dirname(self.path), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        make_dirs(os.path.dirname(self.path), self.dir_mode)
+        write_atomic(self.path, json.dumps(body, indent=2, ensure_ascii=False).encode(), self.file_mode)

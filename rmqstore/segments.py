@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
+from rmqstore.files import make_dirs
 
 
 def segment_name(offset):
@@ -120,7 +121,7 @@ class SegmentQueue:
 
     # -- writing ------------------------------------------------------------------------
     def _open_new(self, offset):
-        os.makedirs(self.directory, mode=self.dir_mode, exist_ok=True)
+        make_dirs(self.directory, self.dir_mode)
         seg = MappedSegment(os.path.join(self.directory, segment_name(offset)), offset, self.file_size,
                             create=True, mode=self.file_mode)
         seg.wrote_pos = seg.flushed_pos = 0

@@ -23,6 +23,7 @@ from rmqstore.recovery import recover_commitlog
 from rmqstore.segments import detect_file_size
 from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 from rmqstore.verify import verify_store
+from rmqstore.files import make_dirs
 
 log = logging.getLogger(__name__)
 _NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
@@ -68,7 +69,7 @@ class MessageStore:
             if not os.path.isdir(self.path):
                 raise FileNotFoundError(2, "store directory does not exist", self.path)
         else:
-            os.makedirs(self.path, mode=cfg.dir_mode, exist_ok=True)
+            make_dirs(self.path, cfg.dir_mode)
             self._acquire_lock(cfg)
         try:
             self._open(cfg, progress)

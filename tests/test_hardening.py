@@ -48,8 +48,6 @@ def test_store_files_are_owner_only_by_default(tmp_path, umask_022, file_mode, d
     assert os.stat(path).st_mode & 0o777 == dir_mode
 
 
-@pytest.mark.xfail(strict=True, reason="segments.SegmentQueue._open_new calls os.makedirs(directory, mode=...), "
-                   "which creates the missing parents (consumequeue/, consumequeue/{topic}/) with 0o777 & ~umask")
 def test_consume_queue_parent_dirs_are_owner_only(tmp_path, umask_022):
     _, got = _store_modes(tmp_path)
     assert {got["consumequeue"], got["consumequeue/T0"], got["consumequeue/T1"]} == {0o700}
@@ -115,9 +113,6 @@ def test_full_disk_on_append(tiny_disk):
         assert rep.ok and rep.records == len(acked) + 1, rep.problems
 
 
-@pytest.mark.xfail(strict=True, reason="dispatch.Dispatcher stops for good on any consumer error: a consume-queue "
-                   "file that cannot be created for lack of space is never retried (wait_dispatched raises "
-                   "CorruptRecordError) until the store is reopened")
 def test_full_disk_on_consume_queue_roll_resumes(tiny_disk):
     cfg = _cfg(commitlog_file_size=512 << 10, consume_queue_entries=20)
     with MessageStore(tiny_disk / "store", cfg) as s:
