@@ -35,3 +35,4 @@ cdef int parse_record(const char *p, int64_t avail, bint check_crc, RecView *r) 
 cdef MessageExt build_ext(const char *p, RecView *r, int64_t store_offset)
 cdef int record_at(list segs, int64_t offset, bint check_crc, RecView *r, const char **p) except -100
 cdef int raise_read_error(int code, int64_t offset, RecView *r) except -1
+cdef void prefetch_at(list segs, int64_t offset) noexcept

@@ -23,6 +23,9 @@ from rmqstore._cq import ENTRY_DTYPE
 
 cnp.import_array()
 
+cdef extern from *:
+    void __builtin_prefetch(const void *p) nogil
+
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
 
@@ -479,26 +482,30 @@ cdef inline int parse_at(const char *base, int64_t size, int64_t limit, int64_t 
     return parse_record(base + pos, limit - pos, check_crc, r)
 
 
+cdef inline Py_ssize_t seg_index(list segs, int64_t offset) noexcept:
+    """Index of the last segment of ``segs`` whose base is <= ``offset`` (-1: none)."""
+    cdef Py_ssize_t lo = 0, hi = PyList_GET_SIZE(segs), mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if (<MappedSegment>segs[mid]).base_offset <= offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
 cdef int record_at(list segs, int64_t offset, bint check_crc, RecView *r, const char **p) except -100:
     """Parse the record starting at commitlog ``offset`` in ``segs`` (a snapshot of the
     segment list, ascending): REC_OK with ``*p`` at it; REC_NOSEG, REC_END or REC_BLANK
     when no message starts there; a negative REC_* when it is invalid (REC_PLACE: it says
     it is elsewhere). A closed segment raises StoreClosedError. ``*p`` stays valid while
     the caller holds the GIL (unmapping needs it)."""
-    cdef Py_ssize_t lo = 0, hi = PyList_GET_SIZE(segs), mid
+    cdef Py_ssize_t i = seg_index(segs, offset)
     cdef MappedSegment seg
     cdef int code
-    if offset < 0:
+    if offset < 0 or i < 0:
         return REC_NOSEG
-    while lo < hi:      # past the last segment whose base is <= offset
-        mid = (lo + hi) >> 1
-        if (<MappedSegment>segs[mid]).base_offset <= offset:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo == 0:
-        return REC_NOSEG
-    seg = <MappedSegment>segs[lo - 1]
+    seg = <MappedSegment>segs[i]
     if seg.closing or seg.unmapped:
         raise StoreClosedError(f"{seg.path}: segment is closed")
     if offset - seg.base_offset >= seg.m.size:
@@ -509,6 +516,22 @@ cdef int record_at(list segs, int64_t offset, bint check_crc, RecView *r, const 
             return REC_PLACE
         p[0] = seg.m.base + (offset - seg.base_offset)
     return code
+
+
+cdef void prefetch_at(list segs, int64_t offset) noexcept:
+    """Start loading the first 256 bytes of the record at commitlog ``offset`` into cache
+    (GIL held; nothing is read), so that a later record_at does not wait for memory."""
+    cdef Py_ssize_t i = seg_index(segs, offset)
+    cdef MappedSegment seg
+    cdef int64_t pos, k
+    if offset < 0 or i < 0:
+        return
+    seg = <MappedSegment>segs[i]
+    pos = offset - seg.base_offset
+    if seg.closing or seg.unmapped or pos + 256 > seg.wrote_pos or pos + 256 > seg.m.size:
+        return
+    for k in range(0, 256, 64):
+        __builtin_prefetch(seg.m.base + pos + k)
 
 
 cdef str read_error_text(int code, int64_t offset, RecView *r):
@@ -886,31 +909,33 @@ cdef struct SegRef:
     int64_t limit           # published write position when pinned
 
 
-cdef inline const char *seg_ref_find(SegRef *refs, Py_ssize_t n, int64_t offset, RecView *r, bint check_crc,
-                                     int32_t size) noexcept nogil:
-    """The record at commitlog ``offset`` in the pinned ``refs`` when it is valid, there,
-    and ``size`` bytes long; NULL otherwise."""
+cdef inline Py_ssize_t seg_ref_index(SegRef *refs, Py_ssize_t n, int64_t offset) noexcept nogil:
+    """Index of the last pinned segment whose base is <= ``offset`` (-1: none)."""
     cdef Py_ssize_t lo = 0, hi = n, mid
-    cdef int64_t pos
     while lo < hi:
         mid = (lo + hi) >> 1
         if refs[mid].base_offset <= offset:
             lo = mid + 1
         else:
             hi = mid
-    if lo == 0:
+    return lo - 1
+
+
+cdef inline const char *seg_ref_find(SegRef *refs, Py_ssize_t n, int64_t offset, RecView *r, bint check_crc,
+                                     int32_t size) noexcept nogil:
+    """The record at commitlog ``offset`` in the pinned ``refs`` when it is valid, there,
+    and ``size`` bytes long; NULL otherwise."""
+    cdef Py_ssize_t i = seg_ref_index(refs, n, offset)
+    cdef int64_t pos
+    if i < 0:
         return NULL
-    pos = offset - refs[lo - 1].base_offset
-    if pos >= refs[lo - 1].size or parse_at(refs[lo - 1].base, refs[lo - 1].size, refs[lo - 1].limit, pos,
-                                            check_crc, r) != REC_OK:
+    pos = offset - refs[i].base_offset
+    if pos >= refs[i].size or parse_at(refs[i].base, refs[i].size, refs[i].limit, pos, check_crc, r) != REC_OK:
         return NULL
     if r.phy_offset != offset or r.total != size:
         return NULL
-    return refs[lo - 1].base + pos
+    return refs[i].base + pos
 
-
-cdef extern from *:
-    void __builtin_prefetch(const void *p) nogil
 
 cdef enum:
     PREFETCH = 16           # records ahead: a queue's records are scattered through the log
@@ -918,23 +943,17 @@ cdef enum:
 
 cdef inline void prefetch_record(SegRef *refs, Py_ssize_t n, int64_t offset, int32_t size) noexcept nogil:
     """Start loading the record at commitlog ``offset`` (up to 512 bytes of it) into cache."""
-    cdef Py_ssize_t lo = 0, hi = n, mid
-    cdef int64_t pos, i
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if refs[mid].base_offset <= offset:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo == 0 or size <= 0:
+    cdef Py_ssize_t i = seg_ref_index(refs, n, offset)
+    cdef int64_t pos, k
+    if i < 0 or size <= 0:
         return
-    pos = offset - refs[lo - 1].base_offset
-    if pos + size > refs[lo - 1].limit:
+    pos = offset - refs[i].base_offset
+    if pos + size > refs[i].limit:
         return
-    i = 0
-    while i < size and i < 512:
-        __builtin_prefetch(refs[lo - 1].base + pos + i)
-        i += 64
+    k = 0
+    while k < size and k < 512:
+        __builtin_prefetch(refs[i].base + pos + k)
+        k += 64
 
 
 def decode_entries(list log, cnp.ndarray entries, bint check_crc=False):
