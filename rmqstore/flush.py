@@ -39,11 +39,14 @@ class FlushService:
         self.error = None
 
     def start(self):
-        targets = [self._logics_loop]
-        if self.config.flush_mode == "async":
-            targets.append(self._commitlog_loop)
-        for t in targets:
-            th = threading.Thread(target=t, name=f"rmq-{t.__name__.strip('_')}", daemon=True)
+        cfg = self.config
+        loops = [("logics", cfg.flush_cq_interval_ms, cfg.flush_cq_least_pages, cfg.flush_cq_thorough_interval_ms,
+                  self.flush_logics)]
+        if cfg.flush_mode == "async":
+            loops.append(("commitlog", cfg.flush_interval_ms, cfg.flush_least_pages, cfg.flush_thorough_interval_ms,
+                          self.flush_commitlog))
+        for name, *args in loops:
+            th = threading.Thread(target=self._periodic, args=args, name=f"rmq-flush-{name}", daemon=True)
             th.start()
             self._threads.append(th)
 
@@ -81,30 +84,17 @@ class FlushService:
             if self.commitlog.flushed_offset < offset:
                 self._flush_locked(0)
 
-    def _commitlog_loop(self):
-        cfg = self.config
+    def _periodic(self, interval_ms, least_pages, thorough_ms, flush):
+        """Call ``flush(least_pages)`` every ``interval_ms``, with 0 (everything) once per
+        ``thorough_ms``; the first I/O error ends the loop (invariant 4)."""
         last_thorough = time.monotonic()
-        while not self._stop.wait(cfg.flush_interval_ms / 1000):
-            least = cfg.flush_least_pages
-            now = time.monotonic()
-            if (now - last_thorough) * 1000 >= cfg.flush_thorough_interval_ms:
+        while not self._stop.wait(interval_ms / 1000):
+            least, now = least_pages, time.monotonic()
+            if (now - last_thorough) * 1000 >= thorough_ms:
                 least, last_thorough = 0, now
             try:
-                self.flush_commitlog(least)
-            except StoreReadOnlyError:
-                return
-
-    def _logics_loop(self):
-        cfg = self.config
-        last_thorough = time.monotonic()
-        while not self._stop.wait(cfg.flush_cq_interval_ms / 1000):
-            least = cfg.flush_cq_least_pages
-            now = time.monotonic()
-            if (now - last_thorough) * 1000 >= cfg.flush_cq_thorough_interval_ms:
-                least, last_thorough = 0, now
-            try:
-                self.flush_logics(least)
-            except OSError as e:
+                flush(least)
+            except (OSError, StoreReadOnlyError) as e:
                 self._fail(e)
                 return
 
