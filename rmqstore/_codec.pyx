@@ -230,18 +230,25 @@ def parse_msg_id(str msg_id):
 
 # ---------------------------------------------------------------------------- properties
 
+cdef inline int32_t next_pair(const char *p, int32_t n, int32_t i, int32_t *k) noexcept nogil:
+    """The end (next \\x02 or ``n``) of the name\\x01value pair starting at ``i``; ``k`` gets
+    the position of its \\x01 (== the end when there is none)."""
+    cdef int32_t j = i
+    while j < n and p[j] != b'\x02':
+        j += 1
+    k[0] = i
+    while k[0] < j and p[k[0]] != b'\x01':
+        k[0] += 1
+    return j
+
+
 cdef dict parse_properties(const char *p, int32_t n):
     """RocketMQ string2messageProperties: name\\x01value pairs joined by \\x02; pairs with an
     empty name or value are dropped, a trailing separator is allowed."""
     cdef dict out = {}
     cdef int32_t i = 0, j, k
     while i < n:
-        j = i
-        while j < n and p[j] != b'\x02':
-            j += 1
-        k = i
-        while k < j and p[k] != b'\x01':
-            k += 1
+        j = next_pair(p, n, i, &k)
         if k > i and k < j - 1:
             out[PyUnicode_DecodeUTF8(p + i, k - i, "replace")] = PyUnicode_DecodeUTF8(p + k + 1, j - k - 1, "replace")
         i = j + 1
@@ -254,12 +261,7 @@ cdef int find_property(const char *p, int32_t n, const char *name, int32_t nlen,
     cdef int32_t i = 0, j, k
     cdef int found = 0
     while i < n:
-        j = i
-        while j < n and p[j] != b'\x02':
-            j += 1
-        k = i
-        while k < j and p[k] != b'\x01':
-            k += 1
+        j = next_pair(p, n, i, &k)
         if k - i == nlen and k < j - 1 and memcmp_(p + i, name, nlen):
             voff[0] = k + 1
             vlen[0] = j - k - 1
@@ -350,9 +352,12 @@ cdef class PutResult:
                 f"topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset})")
 
 
+@cython.no_gc
 cdef class MessageExt:
     """A stored message, decoded from its record. Numeric fields are parsed eagerly;
-    topic, body and properties are decoded from the record bytes on first access."""
+    topic, body and properties are decoded from the record bytes on first access. Not
+    GC-tracked (batch reads build many): it refers only to bytes, str and its properties
+    dict, so it cannot be part of a cycle unless stored into that dict."""
 
     @property
     def phy_offset(self): return self.r.phy_offset
