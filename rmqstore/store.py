@@ -505,8 +505,11 @@ class MessageStore:
         """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest
         first: query_offsets minus hash collisions (each candidate's record is checked in
         place, in C, before a message is built)."""
-        return self._index_or_raise().view.query_messages(self.commitlog.segments.segments, topic, key, max_num,
-                                                          begin, end, self.config.max_msgs_num_batch)
+        index = self.index
+        if index is None or self._closed:
+            self._index_or_raise()
+        return index.view.query_messages(self.commitlog.segments.segments, topic, key, max_num, begin, end,
+                                         self.config.max_msgs_num_batch)
 
     def query_keys(self, topic, keys, max_num=64, begin=0, end=None):
         """query_by_key for many keys in one index pass; a list per key, in ``keys`` order."""
