@@ -92,7 +92,7 @@ def spark():
 
 def _write_store(path, n, topics=("TopicA", "TopicB"), start=0):
     from rmqstore import Message, MessageStore, StoreConfig
-    cfg = StoreConfig(commitlog_file_size=64 * 1024, consume_queue_entries=20)
+    cfg = StoreConfig(commitlog_file_size=64 * 1024, consume_queue_entries=20, index_slots=64, index_entries=256)
     with MessageStore(path, cfg) as st:
         for i in range(start, start + n):
             st.put(Message(topics[i % len(topics)], f"body-{path.name}-{i}".encode() * (i % 7 + 1),
@@ -129,18 +129,61 @@ def test_query_by_key_across_stores(spark, clean_498, tmp_path):
 
 
 @pytest.mark.spark
-def test_rebuild_consume_queues_byte_identical(spark, tmp_path):
+def test_export_parquet_partitioned_by_topic_and_date(spark, clean_498, tmp_path):
+    from collections import Counter
+    from datetime import datetime, timezone
+    from rmqstore.spark import jobs
+    store, manifest = clean_498
+    _write_store(tmp_path / "s1", 50, topics=("%RETRY%g|x",))
+    summary = jobs.export(spark, [str(store), str(tmp_path / "s1")], tmp_path / "pq")
+    msgs = manifest["messages"]
+    assert summary["messages"] == len(msgs) + 50 and summary["bytes"] == sum(m["storeSize"] for m in msgs) + \
+        sum(len(c["phy_offset"]) and int(c["store_size"].sum())
+            for p, b, _ in batch.segment_files(tmp_path / "s1") for c in batch.iter_columns(p, b))
+    df = spark.read.parquet(str(tmp_path / "pq"))
+    rows = {(r.store, r.phy_offset): r for r in df.collect()}
+    assert Counter(r.topic for r in rows.values()) == Counter([m["topic"] for m in msgs] + ["%RETRY%g|x"] * 50)
+    for m in msgs[::50]:
+        r = rows[(str(store), m["commitLogOffset"])]
+        assert _actual(r.asDict()) == _expected(m)
+        assert r.date == datetime.fromtimestamp(m["storeTimestamp"] / 1000, timezone.utc).date()
+
+
+def _files(root, sub):
+    """{relative path: bytes} of every file under ``root/sub``; index files (named by creation
+    time) by their rank instead."""
+    top = os.path.join(root, sub)
+    if sub == "index":
+        return {i: open(os.path.join(top, n), "rb").read() for i, n in enumerate(sorted(os.listdir(top)))}
+    return {os.path.relpath(os.path.join(d, f), top): open(os.path.join(d, f), "rb").read()
+            for d, _, fs in os.walk(top) for f in fs}
+
+
+@pytest.mark.spark
+def test_rebuild_byte_identical_to_incremental_dispatch(spark, tmp_path):
     from rmqstore.spark import jobs
     store = tmp_path / "s"
     cfg = _write_store(store, 400, topics=("TopicA", "TopicB", "TopicC"))
-    result, summary = jobs.rebuild(spark, str(store), str(tmp_path / "cq"), cfg)
+    result, summary = jobs.rebuild(spark, str(store), str(tmp_path / "out"), cfg)
     assert summary["messages"] == 400 and len(result) == 3 * cfg.default_queue_nums
-    orig = {os.path.relpath(os.path.join(d, f), store / "consumequeue")
-            for d, _, fs in os.walk(store / "consumequeue") for f in fs}
-    new = {os.path.relpath(os.path.join(d, f), tmp_path / "cq") for d, _, fs in os.walk(tmp_path / "cq") for f in fs}
-    assert orig == new and len(orig) > 12
-    for rel in orig:
-        assert (store / "consumequeue" / rel).read_bytes() == (tmp_path / "cq" / rel).read_bytes(), rel
+    assert (summary["index_files"], summary["index_entries"]) == (2, 400 + 40)   # k<i> and "hot": 255 a file
+    for sub, at_least in (("consumequeue", 13), ("index", 2)):
+        want, got = _files(store, sub), _files(tmp_path / "out", sub)
+        assert len(want) >= at_least and got == want, sub
+
+
+@pytest.mark.spark
+def test_rebuild_fixture_byte_identical_to_rocketmq(spark, clean_498, tmp_path):
+    from rmqstore import StoreConfig
+    from rmqstore.spark import jobs
+    store, manifest = clean_498
+    cfg = StoreConfig(consume_queue_entries=100, index_slots=1000, index_entries=4000, warm_mapped_file=False)
+    _, summary = jobs.rebuild(spark, str(store), str(tmp_path), cfg)
+    assert summary["messages"] == sum(m["inConsumeQueue"] for m in manifest["messages"])
+    for sub in ("consumequeue", "index"):
+        want, got = _files(store, sub), _files(tmp_path, sub)
+        assert len(want) > 1 and got.keys() == want.keys(), sub
+        assert [k for k in want if got[k] != want[k]] == [], sub
 
 
 @pytest.mark.spark

@@ -1,4 +1,5 @@
-"""Pipeline jobs over many stores: export to Parquet, rebuild consume queues, query, verify.
+"""Pipeline jobs over many stores: export to Parquet, rebuild consume queues and index
+files, query, verify.
 
 Each job is a function taking a SparkSession and returning a result plus a summary dict;
 ``main(argv)`` runs them as ``rmqstore spark export|rebuild|query|verify``. Spark's console
@@ -7,36 +8,98 @@ progress bar shows progress; each job ends with a one-line summary.
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import unquote
 
 import numpy as np
 
-from rmqstore import batch
+from rmqstore import MessageStore, batch
+from rmqstore.checkpoint import Checkpoint
 from rmqstore.config import StoreConfig
+from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import InvalidArgumentError
+from rmqstore.index import IndexService
 from rmqstore.segments import segment_name
-from rmqstore.spark.source import NAME, find_stores, plan
+from rmqstore.spark.source import NAME, Scan, find_stores, plan
 
 _ENTRY = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _HOLE = (0, 0x7FFFFFFF, 0)   # RocketMQ's fillPreBlank entry
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
 
+def _tasks(spark):
+    """Partitions to ask for: two per core, so a slow task does not idle the others."""
+    return 2 * spark.sparkContext.defaultParallelism
+
+
 def read(spark, stores, **options):
     """The stores as a DataFrame (the "rocketmq" source; ``options`` as strings)."""
+    options.setdefault("minPartitions", _tasks(spark))
     return spark.read.format(NAME).options(**{k: str(v) for k, v in options.items()}).load(list(stores))
 
 
-def export(spark, stores, out_dir, mode="fail"):
-    """Write the stores' messages to Parquet under ``out_dir``, partitioned by topic and
-    store date (UTC). Returns a summary (messages, commitlog bytes, seconds, MB/s)."""
-    from pyspark.sql import functions as F
+_PATH_ESCAPE = frozenset(map(chr, range(0x20))) | frozenset('"#%\'*/:=?\\\x7f{[]^')
+
+
+def _spark_path_name(value):
+    """A partition value as Spark writes it in a path (ExternalCatalogUtils.escapePathName:
+    the listed characters as %XX, the rest verbatim), so Spark's reader gets it back."""
+    return "".join(f"%{ord(c):02X}" if c in _PATH_ESCAPE else c for c in value)
+
+
+def _export_part(scan, index, part, out_dir, compression):
+    """Write partition number ``index``'s records as Parquet files under ``out_dir`` in
+    Spark's layout topic=/date=, with pyarrow; returns (messages, commitlog bytes). Files
+    are written under ``_temporary/index/`` first, then moved into place."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    schema = batch.arrow_schema().append(pa.field("date", pa.date32()))
+    seen = [0, 0]
+
+    def batches():
+        for path, base, start, end in part.pieces:
+            for rb in scan.read(part.store, path, base, start, end):
+                seen[0] += rb.num_rows
+                seen[1] += pc.sum(rb.column("store_size")).as_py()
+                yield rb.append_column("date", pc.cast(rb.column("store_timestamp"), pa.date32()))
+
+    tmp = os.path.join(out_dir, "_temporary", str(index))
+    ds.write_dataset(batches(), tmp, schema=schema, format="parquet", partitioning=["topic", "date"],
+                     partitioning_flavor="hive", basename_template=f"part-{index:05d}-{{i}}.parquet",
+                     file_options=ds.ParquetFileFormat().make_write_options(compression=compression),
+                     min_rows_per_group=1 << 14, use_threads=False)
+    for d, _, files in os.walk(tmp):   # pyarrow URI-encodes values; Spark would misread UTF-8 that way
+        dirs = [seg.split("=", 1) for seg in os.path.relpath(d, tmp).split(os.sep) if "=" in seg]
+        final = os.path.join(out_dir, *(f"{k}={_spark_path_name(unquote(v))}" for k, v in dirs))
+        for f in files:
+            os.makedirs(final, exist_ok=True)
+            os.replace(os.path.join(d, f), os.path.join(final, f))
+    return tuple(seen)
+
+
+def export(spark, stores, out_dir, mode="fail", compression="snappy"):
+    """Write the stores' messages to Parquet under ``out_dir`` (replaced), partitioned by
+    topic and store date (UTC) in the Hive layout ``spark.read.parquet`` reads back (with
+    ``topic`` and ``date`` columns). Each task decodes its commitlog range and writes its own
+    files with pyarrow: no shuffle, no sort, no row conversion in the JVM. ``out_dir`` must
+    be a path every executor sees (any path in local mode). Returns a summary (messages,
+    commitlog bytes, seconds, MB/s)."""
     t0 = time.perf_counter()
-    df = read(spark, stores, mode=mode).withColumn("date", F.to_date("store_timestamp"))
-    df.write.mode("overwrite").partitionBy("topic", "date").parquet(str(out_dir))
-    row = spark.read.parquet(str(out_dir)).agg(F.count("*").alias("n"), F.sum("store_size").alias("b")).first()
-    return _summary("export", t0, row["n"], row["b"] or 0, out=str(out_dir))
+    stores = find_stores(stores)
+    scan = Scan({"paths": json.dumps(stores), "mode": mode})
+    parts = plan(stores, scan.split_bytes, _tasks(spark))
+    out_dir = os.path.abspath(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    done = spark.sparkContext.parallelize(list(enumerate(parts)), max(1, len(parts))) \
+        .map(lambda ip: _export_part(scan, *ip, out_dir, compression)).collect()
+    shutil.rmtree(os.path.join(out_dir, "_temporary"), ignore_errors=True)
+    open(os.path.join(out_dir, "_SUCCESS"), "wb").close()
+    return _summary("export", t0, sum(n for n, _ in done), sum(b for _, b in done), out=out_dir)
 
 
 def query(spark, stores, topic=None, key=None, uniq_key=None, begin=None, end=None):
@@ -83,7 +146,7 @@ def verify(spark, stores):
     problems (segment layout) and ok."""
     t0 = time.perf_counter()
     stores = find_stores(stores)
-    parts = [(r.store, r.pieces) for r in plan(stores, 128 << 20)]
+    parts = [(r.store, r.pieces) for r in plan(stores, min_partitions=_tasks(spark))]
     sc = spark.sparkContext
     merged = sc.parallelize(parts, max(1, len(parts))).mapPartitions(_verify_pieces) \
         .reduceByKey(lambda a, b: {k: a[k] + b[k] for k in a}).collectAsMap()
@@ -116,7 +179,8 @@ def _cq_entries(parts, delays):
                     tags[i] = cols["store_timestamp"][i] + delays[min(int(level), len(delays)) - 1]
             for i in np.nonzero((tx != 0x4) & (tx != 0xC))[0]:
                 out.setdefault((topics[i], int(cols["queue_id"][i])), []).append(
-                    (int(cols["queue_offset"][i]), int(cols["phy_offset"][i]), int(cols["store_size"][i]), int(tags[i])))
+                    (int(cols["queue_offset"][i]), int(cols["phy_offset"][i]), int(cols["store_size"][i]),
+                     int(tags[i])))
     return list(out.items())
 
 
@@ -160,25 +224,52 @@ def write_consume_queue(directory, rows, entries_per_file):
     return len(rows), nfiles
 
 
+def rebuild_index(store, out_root, config=None):
+    """Rebuild a store's index files into ``out_root/index/`` by replaying its commitlog
+    through IndexService in order, as incremental dispatch does (sequential by nature).
+    Returns (files, entries)."""
+    with MessageStore(store, config, read_only=True) as src:
+        cl = src.commitlog
+        index = IndexService(out_root, src.config, Checkpoint(os.path.join(out_root, "checkpoint")))
+        try:
+            index.load(True, cl.max_offset)
+            dispatcher = Dispatcher(cl, cl.min_offset)
+            dispatcher.add(index.dispatch)
+            dispatcher.catch_up()
+            index.flush()
+            return len(index.files), sum(f.count - 1 for f in index.files)
+        finally:
+            index.close()
+
+
 def rebuild(spark, store, out_dir=None, config=None):
-    """Rebuild a store's consume queues from its commitlog in parallel (one task per range of
-    segments decodes; one task per queue writes), into ``out_dir`` (default: the store's
-    ``consumequeue/``, which must not exist yet). Index files are not rebuilt yet.
-    Returns ({(topic, queue id): (entries, files)}, summary)."""
+    """Rebuild a store's consume queues and index files from its commitlog into
+    ``out_dir/consumequeue/`` and ``out_dir/index/`` (default ``out_dir``: the store; both
+    must be empty or absent), byte-identical to what incremental dispatch writes. Consume
+    queues are built in parallel (one task per commitlog range decodes, one task per queue
+    writes) while the driver replays the commitlog into the index (``config`` geometry;
+    skipped with ``message_index_enable`` off). Returns ({(topic, queue id): (entries,
+    files)}, summary)."""
     t0 = time.perf_counter()
     cfg = config or StoreConfig()
     store = find_stores([store])[0]
-    out_dir = os.path.abspath(out_dir or os.path.join(store, "consumequeue"))
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        raise InvalidArgumentError(f"{out_dir}: not empty; rebuild writes into a new directory")
+    out_dir = os.path.abspath(out_dir or store)
+    cq_dir = os.path.join(out_dir, "consumequeue")
+    for d in (cq_dir, os.path.join(out_dir, "index")):
+        if os.path.isdir(d) and os.listdir(d):
+            raise InvalidArgumentError(f"{d}: not empty; rebuild writes into a new directory")
     delays, per_file = cfg.delay_levels_ms(), cfg.consume_queue_entries
-    parts = [r.pieces for r in plan([store], 128 << 20)]
-    sc = spark.sparkContext
-    result = sc.parallelize(parts, max(1, len(parts))).flatMap(lambda p: _cq_entries(p, delays)) \
-        .reduceByKey(lambda a, b: a + b) \
-        .map(lambda kv: (kv[0], write_consume_queue(os.path.join(out_dir, kv[0][0], str(kv[0][1])), kv[1], per_file))) \
-        .collectAsMap()
-    return result, _summary("rebuild", t0, sum(e for e, _ in result.values()), 0, queues=len(result), out=out_dir)
+    parts = [r.pieces for r in plan([store], min_partitions=_tasks(spark))]
+    with ThreadPoolExecutor(1, "rmq-rebuild-index") as pool:
+        index = pool.submit(rebuild_index, store, out_dir, cfg) if cfg.message_index_enable else None
+        result = spark.sparkContext.parallelize(parts, max(1, len(parts))).flatMap(lambda p: _cq_entries(p, delays)) \
+            .reduceByKey(lambda a, b: a + b) \
+            .map(lambda kv: (kv[0], write_consume_queue(os.path.join(cq_dir, kv[0][0], str(kv[0][1])), kv[1],
+                                                        per_file))) \
+            .collectAsMap()
+        files, entries = index.result() if index else (0, 0)
+    return result, _summary("rebuild", t0, sum(e for e, _ in result.values()), 0, queues=len(result),
+                            index_files=files, index_entries=entries, out=out_dir)
 
 
 def _summary(job, t0, messages, nbytes, **extra):
@@ -196,10 +287,12 @@ def main(argv=None):
     p.add_argument("stores", nargs="+")
     p.add_argument("--out", required=True)
     p.add_argument("--mode", choices=batch.MODES, default="fail")
-    p = sub.add_parser("rebuild", help="rebuild a store's consume queues from its commitlog")
+    p = sub.add_parser("rebuild", help="rebuild a store's consume queues and index files from its commitlog")
     p.add_argument("store")
     p.add_argument("--out")
     p.add_argument("--entries-per-file", type=int, default=StoreConfig().consume_queue_entries)
+    p.add_argument("--index-slots", type=int, default=StoreConfig().index_slots)
+    p.add_argument("--index-entries", type=int, default=StoreConfig().index_entries)
     p = sub.add_parser("query", help="messages by key / unique key / time range")
     p.add_argument("stores", nargs="+")
     for opt in ("--topic", "--key", "--uniq-key", "--begin", "--end"):
@@ -216,7 +309,8 @@ def main(argv=None):
             status = 0
         elif args.job == "rebuild":
             _, summary = rebuild(spark, args.store, args.out,
-                                 StoreConfig(consume_queue_entries=args.entries_per_file))
+                                 StoreConfig(consume_queue_entries=args.entries_per_file,
+                                             index_slots=args.index_slots, index_entries=args.index_entries))
             status = 0
         elif args.job == "query":
             df = query(spark, args.stores, args.topic, args.key, args.uniq_key, args.begin, args.end)
