@@ -122,6 +122,9 @@ def test_query_by_key_across_stores(spark, clean_498, tmp_path):
     assert {h["commitLogOffset"] for h in q["hits"]} <= set(want) or len(q["hits"]) == 64
     hot = jobs.query(spark, [str(store), str(tmp_path / "*")], key="hot", topic="TopicA").collect()
     assert sorted(r.keys[0] for r in hot if r.store.endswith("s1")) == sorted(f"k{i}" for i in range(0, 120, 10))
+    m = next(m for m in manifest["messages"][1234:] if m["uniqKey"])
+    assert [r.phy_offset for r in jobs.query(spark, [str(store)], uniq_key=m["uniqKey"]).collect()] == \
+        [m["commitLogOffset"]]
     timed = jobs.query(spark, [str(store)], begin=manifest["messages"][100]["storeTimestamp"],
                        end=manifest["messages"][200]["storeTimestamp"]).count()
     assert timed == sum(manifest["messages"][100]["storeTimestamp"] <= m["storeTimestamp"]

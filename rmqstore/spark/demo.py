@@ -12,8 +12,9 @@ from rmqstore import Message, MessageStore, StoreConfig
 
 
 def write_stores(root, stores, messages, body_size=256):
-    """``stores`` stores of ``messages`` messages each (4 topics; every 1000th has key "hot")."""
-    paths = []
+    """``stores`` stores of ``messages`` messages each (4 topics; every 1000th has key "hot").
+    Returns (store paths, commitlog bytes written)."""
+    paths, nbytes = [], 0
     body = os.urandom(body_size)
     for s in range(stores):
         path = os.path.join(root, f"broker-{s}")
@@ -23,8 +24,14 @@ def write_stores(root, stores, messages, body_size=256):
                                       keys=[f"order-{s}-{i}"] + (["hot"] if i % 1000 == 0 else []))
                               for i in range(start, min(start + 1000, messages))])
             st.wait_dispatched(60)
+            nbytes += st.max_phy_offset - st.min_phy_offset
         paths.append(path)
-    return paths
+    return paths, nbytes
+
+
+def _rate(what, count, nbytes, secs):
+    """One figures line: ``what: count, N MB of commitlog in S s (R MB/s)``."""
+    return f"{what}: {count}, {nbytes / 1e6:.1f} MB of commitlog in {secs:.1f} s ({nbytes / 1e6 / secs:.0f} MB/s)"
 
 
 def main(argv=None):
@@ -37,19 +44,20 @@ def main(argv=None):
     root = args.dir or tempfile.mkdtemp(prefix="rmqstore-demo-")
     from rmqstore.spark import jobs, session
     t0 = time.perf_counter()
-    paths = write_stores(root, args.stores, args.messages)
-    t_write = time.perf_counter() - t0
-    print(f"wrote {args.stores} stores x {args.messages} messages in {t_write:.1f} s under {root}")
+    paths, nbytes = write_stores(root, args.stores, args.messages)
+    print(_rate(f"write {args.stores} stores under {root}", f"{args.stores * args.messages} messages", nbytes,
+                time.perf_counter() - t0))
+    t1 = time.perf_counter()
     spark = session(args.master, spark_sql_shuffle_partitions="4")
+    print(f"spark session ({spark.sparkContext.master}): started in {time.perf_counter() - t1:.1f} s")
     try:
         s = jobs.export(spark, paths, os.path.join(root, "parquet"))
-        print(f"export: {s['messages']} messages, {s['bytes'] / 1e6:.1f} MB of commitlog in {s['seconds']:.1f} s "
-              f"({s['mb_per_s']} MB/s) -> {s['out']}")
+        print(_rate("export to Parquet", f"{s['messages']} messages", s["bytes"], s["seconds"]) + f" -> {s['out']}")
         t1 = time.perf_counter()
         hits = jobs.query(spark, [os.path.join(root, "broker-*")], key="hot").select("store", "topic", "phy_offset") \
             .collect()
-        print(f"query key='hot' across {len(paths)} stores: {len(hits)} messages in "
-              f"{time.perf_counter() - t1:.1f} s")
+        print(_rate(f"query key='hot' across {len(paths)} stores", f"{len(hits)} hits scanning", nbytes,
+                    time.perf_counter() - t1))
     finally:
         spark.stop()
     print(f"total {time.perf_counter() - t0:.1f} s")

@@ -104,19 +104,10 @@ def export(spark, stores, out_dir, mode="fail", compression="snappy"):
 
 def query(spark, stores, topic=None, key=None, uniq_key=None, begin=None, end=None):
     """Messages of ``stores`` matching every given criterion: topic, a key (one of KEYS),
-    a unique key, store time in ``[begin, end)`` (epoch ms, ISO-8601 or datetime)."""
-    from pyspark.sql import functions as F
-    options = {"topic": topic} if topic else {}
-    if begin is not None:
-        options["since"] = begin
-    if end is not None:
-        options["until"] = end
-    df = read(spark, stores, **options)
-    if key is not None:
-        df = df.filter(F.array_contains("keys", key))
-    if uniq_key is not None:
-        df = df.filter(F.col("uniq_key") == uniq_key)
-    return df
+    a unique key, store time in ``[begin, end)`` (epoch ms, ISO-8601 or datetime). The
+    criteria are applied by the source's readers, so only matches reach the JVM."""
+    criteria = dict(topic=topic, key=key, uniqKey=uniq_key, since=begin, until=end)
+    return read(spark, stores, **{k: v for k, v in criteria.items() if v is not None})
 
 
 def _verify_pieces(pieces):

@@ -9,7 +9,8 @@ Options: ``mode`` fail (default) | skip (corrupt records are skipped; each parti
 what it skipped), ``checkCrc`` (false), ``splitBytes`` (32 MiB), ``minPartitions`` (1:
 smaller splits, down to 4 MiB, until there are this many), ``batchBytes`` (4 MiB of records
 per Arrow batch: cache-sized batches decode fastest), ``topic`` (comma-separated),
-``since`` / ``until`` (store time: epoch ms or ISO-8601, ``until`` exclusive). With
+``since`` / ``until`` (store time: epoch ms or ISO-8601, ``until`` exclusive), ``key`` (one
+of KEYS) and ``uniqKey``: applied in the reader, so only matches reach the JVM. With
 ``spark.sql.python.filterPushdown.enabled`` on (see ``register``), filters on ``topic``
 (=, IN) and ``store_timestamp`` (<, <=, >, >=, =) are pushed down and applied in the reader.
 
@@ -17,11 +18,14 @@ Streaming (``spark.readStream``): offsets are ``{store path: commitlog offset}``
 record boundaries; ``startingOffsets`` earliest (default) | latest. Each micro-batch reads
 the records appended since the last one, so a query tails a live store.
 """
+import functools
 import glob
 import json
 import logging
 import os
 from datetime import datetime, timezone
+
+import numpy as np
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, EqualTo, GreaterThan,
                                     GreaterThanOrEqual, In, InputPartition, LessThan, LessThanOrEqual)
@@ -95,6 +99,8 @@ class Scan:
         self.topics = set(topics.split(",")) if topics else None
         self.since = _epoch_ms(options["since"]) if "since" in options else None   # inclusive
         self.until = _epoch_ms(options["until"]) if "until" in options else None   # exclusive
+        self.key = options.get("key")
+        self.uniq_key = options.get("uniqKey")
 
     def push(self, filters):
         """Take the filters this scan applies exactly; return the others."""
@@ -124,16 +130,24 @@ class Scan:
         for cols in batch.iter_columns(path, base, start, end, check_crc=self.check_crc, mode=self.mode,
                                        batch_bytes=self.batch_bytes, stats=stats, aligned=aligned):
             rb = batch.to_arrow(cols, store)
-            mask = None
+            masks = []
             if self.topics is not None:
-                mask = pc.is_in(rb.column("topic"), value_set=_pa().array(sorted(self.topics), _pa().string()))
+                masks.append(pc.is_in(rb.column("topic"), value_set=_pa().array(sorted(self.topics), _pa().string())))
             if self.since is not None or self.until is not None:
                 ms = cols["store_timestamp"]
-                tmask = (ms >= (self.since if self.since is not None else ms.min())) & \
-                        (ms < (self.until if self.until is not None else ms.max() + 1))
-                mask = _pa().array(tmask) if mask is None else pc.and_(mask, _pa().array(tmask))
-            if mask is not None:
-                rb = rb.filter(mask)
+                masks.append(_pa().array((ms >= (self.since if self.since is not None else ms.min()))
+                                         & (ms < (self.until if self.until is not None else ms.max() + 1))))
+            if self.key is not None:
+                keys = rb.column("keys")
+                rows = pc.list_parent_indices(keys).to_numpy()[pc.equal(pc.list_flatten(keys), self.key)
+                                                               .to_numpy(zero_copy_only=False)]
+                hit = np.zeros(rb.num_rows, bool)
+                hit[rows] = True
+                masks.append(_pa().array(hit))
+            if self.uniq_key is not None:
+                masks.append(pc.fill_null(pc.equal(rb.column("uniq_key"), self.uniq_key), False))
+            if masks:
+                rb = rb.filter(functools.reduce(pc.and_, masks))
             if rb.num_rows:
                 yield rb
         if stats.corrupt:
