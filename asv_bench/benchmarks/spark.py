@@ -1,6 +1,7 @@
 """Spark decode throughput: the "rocketmq" data source (into a count, into Parquet) and the
 export job against a plain Spark baseline, ``binaryFile`` + a Python UDF decoding records with
-``struct``, in one session (2 GB driver heap: the baseline holds whole 64 MiB segments).
+``struct``, in one session. The store has 16 MiB segments: the baseline holds a whole segment
+file and its decoded rows in the JVM heap at once, and ran out of a 2 GB heap on 64 MiB ones.
 
 Run directly for the figures (MB/s of commitlog, per core, and the ratio to the baseline):
     python asv_bench/benchmarks/spark.py [--messages 100000] [--cores 2]
@@ -25,7 +26,7 @@ def _write(root, messages):
     from rmqstore import Message, MessageStore, StoreConfig
     path = os.path.join(root, "store")
     body = bytes(range(256)) * (BODY // 256)
-    with MessageStore(path, StoreConfig(commitlog_file_size=64 << 20)) as st:
+    with MessageStore(path, StoreConfig(commitlog_file_size=16 << 20)) as st:
         for start in range(0, messages, 1000):
             st.put_batch([Message(f"Topic{i % 4}", body, tags="t", keys=[f"k{i}"])
                           for i in range(start, min(start + 1000, messages))])
