@@ -147,7 +147,8 @@ def concat_columns(parts):
         if k.endswith("_offsets"):
             data = k[:-len("_offsets")] + "_data"
             shifts = np.cumsum([0] + [len(p[data]) for p in parts[:-1]])
-            out[k] = np.concatenate([p[k][:-1] + s for p, s in zip(parts, shifts)] + [[shifts[-1] + len(parts[-1][data])]])
+            out[k] = np.concatenate([p[k][:-1] + s for p, s in zip(parts, shifts)]
+                                    + [[shifts[-1] + len(parts[-1][data])]])
         else:
             out[k] = np.concatenate([p[k] for p in parts])
     out["count"] = sum(p["count"] for p in parts)
@@ -182,7 +183,8 @@ def _strings(pa, data, offsets, binary=False):
             arr.validate(full=True)
         except pa.ArrowInvalid:
             raw = data.tobytes()
-            arr = pa.array([raw[a:b].decode("utf-8", "replace") for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())],
+            arr = pa.array([raw[a:b].decode("utf-8", "replace")
+                            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())],
                            pa.string())
     return arr
 
@@ -228,7 +230,8 @@ def _hosts(pa, addr, port, v6):
     for i in first.tolist():
         a, p = addr[i], int(port[i])
         if v6[i]:
-            names.append("[" + ":".join(format((int(a[2 * k]) << 8) | int(a[2 * k + 1]), "x") for k in range(8)) + f"]:{p}")
+            groups = ":".join(format((int(a[2 * k]) << 8) | int(a[2 * k + 1]), "x") for k in range(8))
+            names.append(f"[{groups}]:{p}")
         else:
             names.append(f"{a[0]}.{a[1]}.{a[2]}.{a[3]}:{p}")
     return pa.array(names, pa.string()).take(pa.array(inverse.reshape(-1)))
