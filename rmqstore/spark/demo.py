@@ -39,7 +39,7 @@ def main(argv=None):
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
     ap.add_argument("--stores", type=int, default=3)
     ap.add_argument("--messages", type=int, default=100_000)
-    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--master", help="Spark master URL (default: spark-submit's, $SPARK_MASTER or local[*])")
     args = ap.parse_args(argv)
     root = args.dir or tempfile.mkdtemp(prefix="rmqstore-demo-")
     from rmqstore.spark import jobs, session

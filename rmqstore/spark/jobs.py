@@ -272,7 +272,7 @@ def _summary(job, t0, messages, nbytes, **extra):
 def main(argv=None):
     """``rmqstore spark export|rebuild|query|verify ...``; returns the exit status."""
     ap = argparse.ArgumentParser(prog="rmqstore spark", description=__doc__.splitlines()[0])
-    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--master", help="Spark master URL (default: spark-submit's, $SPARK_MASTER or local[*])")
     sub = ap.add_subparsers(dest="job", required=True)
     p = sub.add_parser("export", help="stores to Parquet, partitioned by topic and date")
     p.add_argument("stores", nargs="+")
