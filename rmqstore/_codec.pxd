@@ -36,3 +36,5 @@ cdef MessageExt build_ext(const char *p, RecView *r, int64_t store_offset)
 cdef int record_at(list segs, int64_t offset, bint check_crc, RecView *r, const char **p) except -100
 cdef int raise_read_error(int code, int64_t offset, RecView *r) except -1
 cdef void prefetch_at(list segs, int64_t offset) noexcept
+cdef int find_property(const char *p, int32_t n, const char *name, int32_t nlen,
+                       int32_t *voff, int32_t *vlen) noexcept nogil

@@ -7,7 +7,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.list cimport PyList_GET_SIZE
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from libc.string cimport memcpy, memchr, memset
+from libc.string cimport memcmp, memcpy, memchr, memset
 from libc.stdlib cimport malloc, free
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
@@ -262,20 +262,12 @@ cdef int find_property(const char *p, int32_t n, const char *name, int32_t nlen,
     cdef int found = 0
     while i < n:
         j = next_pair(p, n, i, &k)
-        if k - i == nlen and k < j - 1 and memcmp_(p + i, name, nlen):
+        if k - i == nlen and k < j - 1 and memcmp(p + i, name, nlen) == 0:
             voff[0] = k + 1
             vlen[0] = j - k - 1
             found = 1
         i = j + 1
     return found
-
-
-cdef inline bint memcmp_(const char *a, const char *b, int32_t n) noexcept nogil:
-    cdef int32_t i
-    for i in range(n):
-        if a[i] != b[i]:
-            return False
-    return True
 
 
 cdef inline int64_t tags_code_of(const char *props, int32_t plen) noexcept nogil:

@@ -18,12 +18,12 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
 from rmqstore._segment cimport MappedSegment
-from rmqstore._codec cimport RecView, record_at, build_ext, prefetch_at
+from rmqstore._codec cimport RecView, record_at, build_ext, prefetch_at, find_property
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError
 
 cnp.import_array()
@@ -94,30 +94,6 @@ cdef int32_t build_hash(const char *topic, Py_ssize_t tlen, const char *key, Py_
 
 # ---------------------------------------------------------------------------- key extraction
 
-cdef int find_value(const char *p, int32_t n, const char *name, int32_t nlen,
-                    int32_t *voff, int32_t *vlen) noexcept nogil:
-    """Last ``name\\x01value`` pair with a non-empty value (RocketMQ's property map); 1 if found."""
-    cdef int32_t i = 0, j, k, m
-    cdef int found = 0
-    while i < n:
-        j = i
-        while j < n and p[j] != 2:
-            j += 1
-        k = i
-        while k < j and p[k] != 1:
-            k += 1
-        if k - i == nlen and k < j - 1:
-            m = 0
-            while m < nlen and p[i + m] == name[m]:
-                m += 1
-            if m == nlen:
-                voff[0] = k + 1
-                vlen[0] = j - k - 1
-                found = 1
-        i = j + 1
-    return found
-
-
 cdef int64_t keys_of(const char *raw, int64_t nraw, const char *row, char *buf,
                      int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
     """Index keys of one DISPATCH_DTYPE row: UNIQ_KEY, then every non-empty space-separated
@@ -135,13 +111,13 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const char *row, char *buf,
         return 0
     cdef const char *topic = raw + toff
     cdef const char *props = raw + poff
-    if find_value(props, plen, b"UNIQ_KEY", 8, &voff, &vlen):
+    if find_property(props, plen, b"UNIQ_KEY", 8, &voff, &vlen):
         if hashes != NULL:
             hashes[n] = build_hash(topic, tlen, props + voff, vlen, buf)
             phys[n] = phy
             tss[n] = ts
         n += 1
-    if find_value(props, plen, b"KEYS", 4, &voff, &vlen):
+    if find_property(props, plen, b"KEYS", 4, &voff, &vlen):
         i = voff
         while i < voff + vlen:
             j = i
@@ -608,7 +584,7 @@ cdef list keyed_messages(list log, str topic, str key, const int64_t *offs, Py_s
             continue
         if record_at(log, offs[i], False, &r, &p) != 0:
             continue
-        if not (r.topic_len == tlen and same(p + r.topic_off, t, tlen)):
+        if not (r.topic_len == tlen and memcmp(p + r.topic_off, t, tlen) == 0):
             # the stored name decodes with replacement characters; compare it as str then
             if "\ufffd" not in topic or PyUnicode_DecodeUTF8(p + r.topic_off, r.topic_len, "replace") != topic:
                 continue
@@ -645,23 +621,15 @@ cdef bint has_key(const char *p, int32_t n, const char *k, Py_ssize_t klen) noex
     cdef Py_ssize_t i, j
     if n == 0 or klen == 0:
         return False
-    if find_value(p, n, b"UNIQ_KEY", 8, &voff, &vlen) and vlen == klen and same(p + voff, k, klen):
+    if find_property(p, n, b"UNIQ_KEY", 8, &voff, &vlen) and vlen == klen and memcmp(p + voff, k, klen) == 0:
         return True
-    if find_value(p, n, b"KEYS", 4, &voff, &vlen):
+    if find_property(p, n, b"KEYS", 4, &voff, &vlen):
         i = voff
         while i < voff + vlen:
             j = i
             while j < voff + vlen and p[j] != b' ':
                 j += 1
-            if j - i == klen and same(p + i, k, klen):
+            if j - i == klen and memcmp(p + i, k, klen) == 0:
                 return True
             i = j + 1
     return False
-
-
-cdef inline bint same(const char *a, const char *b, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        if a[i] != b[i]:
-            return False
-    return True
