@@ -5,6 +5,7 @@ MessageStore, export them to Parquet with Spark, run a cross-store key query, pr
 """
 import argparse
 import os
+import shutil
 import tempfile
 import time
 
@@ -36,7 +37,7 @@ def _rate(what, count, nbytes, secs):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m rmqstore.spark.demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    ap.add_argument("--dir", help="work directory, kept afterwards (default: a temporary one, removed)")
     ap.add_argument("--stores", type=int, default=3)
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--master", help="Spark master URL (default: spark-submit's, $SPARK_MASTER or local[*])")
@@ -61,6 +62,8 @@ def main(argv=None):
                         time.perf_counter() - t1))
     finally:
         spark.stop()
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
     print(f"total {time.perf_counter() - t0:.1f} s")
 
 
