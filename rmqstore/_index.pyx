@@ -94,6 +94,13 @@ cdef int32_t build_hash(const char *topic, Py_ssize_t tlen, const char *key, Py_
 
 # ---------------------------------------------------------------------------- key extraction
 
+cdef inline Py_ssize_t token_end(const char *p, Py_ssize_t i, Py_ssize_t end) noexcept nogil:
+    """End of the KEYS token starting at ``i`` (the next space, or ``end``)."""
+    while i < end and p[i] != b' ':
+        i += 1
+    return i
+
+
 cdef int64_t keys_of(const char *raw, int64_t nraw, const char *row, char *buf,
                      int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
     """Index keys of one DISPATCH_DTYPE row: UNIQ_KEY, then every non-empty space-separated
@@ -120,9 +127,7 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const char *row, char *buf,
     if find_property(props, plen, b"KEYS", 4, &voff, &vlen):
         i = voff
         while i < voff + vlen:
-            j = i
-            while j < voff + vlen and props[j] != b' ':
-                j += 1
+            j = token_end(props, i, voff + vlen)
             if j > i:
                 if hashes != NULL:
                     hashes[n] = build_hash(topic, tlen, props + i, j - i, buf)
@@ -626,9 +631,7 @@ cdef bint has_key(const char *p, int32_t n, const char *k, Py_ssize_t klen) noex
     if find_property(p, n, b"KEYS", 4, &voff, &vlen):
         i = voff
         while i < voff + vlen:
-            j = i
-            while j < voff + vlen and p[j] != b' ':
-                j += 1
+            j = token_end(p, i, voff + vlen)
             if j - i == klen and memcmp(p + i, k, klen) == 0:
                 return True
             i = j + 1

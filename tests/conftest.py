@@ -61,6 +61,11 @@ def fixture_store(request):
     return request.param, path / "store", load_manifest(str(path))
 
 
+# The fixtures' index geometry: 84 KB index files instead of RocketMQ's 420 MB default, which
+# is fallocated on disk for every store a test creates.
+SMALL_INDEX = dict(index_slots=1000, index_entries=4000)
+
+
 @pytest.fixture
 def small_config():
     """Tiny segments so rollover happens within a few messages."""

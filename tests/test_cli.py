@@ -47,7 +47,8 @@ def small_store(tmp_path):
     store = tmp_path / "own"
     put(store, *({"topic": "T1", "body": f"body-{i}", "tags": "a" if i % 2 else "b", "keys": [f"k{i}"],
                   "queueId": i % 2} for i in range(6)),
-        extra=("--create", "--segment-size", "4096", "--cq-entries", "10"))
+        extra=("--create", "--segment-size", "4096", "--cq-entries", "10", "--index-slots", "1000",
+               "--index-entries", "4000"))
     return store
 
 

@@ -10,6 +10,7 @@ import time
 import reference_codec as ref
 from rmqstore import Message, MessageStore, StoreConfig
 from rmqstore import GetMessageStatus as S
+from conftest import SMALL_INDEX
 
 WRITERS = 3
 PER_WRITER = 1000
@@ -18,6 +19,7 @@ QUEUES = 3
 
 def _cfg():
     return StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=50, warm_mapped_file=False,
+                       **SMALL_INDEX,
                        flush_interval_ms=5)
 
 
@@ -108,7 +110,8 @@ def test_writers_readers_dispatcher(tmp_path):
 CLOSE_WHILE_READING = textwrap.dedent("""
     import sys, threading, time
     from rmqstore import Message, MessageStore, StoreClosedError, StoreConfig
-    cfg = StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=50, warm_mapped_file=False)
+    cfg = StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=50, warm_mapped_file=False,
+                      index_slots=1000, index_entries=4000)
     store = MessageStore(sys.argv[1], cfg)
     rs = store.put_batch([Message("c", b"x" * 200, tags="A") for _ in range(600)], queue_id=0)
     store.wait_dispatched()
@@ -157,6 +160,7 @@ def test_close_while_threads_read(tmp_path):
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-3000:])
     # the store closed cleanly: it reopens as a clean shutdown with every acknowledged message
     with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=50,
+                                                  **SMALL_INDEX,
                                                    warm_mapped_file=False), read_only=True) as store:
         assert not (tmp_path / "s" / "abort").exists()
         assert store.max_offset("c", 0) == 600

@@ -11,6 +11,7 @@ import pytest
 import reference_codec as ref
 from rmqstore import GetMessageStatus as S
 from rmqstore import InvalidArgumentError, Message, MessageStore, StoreConfig
+from conftest import SMALL_INDEX
 
 PER_FILE = 10
 
@@ -19,7 +20,7 @@ def _cfg(**kw):
     kw.setdefault("commitlog_file_size", 1 << 16)
     kw.setdefault("consume_queue_entries", PER_FILE)
     kw.setdefault("warm_mapped_file", False)
-    return StoreConfig(**kw)
+    return StoreConfig(**{**SMALL_INDEX, **kw})
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import rmqstore
+from conftest import SMALL_INDEX
 from rmqstore import MessageStore, StoreConfig
 
 TOPICS = ("CrashA", "CrashB")
@@ -21,7 +22,7 @@ import random, sys
 from rmqstore import Message, MessageStore, StoreConfig
 path, mode, trial, warm = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 cfg = StoreConfig(commitlog_file_size=4096, consume_queue_entries=4, flush_mode=mode, warm_mapped_file=warm,
-                  flush_interval_ms=5, flush_cq_interval_ms=5)
+                  flush_interval_ms=5, flush_cq_interval_ms=5, index_slots=1000, index_entries=4000)
 def body(i):
     r = random.Random(trial * 1_000_003 + i)
     return b"%d:%d:" % (trial, i) + r.randbytes(r.randrange(600))
@@ -74,7 +75,7 @@ def _run_and_kill(path, mode, trial, rng):
 
 def _verify(path, acked, durable):
     """``acked``: {(trial, i): (phy, msg_id)} that must survive; ``durable`` the same kind."""
-    with MessageStore(path, StoreConfig(flush_mode="sync")) as s:
+    with MessageStore(path, StoreConfig(flush_mode="sync", **SMALL_INDEX)) as s:
         msgs = {m.phy_offset: m for m in s.scan(check_crc=True)}
         for m in msgs.values():     # nothing but complete, known messages
             trial, i = map(int, bytes(m.body).split(b":", 2)[:2])

@@ -11,6 +11,7 @@ from conftest import copy_store
 from rmqstore import (InvalidArgumentError, Message, MessageNotFoundError, MessageStore, StoreClosedError,
                       StoreConfig)
 from rmqstore._codec import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
+from conftest import SMALL_INDEX
 
 LONG_MAX = (1 << 63) - 1
 
@@ -92,7 +93,7 @@ def test_rebuilt_index_is_byte_identical_to_rocketmq(fixture, tmp_path):
     root = copy_store(src, tmp_path)
     shutil.rmtree(root / "index")
     shutil.rmtree(root / "consumequeue")   # so the reopen re-dispatches the whole commitlog
-    cfg = StoreConfig(index_slots=1000, index_entries=4000, warm_mapped_file=False, message_version=2)
+    cfg = StoreConfig(**SMALL_INDEX, warm_mapped_file=False, message_version=2)
     MessageStore(root, cfg).close()
     ours, theirs = index_files(root), index_files(src)
     assert len(ours) == len(theirs) and len(ours) > 1
@@ -259,7 +260,8 @@ def test_damaged_chains_terminate(clean_498, tmp_path):
 def test_file_of_unknown_geometry_is_refused(tmp_path):
     from rmqstore.errors import CorruptStoreError
     root = tmp_path / "s"
-    MessageStore(root, StoreConfig(warm_mapped_file=False)).close()
+    MessageStore(root, StoreConfig(commitlog_file_size=1 << 16, warm_mapped_file=False,
+                                   **SMALL_INDEX)).close()
     os.makedirs(root / "index", exist_ok=True)
     with open(root / "index" / "20260101000000000", "wb") as f:
         f.write(b"\0" * 1001)
@@ -294,7 +296,8 @@ def test_checkpoint_and_unclean_shutdown_cut(tmp_path):
 
 
 def test_generate_uniq_key(tmp_path):
-    cfg = StoreConfig(generate_uniq_key=True, warm_mapped_file=False)
+    cfg = StoreConfig(generate_uniq_key=True, warm_mapped_file=False, commitlog_file_size=1 << 16,
+                      **SMALL_INDEX)
     with MessageStore(tmp_path / "s", cfg) as store:
         r1 = store.put(Message("T", b"a"))
         r2 = store.put(Message("T", b"b", properties={"UNIQ_KEY": "mine"}))

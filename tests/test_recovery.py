@@ -6,6 +6,7 @@ import pytest
 
 from conftest import CRASHED_498, copy_store, load_jsonl_gz, tree_state
 from rmqstore import Message, MessageStore, StoreConfig
+from conftest import SMALL_INDEX
 
 BODY_AT = 88          # body offset in a v1 record with IPv4 hosts (DESIGN.md field list)
 TOPIC = "TopicR"
@@ -55,6 +56,7 @@ def test_crashed_fixture_read_only_changes_nothing(recovered_498):
 
 def _cfg(**kw):
     base = dict(commitlog_file_size=64 * 1024, consume_queue_entries=8, warm_mapped_file=False,
+                **SMALL_INDEX,
                 flush_interval_ms=10, flush_cq_interval_ms=10)
     base.update(kw)
     return StoreConfig(**base)

@@ -8,12 +8,14 @@ import pytest
 
 from rmqstore import GetMessageStatus, Message, MessageStore, StoreConfig
 from rmqstore import retention
+from conftest import SMALL_INDEX
 
 HOUR = 3600
 
 
 def _store(path, **kw):
     cfg = StoreConfig(commitlog_file_size=4096, consume_queue_entries=4, warm_mapped_file=False,
+                      **SMALL_INDEX,
                       file_reserved_time=72, delete_when="04", disk_max_used_space_ratio=100, **kw)
     return MessageStore(path, cfg)
 

@@ -8,6 +8,7 @@ import pytest
 
 from rmqstore import batch
 from rmqstore.errors import CorruptRecordError
+from conftest import SMALL_INDEX
 
 pa = pytest.importorskip("pyarrow")
 
@@ -180,7 +181,7 @@ def test_rebuild_fixture_byte_identical_to_rocketmq(spark, clean_498, tmp_path):
     from rmqstore import StoreConfig
     from rmqstore.spark import jobs
     store, manifest = clean_498
-    cfg = StoreConfig(consume_queue_entries=100, index_slots=1000, index_entries=4000, warm_mapped_file=False)
+    cfg = StoreConfig(consume_queue_entries=100, **SMALL_INDEX, warm_mapped_file=False)
     _, summary = jobs.rebuild(spark, str(store), str(tmp_path), cfg)
     assert summary["messages"] == sum(m["inConsumeQueue"] for m in manifest["messages"])
     for sub in ("consumequeue", "index"):
@@ -214,7 +215,7 @@ def test_verify_reports_corruption(spark, clean_498, tmp_path):
 def test_stream_picks_up_appended_messages(spark, tmp_path):
     from rmqstore import Message, MessageStore, StoreConfig
     store = tmp_path / "live"
-    with MessageStore(store, StoreConfig(commitlog_file_size=64 * 1024)) as st:
+    with MessageStore(store, StoreConfig(commitlog_file_size=64 * 1024, **SMALL_INDEX)) as st:
         st.put_batch([Message("TopicA", b"x%d" % i) for i in range(30)])
         q = spark.readStream.format("rocketmq").load(str(store)).select("phy_offset", "body") \
             .writeStream.format("memory").queryName("live_tail").start()

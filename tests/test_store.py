@@ -11,6 +11,7 @@ import time
 import pytest
 
 import reference_codec as ref
+from conftest import SMALL_INDEX
 from rmqstore import (InvalidTopicError, Message, MessageNotFoundError, MessageStore, MessageTooLargeError,
                       StoreClosedError, StoreConfig, StoreReadOnlyError)
 
@@ -22,7 +23,7 @@ def _cfg(**kw):
     kw.setdefault("commitlog_file_size", 1 << 20)
     kw.setdefault("consume_queue_entries", 1000)
     kw.setdefault("warm_mapped_file", False)
-    return StoreConfig(**kw)
+    return StoreConfig(**{**SMALL_INDEX, **kw})
 
 
 def _now():
