@@ -3,7 +3,7 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-CEXT = ["cext/rmq_mmap.c"]
+CEXT = ["cext/rmq_mmap.c", "cext/rmq_fault.c"]
 KERNELS = ["_segment", "_codec", "_cq", "_index"]
 
 extensions = [

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "rmq_mmap.h"
+#include "rmq_fault.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -24,6 +25,17 @@ static int map_fd(rmq_map_t *m) {
     return 0;
 }
 
+/* posix_fallocate, or ftruncate where the file system has no fallocate; 0 or errno. */
+static int reserve(int fd, int64_t size) {
+    int rc = RMQ_FAULT(RMQ_OP_FALLOCATE, NULL, fd);
+    if (rc == 0) rc = posix_fallocate(fd, 0, (off_t)size);
+    if (rc == EOPNOTSUPP || rc == EINVAL) {
+        rc = RMQ_FAULT(RMQ_OP_FTRUNCATE, NULL, fd);
+        if (rc == 0) rc = ftruncate(fd, (off_t)size) ? errno : 0;
+    }
+    return rc;
+}
+
 int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t *m) {
     struct stat st;
     int ro = (flags & RMQ_READONLY) != 0;
@@ -31,16 +43,17 @@ int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t 
     int created = 0, rc;
     m->fd = -1; m->base = NULL; m->size = 0; m->readonly = ro;
     if (size < 0) return -EINVAL;
-    int fd = open(path, oflags | O_CLOEXEC);
+    if ((rc = RMQ_FAULT(RMQ_OP_OPEN, path, -1))) return -rc;
+    /* O_NOFOLLOW: a store file that is a symlink fails with ELOOP, never written through. */
+    int fd = open(path, oflags | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0 && errno == ENOENT && (flags & RMQ_CREATE) && !ro && size > 0) {
-        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
         created = 1;
     }
     if (fd < 0) return -errno;
     if (created) {
         /* Reserve the blocks now so a full disk fails here, not as SIGBUS later. */
-        rc = posix_fallocate(fd, 0, (off_t)size);
-        if (rc == EOPNOTSUPP || rc == EINVAL) rc = ftruncate(fd, (off_t)size) ? errno : 0;
+        rc = reserve(fd, size);
         if (rc) { close(fd); unlink(path); return -rc; }
     }
     if (fstat(fd, &st)) { rc = -errno; close(fd); return rc; }
@@ -55,8 +68,7 @@ int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t 
 int rmq_map_grow(rmq_map_t *m, int64_t new_size) {
     if (m->readonly || new_size < m->size) return -EINVAL;
     if (new_size == m->size) return 0;
-    int rc = posix_fallocate(m->fd, 0, (off_t)new_size);
-    if (rc == EOPNOTSUPP || rc == EINVAL) rc = ftruncate(m->fd, (off_t)new_size) ? errno : 0;
+    int rc = reserve(m->fd, new_size);
     if (rc) return -rc;
     if (m->base == NULL) { m->size = new_size; return map_fd(m); }
     void *p = mremap(m->base, (size_t)m->size, (size_t)new_size, MREMAP_MAYMOVE);
@@ -84,6 +96,7 @@ int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len) {
     int rc = page_range(m, off, len, &s, &n);
     if (rc) return rc;
     if (n == 0) return 0;
+    if ((rc = RMQ_FAULT(RMQ_OP_MSYNC, NULL, m->fd))) return -rc;
     return msync(s, n, MS_SYNC) ? -errno : 0;
 }
 

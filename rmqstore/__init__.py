@@ -2,9 +2,10 @@
 from rmqstore._codec import Message, MessageExt, PutResult
 from rmqstore.config import StoreConfig
 from rmqstore.consumer import GetMessageResult, GetMessageStatus
-from rmqstore.errors import (CorruptRecordError, CorruptStoreError, DiskFullError, InvalidArgumentError,
-                             InvalidTopicError, MessageNotFoundError, MessageTooLargeError, StoreClosedError,
-                             StoreError, StoreIOError, StoreLockedError, StoreReadOnlyError)
+from rmqstore.errors import (CorruptRecordError, CorruptStoreError, DiskFullError, ForeignProcessError,
+                             InvalidArgumentError, InvalidTopicError, MessageNotFoundError, MessageTooLargeError,
+                             StoreClosedError, StoreError, StoreIOError, StoreLockedError, StoreNotFoundError,
+                             StoreReadOnlyError)
 from rmqstore.store import MessageStore
 
 __version__ = "0.1.0"
@@ -14,4 +15,5 @@ __all__ = [
     "GetMessageStatus", "StoreError", "StoreClosedError", "StoreLockedError", "StoreReadOnlyError",
     "InvalidTopicError", "InvalidArgumentError", "MessageTooLargeError", "CorruptStoreError",
     "CorruptRecordError", "MessageNotFoundError", "StoreIOError", "DiskFullError",
+    "StoreNotFoundError", "ForeignProcessError",
 ]

@@ -29,3 +29,11 @@ cdef extern from "rmq_mmap.h" nogil:
 
 cdef extern from "zlib.h" nogil:
     unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int length)
+
+cdef extern from "rmq_fault.h" nogil:
+    int rmq_fault_armed
+    int RMQ_OP_OPEN
+    int RMQ_OP_FSYNC
+    int rmq_fault_set(int op, int64_t nth, int err, const char *match)
+    int rmq_fault_hit(int op, const char *path, int fd)
+    int rmq_fault_op(const char *name)

@@ -4,6 +4,8 @@ from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memset, memcpy
 from libc.stdint cimport int64_t
+import os
+
 from rmqstore._cext cimport *
 from rmqstore.errors import raise_errno, StoreClosedError, CorruptStoreError
 
@@ -181,3 +183,28 @@ cdef class MappedSegment:
 
     def __repr__(self):
         return f"<MappedSegment {self.path} wrote={self.wrote_pos} flushed={self.flushed_pos}>"
+
+
+def inject_fault(str op, int64_t nth, int err, str match=""):
+    """Tests only: make the ``nth`` next ``op`` ("open", "msync", "fallocate", "ftruncate",
+    "fsync") on a file whose path contains ``match`` fail with errno ``err``; nth 0 disarms.
+    The same as the RMQ_FAULTS environment variable (cext/rmq_fault.h)."""
+    cdef bytes bop = op.encode(), bmatch = match.encode()
+    if rmq_fault_set(rmq_fault_op(bop), nth, err, bmatch) < 0:
+        raise ValueError(f"bad fault {op!r} nth={nth} errno={err} match={match!r}")
+
+
+FAULT_OPEN = RMQ_OP_OPEN
+FAULT_FSYNC = RMQ_OP_FSYNC
+
+
+def fault_point(int op, str path):
+    """Raise the OSError an armed fault asks for at this ``op`` (FAULT_OPEN, FAULT_FSYNC)
+    on ``path``: how the Python-level writers (files.py) join the injection. When no fault
+    is armed this is one flag test."""
+    cdef int err
+    if not rmq_fault_armed:
+        return
+    err = rmq_fault_hit(op, path.encode(), -1)
+    if err:
+        raise OSError(err, os.strerror(err), path)

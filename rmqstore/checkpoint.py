@@ -1,11 +1,14 @@
 """The ``checkpoint`` file: the store times up to which each structure is durable."""
+import logging
 import struct
 
 from rmqstore.errors import CorruptStoreError
-from rmqstore.files import write_atomic
+from rmqstore.files import read_file, write_atomic
 
+log = logging.getLogger(__name__)
 PAGE = 4096
 _FIELDS = struct.Struct(">qqqqq")
+MAX_TIMESTAMP = 1 << 52   # ms: year 144,683; anything later (or negative) is not a store time
 
 
 class Checkpoint:
@@ -34,16 +37,23 @@ class Checkpoint:
         self.existed = False
 
     def load(self):
+        """Read the page. A timestamp outside 0..MAX_TIMESTAMP cannot be trusted, so it
+        reads as 0, which makes recovery check everything from the first segment."""
         try:
-            with open(self.path, "rb") as f:
-                data = f.read(PAGE)
+            data = read_file(self.path, PAGE)
         except FileNotFoundError:
             return self
         if len(data) < 24:
             raise CorruptStoreError(f"{self.path}: {len(data)} bytes, expected a {PAGE}-byte page")
         data = data.ljust(40, b"\0")
+        fields = list(_FIELDS.unpack_from(data))
+        for i in range(3):
+            if not 0 <= fields[i] <= MAX_TIMESTAMP:
+                log.warning("%s: timestamp @%d is %d, out of range: recovering from the start", self.path, 8 * i,
+                            fields[i])
+                fields[i] = 0
         (self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
-         self.master_flushed_offset, self.confirm_phy_offset) = _FIELDS.unpack_from(data)
+         self.master_flushed_offset, self.confirm_phy_offset) = fields
         self.existed = True
         return self
 

@@ -54,6 +54,14 @@ class StoreIOError(StoreError, OSError):
     """An operating-system error on a store file; ``filename`` names it."""
 
 
+class StoreNotFoundError(StoreIOError, FileNotFoundError):
+    """The store directory does not exist (and was not to be created)."""
+
+
+class ForeignProcessError(StoreError):
+    """A writer handle used in a process other than the one that opened it (after fork)."""
+
+
 class DiskFullError(StoreIOError):
     """The disk (or quota) has no room for the write; nothing partial was kept."""
 
@@ -67,4 +75,5 @@ _ERRNO_CLASSES = {
 def raise_errno(code, path, what):
     """Raise the exception for ``errno`` ``code`` met while doing ``what`` on ``path``."""
     cls = _ERRNO_CLASSES.get(code, StoreIOError)
-    raise cls(code, f"{what}: {os.strerror(code)}", str(path))
+    why = "a symlink, which store files must not be" if code == _errno.ELOOP else os.strerror(code)
+    raise cls(code, f"{what}: {why}", str(path))

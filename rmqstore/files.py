@@ -1,5 +1,15 @@
-"""File-system helpers shared by the store's writers."""
+"""File-system helpers shared by the store's writers.
+
+Every store file is opened with O_NOFOLLOW, so a symlink planted at its path raises
+StoreIOError (ELOOP) instead of being written or read through; temporaries are created
+with O_EXCL. The open and fsync calls here join the fault injection of cext/rmq_fault.h.
+"""
+import errno
 import os
+import stat
+
+from rmqstore._segment import FAULT_FSYNC, FAULT_OPEN, fault_point
+from rmqstore.errors import StoreNotFoundError, raise_errno
 
 
 def make_dirs(path, mode):
@@ -16,19 +26,85 @@ def make_dirs(path, mode):
         pass
 
 
-def write_atomic(path, data, mode):
-    """Replace ``path`` with ``data`` so a crash leaves the old or the new content: write a
-    temp file, fsync it, rename it over ``path``, fsync the directory."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+def store_dir(path, create, mode):
+    """Make sure the store root ``path`` is a directory (created with ``mode`` when
+    ``create``): StoreNotFoundError when it is missing, StoreIOError when it is a file."""
+    if create:
+        make_dirs(path, mode)
+    if not os.path.isdir(path):
+        if not os.path.lexists(path):
+            raise StoreNotFoundError(errno.ENOENT, "store directory does not exist", path)
+        raise_errno(errno.ENOTDIR, path, "open store")
+
+
+def open_file(path, flags, mode=0o600):
+    """os.open with O_NOFOLLOW and O_CLOEXEC; an error becomes a StoreIOError naming ``path``
+    (a symlink: ELOOP), except ENOENT, which stays FileNotFoundError for callers to test."""
+    try:
+        fault_point(FAULT_OPEN, path)
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise_errno(e.errno, path, "open")
+
+
+def read_file(path, limit=-1):
+    """Up to ``limit`` bytes (all when -1) of ``path``, refusing a symlink; FileNotFoundError
+    when it does not exist."""
+    fd = open_file(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit)
+
+
+def remove_stale(path):
+    """Remove ``path`` if it is a regular file (left by an earlier run); a symlink or
+    anything else there is refused with StoreIOError, its target untouched."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise_errno(errno.ELOOP if stat.S_ISLNK(st.st_mode) else errno.EEXIST, path, "create")
+    os.unlink(path)
+
+
+def create_new(path, data, mode):
+    """Create ``path`` holding ``data`` after removing a stale regular file there
+    (remove_stale); O_EXCL and O_NOFOLLOW, so nothing planted is written through."""
+    remove_stale(path)
+    fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def fsync(fd, path):
+    """os.fsync, through the fault injection; an error becomes a StoreIOError."""
+    try:
+        fault_point(FAULT_FSYNC, path)
         os.fsync(fd)
+    except OSError as e:
+        raise_errno(e.errno, path, "fsync")
+
+
+def write_atomic(path, data, mode):
+    """Replace ``path`` with ``data`` so a crash leaves the old or the new content: write a
+    temp file (created anew: O_EXCL, O_NOFOLLOW), fsync it, rename it over ``path``, fsync
+    the directory. A regular temp file left by a crash is removed first; anything else
+    there (a symlink) is refused with StoreIOError."""
+    tmp = path + ".tmp"
+    remove_stale(tmp)
+    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.write(fd, data)
+        fsync(fd, tmp)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    dfd = open_file(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(dfd)
+        fsync(dfd, os.path.dirname(path))
     finally:
         os.close(dfd)

@@ -13,7 +13,12 @@ Durability invariants (enforced here, relied on by recovery.py):
    for consume queues and indexMsgTimestamp for index files. Recovery may trust nothing
    past those times.
 4. An I/O error while flushing makes the store read-only until reopened (sticky): a write
-   that cannot be made durable is never acknowledged.
+   that cannot be made durable is never acknowledged. After the first failed msync/fsync
+   of any file (commitlog, consume queue, index, checkpoint, consumer offsets) no flush is
+   retried and no waiter returns normally, not even one already queued in
+   ``wait_flushed``: the failed pages may have been dropped from the page cache, so a
+   later msync that succeeds proves nothing (the "fsyncgate" pattern). Reopening runs
+   recovery, which trusts only what is on disk.
 """
 import logging
 import threading
@@ -41,7 +46,7 @@ class FlushService:
     def start(self):
         cfg = self.config
         loops = [("logics", cfg.flush_cq_interval_ms, cfg.flush_cq_least_pages, cfg.flush_cq_thorough_interval_ms,
-                  self.flush_logics)]
+                  self.flush_logics_now)]
         if cfg.flush_mode == "async":
             loops.append(("commitlog", cfg.flush_interval_ms, cfg.flush_least_pages, cfg.flush_thorough_interval_ms,
                           self.flush_commitlog))
@@ -56,12 +61,28 @@ class FlushService:
             self.error = exc
             self.commitlog.failed = exc
 
+    def _check_failed(self):
+        """Raise StoreReadOnlyError once any flush has failed (invariant 4)."""
+        if self.error is not None:
+            raise StoreReadOnlyError(f"store is read-only after a failed flush: {self.error}") from self.error
+
+    def flush_logics_now(self, least_pages=0):
+        """Flush consume queues, index files, consumer offsets and checkpoint; an I/O error
+        turns the store read-only (invariant 4)."""
+        self._check_failed()
+        try:
+            self.flush_logics(least_pages)
+        except OSError as e:
+            self._fail(e)
+            raise StoreReadOnlyError(f"flush failed: {e}") from e
+
     def flush_commitlog(self, least_pages=0):
         """msync the commitlog (one flusher at a time); returns the flushed offset."""
         with self._flush_lock:
             return self._flush_locked(least_pages)
 
     def _flush_locked(self, least_pages):
+        self._check_failed()
         cl = self.commitlog
         seg = cl.segments.last
         ts = seg.store_timestamp if seg is not None else 0   # read before the end: invariant 3
@@ -77,12 +98,13 @@ class FlushService:
 
     def wait_flushed(self, offset):
         """SYNC mode group commit: return once ``offset`` is durable. Writers that queue
-        behind a flush in progress find their bytes covered by it and return at once."""
-        if self.commitlog.flushed_offset >= offset:
-            return
-        with self._flush_lock:
-            if self.commitlog.flushed_offset < offset:
-                self._flush_locked(0)
+        behind a flush in progress find their bytes covered by it and return at once.
+        Once any flush has failed every waiter raises StoreReadOnlyError (invariant 4)."""
+        if self.commitlog.flushed_offset < offset:
+            with self._flush_lock:
+                if self.commitlog.flushed_offset < offset:
+                    self._flush_locked(0)
+        self._check_failed()
 
     def _periodic(self, interval_ms, least_pages, thorough_ms, flush):
         """Call ``flush(least_pages)`` every ``interval_ms``, with 0 (everything) once per

@@ -4,7 +4,10 @@ import os
 import threading
 
 from rmqstore.errors import CorruptStoreError
-from rmqstore.files import make_dirs, write_atomic
+from rmqstore.files import make_dirs, read_file, write_atomic
+
+_MAX_QUEUE_ID = (1 << 31) - 1
+_MAX_OFFSET = (1 << 63) - 1
 
 
 class ConsumerOffsets:
@@ -20,18 +23,31 @@ class ConsumerOffsets:
         self._lock = threading.Lock()
 
     def load(self):
+        """Read the file; anything but ``{"topic@group": {"queueId": offset}}`` with queue
+        ids 0..2^31-1 and offsets -1..2^63-1 is a CorruptStoreError."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(read_file(self.path))
         except FileNotFoundError:
             return self
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise CorruptStoreError(f"{self.path}: {e}") from None
         table = data.get("offsetTable", {}) if isinstance(data, dict) else None
         if not isinstance(table, dict):
             raise CorruptStoreError(f"{self.path}: no offsetTable object")
-        self.table = {k: {int(q): int(o) for q, o in v.items()} for k, v in table.items()}
+        self.table = {k: self._queue_offsets(k, v) for k, v in table.items()}
         return self
+
+    def _queue_offsets(self, key, queues):
+        if not isinstance(queues, dict):
+            raise CorruptStoreError(f"{self.path}: {key!r} is not an object of queue offsets")
+        out = {}
+        for q, o in queues.items():
+            if not (q.isascii() and q.isdigit() and int(q) <= _MAX_QUEUE_ID):
+                raise CorruptStoreError(f"{self.path}: {key!r}: queue id {q!r} is not in 0..{_MAX_QUEUE_ID}")
+            if type(o) is not int or not -1 <= o <= _MAX_OFFSET:
+                raise CorruptStoreError(f"{self.path}: {key!r} queue {q}: offset {o!r} is not in -1..{_MAX_OFFSET}")
+            out[int(q)] = o
+        return out
 
     def commit(self, group, topic, queue_id, offset):
         with self._lock:

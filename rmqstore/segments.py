@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
-from rmqstore.files import make_dirs
+from rmqstore.files import make_dirs, open_file
 
 
 def segment_name(offset):
@@ -232,7 +232,7 @@ def _interrupted_create(path, size, file_size):
     """Whether a file shorter than ``file_size`` holds nothing but zeros."""
     if size > file_size:
         return False
-    with open(path, "rb") as f:
+    with os.fdopen(open_file(path, os.O_RDONLY), "rb") as f:
         while chunk := f.read(1 << 20):
             if chunk.strip(b"\0"):
                 return False

@@ -23,7 +23,8 @@ from rmqstore.recovery import recover_commitlog
 from rmqstore.segments import detect_file_size
 from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 from rmqstore.verify import verify_store
-from rmqstore.files import make_dirs
+from rmqstore.files import create_new, open_file, store_dir
+from rmqstore import ownership
 
 log = logging.getLogger(__name__)
 _NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
@@ -65,22 +66,20 @@ class MessageStore:
         self._lock_fd = None
         self._close_lock = threading.Lock()
         self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
-        if read_only:
-            if not os.path.isdir(self.path):
-                raise FileNotFoundError(2, "store directory does not exist", self.path)
-        else:
-            make_dirs(self.path, cfg.dir_mode)
+        store_dir(self.path, not read_only, cfg.dir_mode)
+        if not read_only:
             self._acquire_lock(cfg)
         try:
             self._open(cfg, progress)
         except BaseException:
             self._release_lock()
             raise
+        ownership.bind(self)
         self._closed = False
 
     # -- opening --------------------------------------------------------------------------
     def _acquire_lock(self, cfg):
-        fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, cfg.file_mode)
+        fd = open_file(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, cfg.file_mode)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -109,7 +108,7 @@ class MessageStore:
         self._sync = cfg.flush_mode == "sync" and not self.read_only
         self._uniq = UniqKeyGenerator(_codec.pack_host(cfg.store_host)) if cfg.generate_uniq_key else None
         self.abort_path = os.path.join(self.path, "abort")
-        self.clean_shutdown = not os.path.exists(self.abort_path)
+        self.clean_shutdown = not os.path.lexists(self.abort_path)
         self.checkpoint = Checkpoint(os.path.join(self.path, "checkpoint"), cfg.file_mode).load()
         self.commitlog = CommitLog(self.path, cfg, self.read_only)
         self.consume_queues = ConsumeQueueTable(self.path, cfg.consume_queue_entries, self.read_only,
@@ -124,8 +123,7 @@ class MessageStore:
             self.offsets.load()
             self._recover(progress)
             if not self.read_only:
-                with open(self.abort_path, "wb") as f:
-                    f.write(str(os.getpid()).encode())
+                create_new(self.abort_path, str(os.getpid()).encode(), cfg.file_mode)
                 self.flusher = FlushService(self.commitlog, cfg, self.checkpoint, self._flush_logics)
                 self.flusher.start()
                 self.dispatcher.start()
@@ -227,6 +225,7 @@ class MessageStore:
 
     def _check_open(self):
         if self._closed:
+            ownership.check_owner(self)
             raise StoreClosedError(f"{self.path}: store is closed")
 
     def close(self):
@@ -242,7 +241,7 @@ class MessageStore:
                     self.dispatcher.catch_up()
                     self.flusher.stop()
                     self.flusher.flush_commitlog(0)
-                    self._flush_logics(0)
+                    self.flusher.flush_logics_now(0)
                     os.unlink(self.abort_path)
             finally:
                 self._teardown()
@@ -301,7 +300,7 @@ class MessageStore:
         if self.read_only:
             return
         self.flusher.flush_commitlog(0)
-        self._flush_logics(0)
+        self.flusher.flush_logics_now(0)
 
     # -- reading the commitlog ------------------------------------------------------------
     def get_by_offset(self, phy_offset):
@@ -489,8 +488,7 @@ class MessageStore:
 
     # -- index queries --------------------------------------------------------------------
     def _index_or_raise(self):
-        if self._closed:
-            raise StoreClosedError(f"{self.path}: store is closed")
+        self._check_open()
         if self.index is None:
             raise InvalidArgumentError(f"{self.path}: message_index_enable is off")
         return self.index

@@ -1,0 +1,38 @@
+"""Store handles belong to the process that opened them.
+
+After ``fork`` the child shares the parent's files, lock and mappings but not its threads;
+a writer handle used there would append at offsets the parent also writes, and its
+``close()`` would delete the parent's ``abort`` file and pre-made segment. So in the child
+every writer handle is marked closed at once (``os.register_at_fork``) and its methods
+raise ForeignProcessError; ``close()`` there touches no file and leaves the lock to the
+parent. Read-only handles change nothing on disk and keep working in the child.
+"""
+import os
+import weakref
+
+from rmqstore.errors import ForeignProcessError
+
+_writers = weakref.WeakSet()
+
+
+def bind(store):
+    """Record the opening process of ``store``; a writer is disowned in forked children."""
+    store._owner_pid = os.getpid()
+    if not store.read_only:
+        _writers.add(store)
+
+
+def check_owner(store):
+    """Raise ForeignProcessError when ``store`` is used outside the process that opened it."""
+    if store._owner_pid != os.getpid():
+        raise ForeignProcessError(f"{store.path}: opened by process {store._owner_pid}, used in {os.getpid()}"
+                                  " (a writer handle does not survive fork; open the store again)")
+
+
+def _disown_in_child():
+    for store in list(_writers):
+        store._closed = True
+    _writers.clear()
+
+
+os.register_at_fork(after_in_child=_disown_in_child)
