@@ -34,6 +34,8 @@ def parse_put_line(line):
         raise ValueError("'topic' (a string) is required")
     if "body" in d and "bodyBase64" in d:
         raise ValueError("give 'body' or 'bodyBase64', not both")
+    if not isinstance(d.get("body", ""), str) or not isinstance(d.get("bodyBase64", ""), str):
+        raise ValueError("'body' must be a string ('bodyBase64' a base64 string)")
     body = d.get("body", "").encode("utf-8") if "bodyBase64" not in d else base64.b64decode(d["bodyBase64"],
                                                                                               validate=True)
     msg = Message(d["topic"], body, tags=d.get("tags"), keys=d.get("keys"), properties=d.get("properties"),

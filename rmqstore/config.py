@@ -4,6 +4,37 @@ from dataclasses import dataclass, fields, replace
 from rmqstore.errors import InvalidArgumentError
 
 _DELAY_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_INT_MAX = (1 << 31) - 1          # Java int: what RocketMQ's MessageStoreConfig holds
+_MAX_DELAY_MS = 100 * 365 * 86_400_000
+_INDEX_HEADER = 40
+
+# Allowed range of every int field (inclusive). File sizes stay below 2 GiB as RocketMQ's
+# int-sized mapped files do; counts that size buffers stay small.
+_RANGES = {
+    "commitlog_file_size": (4096, _INT_MAX),
+    "consume_queue_entries": (1, _INT_MAX // 20),
+    "index_slots": (1, (_INT_MAX - _INDEX_HEADER - 40) // 4),
+    "index_entries": (2, (_INT_MAX - _INDEX_HEADER - 4) // 20),
+    "flush_interval_ms": (1, _INT_MAX),
+    "flush_least_pages": (0, _INT_MAX),
+    "flush_thorough_interval_ms": (0, _INT_MAX),
+    "flush_cq_interval_ms": (1, _INT_MAX),
+    "flush_cq_least_pages": (0, _INT_MAX),
+    "flush_cq_thorough_interval_ms": (0, _INT_MAX),
+    "sync_flush_timeout_ms": (1, _INT_MAX),
+    "max_message_size": (1, _INT_MAX),
+    "message_version": (1, 2),
+    "default_queue_nums": (1, _INT_MAX),
+    "max_msgs_num_batch": (1, 65_535),
+    "max_transfer_count_on_message_in_memory": (1, 65_535),
+    "max_transfer_bytes_on_message_in_memory": (1, _INT_MAX),
+    "file_reserved_time": (0, _INT_MAX),
+    "disk_max_used_space_ratio": (0, 100),   # a percentage
+    "warm_ahead_bytes": (0, _INT_MAX),
+    "file_mode": (0o600, 0o777),
+    "dir_mode": (0o700, 0o777),
+}
+_CHOICES = {"flush_mode": ("sync", "async")}
 
 
 @dataclass(frozen=True)
@@ -43,19 +74,33 @@ class StoreConfig:
     dir_mode: int = 0o700
 
     def __post_init__(self):
-        if self.flush_mode not in ("sync", "async"):
-            raise InvalidArgumentError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
-        if self.message_version not in (1, 2):
-            raise InvalidArgumentError("message_version must be 1 or 2")
-        if self.commitlog_file_size < 4096 or self.commitlog_file_size > (1 << 31) - 1:
-            raise InvalidArgumentError("commitlog_file_size must be 4 KiB .. 2 GiB-1")
-        for name in ("consume_queue_entries", "index_slots", "index_entries", "default_queue_nums",
-                     "max_msgs_num_batch", "max_message_size", "flush_interval_ms", "flush_cq_interval_ms"):
-            if getattr(self, name) <= 0:
-                raise InvalidArgumentError(f"{name} must be positive")
-        if self.index_entries < 2:
-            raise InvalidArgumentError("index_entries must be at least 2 (entry 0 is unused)")
-        self.delay_levels_ms()
+        """Check every field's type and range (InvalidArgumentError naming the field)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type is bool and type(value) is not bool:
+                raise InvalidArgumentError(f"{f.name} must be True or False, not {value!r}")
+            if f.type is str and type(value) is not str:
+                raise InvalidArgumentError(f"{f.name} must be a string, not {value!r}")
+            if f.type is int:
+                lo, hi = _RANGES[f.name]
+                if type(value) is not int or not lo <= value <= hi:
+                    raise InvalidArgumentError(f"{f.name} must be an int in {lo}..{hi}, not {value!r}")
+            if f.name in _CHOICES and value not in _CHOICES[f.name]:
+                raise InvalidArgumentError(f"{f.name} must be one of {_CHOICES[f.name]}, not {value!r}")
+        for name, bits in (("file_mode", 0o600), ("dir_mode", 0o700)):
+            if getattr(self, name) & bits != bits:
+                raise InvalidArgumentError(f"{name} must give the owner {oct(bits)} (the store reopens its files)")
+        index_size = _INDEX_HEADER + 4 * self.index_slots + 20 * self.index_entries
+        if index_size > _INT_MAX:
+            raise InvalidArgumentError(f"index_slots and index_entries give a {index_size}-byte index file "
+                                       f"(40 + 4*slots + 20*entries must be at most {_INT_MAX})")
+        for h in self.delete_when.split(";"):
+            if not (h.strip().isascii() and h.strip().isdigit() and int(h) <= 23):
+                raise InvalidArgumentError(f"delete_when must be hours 00..23 joined by ';', not {self.delete_when!r}")
+        from rmqstore._codec import pack_host
+        pack_host(self.store_host)
+        if not self.delay_levels_ms():
+            raise InvalidArgumentError("message_delay_level must name at least one level")
 
     @property
     def cq_file_size(self):
@@ -65,10 +110,12 @@ class StoreConfig:
         """Delay per level (level 1 first), parsed from message_delay_level."""
         out = []
         for tok in self.message_delay_level.split():
-            try:
-                out.append(int(tok[:-1]) * _DELAY_UNITS[tok[-1]])
-            except (KeyError, ValueError):
-                raise InvalidArgumentError(f"bad delay level {tok!r}") from None
+            n = tok[:-1]
+            if not (n.isascii() and n.isdigit()) or tok[-1] not in _DELAY_UNITS \
+                    or not 0 < int(n) * _DELAY_UNITS[tok[-1]] <= _MAX_DELAY_MS:
+                raise InvalidArgumentError(f"message_delay_level: bad level {tok!r} (a count of s, m, h or d, "
+                                           f"more than 0 and at most {_MAX_DELAY_MS} ms)")
+            out.append(int(n) * _DELAY_UNITS[tok[-1]])
         return out
 
     def with_(self, **changes):
