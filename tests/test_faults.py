@@ -1,0 +1,199 @@
+"""Injected I/O faults (cext/rmq_fault.h) on every durable path: commitlog, consume queue,
+index, checkpoint and consumer offsets. Once a flush has failed no put is acknowledged,
+not even one already waiting for the group commit, and the store stays read-only until it
+is reopened; reopening recovers a store that verifies and holds every acknowledged put.
+Each scenario runs in a child process (this file run as a script), so a crash fails a test."""
+import errno
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ERRNOS = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC}
+# path -> (fault op, substring of the failing file's path)
+FLUSH_PATHS = {
+    "commitlog": ("msync", "/commitlog/"),
+    "consume_queue": ("msync", "/consumequeue/"),
+    "index": ("msync", "/index/"),
+    "checkpoint": ("fsync", "checkpoint.tmp"),
+    "consumer_offsets": ("fsync", "consumerOffset.json.tmp"),
+}
+
+
+def _config():
+    from rmqstore import StoreConfig
+    return StoreConfig(flush_mode="sync", commitlog_file_size=64 << 10, consume_queue_entries=100, index_slots=64,
+                       index_entries=512, warm_mapped_file=False, flush_cq_interval_ms=_INT_MAX)
+
+
+_INT_MAX = (1 << 31) - 1
+
+
+def _put_until_refused(store, tag, acked, errors):
+    """Put until the store refuses. A put that began after the flush failure was recorded
+    must not be acknowledged."""
+    from rmqstore import Message, StoreReadOnlyError
+    i = 0
+    while True:
+        failed_before = store.flusher.error is not None
+        try:
+            r = store.put(Message("T", f"{tag}-{i}".encode(), keys=f"{tag}-{i}"), queue_id=i % 2)
+        except StoreReadOnlyError:
+            errors.append(tag)
+            return
+        if failed_before:
+            raise AssertionError(f"put {tag}-{i} acknowledged after the flush failed")
+        acked.append((r.phy_offset, f"{tag}-{i}"))
+        i += 1
+
+
+def scenario(path, kind, err, waiters):
+    """Run one fault scenario on a new store at ``path``; returns a dict of what happened."""
+    from rmqstore import MessageStore, Message, StoreReadOnlyError
+    from rmqstore._segment import inject_fault
+    op, match = FLUSH_PATHS[kind]
+    out = {}
+    store = MessageStore(path, _config())
+    acked, refused = [], []
+    if kind != "commitlog":   # something durable first: the fault must not undo it
+        for i in range(5):
+            r = store.put(Message("T", f"pre-{i}".encode(), keys=f"pre-{i}"), queue_id=i % 2)
+            acked.append((r.phy_offset, f"pre-{i}"))
+        store.commit_offset("g", "T", 0, 3)
+        store.wait_dispatched()
+    inject_fault(op, 1, err, match)
+    if kind == "commitlog":
+        threads = [threading.Thread(target=_put_until_refused, args=(store, f"w{k}", acked, refused))
+                   for k in range(waiters)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        try:
+            store.flush()
+        except StoreReadOnlyError as e:
+            out["flush_error"] = type(e.__cause__).__name__ + ":" + str(getattr(e.__cause__, "errno", None))
+        threads = [threading.Thread(target=_put_until_refused, args=(store, f"w{k}", acked, refused))
+                   for k in range(waiters)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    out["refused"] = len(refused)
+    out["acked_after_fault"] = sum(1 for _, b in acked if not b.startswith("pre-"))
+    try:
+        store.flush()
+        out["flush_after"] = "ok"
+    except StoreReadOnlyError:
+        out["flush_after"] = "read-only"
+    try:
+        store.close()
+    except StoreReadOnlyError:
+        pass
+    out["abort_left"] = os.path.exists(os.path.join(path, "abort"))
+    inject_fault(op, 0, err, match)
+    with MessageStore(path, _config()) as s:
+        out["verify_ok"] = s.verify().ok
+        out["acked_readable"] = all(s.get_by_offset(off).body.decode() == body for off, body in acked)
+        out["acked"] = len(acked)
+        out["offset_kept"] = s.committed_offset("g", "T", 0)
+        s.put(Message("T", b"after reopen"))
+    return out
+
+
+def child_env(**extra):
+    """The environment of a child process that imports this checkout's rmqstore and tests."""
+    import rmqstore
+    paths = [os.path.dirname(os.path.dirname(rmqstore.__file__)), os.path.dirname(os.path.abspath(__file__))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}
+
+
+def _run(*args):
+    p = subprocess.run([sys.executable, __file__, *map(str, args)], capture_output=True, text=True, timeout=300,
+                       env=child_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("err", sorted(ERRNOS))
+@pytest.mark.parametrize("kind", sorted(FLUSH_PATHS))
+@pytest.mark.parametrize("waiters", [1, 4], ids=["single", "group"])
+def test_failed_flush_acknowledges_nothing_later(tmp_path, kind, err, waiters):
+    got = _run("flush", tmp_path / "s", kind, ERRNOS[err], waiters)
+    assert got["refused"] == waiters                 # every writer ended refused...
+    assert got["acked_after_fault"] == 0            # ...and none was acknowledged after the fault
+    assert got["flush_after"] == "read-only"        # sticky: no retry succeeds
+    assert got["abort_left"] is True                # close() after the failure is not a clean shutdown
+    assert got["verify_ok"] is True and got["acked_readable"] is True
+    if kind != "commitlog":
+        assert got["flush_error"] == ("StoreIOError" if err == "EIO" else "DiskFullError") + f":{ERRNOS[err]}"
+        assert got["acked"] == 5
+    if kind == "consumer_offsets":
+        assert got["offset_kept"] in (-1, 3)        # the old file or the new one, never a torn one
+
+
+def space_scenario(path, op, err):
+    """A failed fallocate/ftruncate/open while a put creates a commitlog segment: the put
+    raises, nothing partial is kept, and the next put (space back) succeeds."""
+    from rmqstore import MessageStore, Message
+    from rmqstore._segment import inject_fault
+    out = {}
+    with MessageStore(path, _config().with_(flush_mode="async")) as s:
+        if op == "ftruncate":   # a file system without fallocate falls back to ftruncate
+            inject_fault("fallocate", 1, errno.EOPNOTSUPP, "/commitlog/")
+        inject_fault(op, 1, err, "/commitlog/")
+        try:
+            s.put(Message("T", b"first"))
+            out["first"] = "stored"
+        except OSError as e:
+            out["first"] = f"{type(e).__name__}:{e.errno}"
+        out["files"] = sorted(os.listdir(os.path.join(path, "commitlog")))
+        r = s.put(Message("T", b"second"))
+        out["second_offset"] = r.phy_offset
+    with MessageStore(path, _config()) as s:
+        out["bodies"] = [m.body.decode() for m in s.scan()]
+        out["verify_ok"] = s.verify().ok
+    return out
+
+
+@pytest.mark.parametrize("err", sorted(ERRNOS))
+@pytest.mark.parametrize("op", ["fallocate", "ftruncate", "open"])
+def test_failed_segment_create_keeps_nothing(tmp_path, op, err):
+    got = _run("space", tmp_path / "s", op, ERRNOS[err])
+    assert got["first"] == ("StoreIOError" if err == "EIO" else "DiskFullError") + f":{ERRNOS[err]}"
+    assert got["files"] == []
+    assert got["second_offset"] == 0
+    assert got["bodies"] == ["second"] and got["verify_ok"] is True
+
+
+def test_faults_armed_from_the_environment(tmp_path):
+    """RMQ_FAULTS arms a fault as the library loads: the 1st commitlog msync fails."""
+    code = ("import sys; from rmqstore import *; from test_faults import _config\n"
+            "s = MessageStore(sys.argv[1], _config())\n"
+            "try:\n    s.put(Message('T', b'x')); print('acked')\n"
+            "except StoreReadOnlyError as e:\n    print('refused', e.__cause__.errno)\n")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True,
+                       env=child_env(RMQ_FAULTS="msync:1:EIO:/commitlog/"), timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["refused", str(errno.EIO)]
+
+
+def test_inject_fault_rejects_unknown_operations():
+    from rmqstore._segment import inject_fault
+    with pytest.raises(ValueError):
+        inject_fault("write", 1, errno.EIO)
+    with pytest.raises(ValueError):
+        inject_fault("msync", 1, 0)
+
+
+if __name__ == "__main__":
+    what, path, *rest = sys.argv[1:]
+    if what == "flush":
+        result = scenario(path, rest[0], int(rest[1]), int(rest[2]))
+    else:
+        result = space_scenario(path, rest[0], int(rest[1]))
+    print(json.dumps(result))
