@@ -7,6 +7,7 @@ import numpy as np
 
 from rmqstore import _cq
 from rmqstore.errors import CorruptStoreError
+from rmqstore.files import refuse_symlink
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import is_safe_dirname
 
@@ -243,6 +244,7 @@ class ConsumeQueueTable:
 
     def load(self):
         """Open every topic/queue directory found on disk (any topic name a store holds)."""
+        refuse_symlink(self.root)
         try:
             topics = sorted(os.listdir(self.root))
         except FileNotFoundError:
@@ -251,6 +253,7 @@ class ConsumeQueueTable:
             tdir = os.path.join(self.root, topic)
             if not is_safe_dirname(topic) or not os.path.isdir(tdir):
                 continue
+            refuse_symlink(tdir)
             for qname in sorted(os.listdir(tdir)):
                 if not qname.isdigit():
                     continue

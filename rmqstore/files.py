@@ -37,6 +37,21 @@ def store_dir(path, create, mode):
         raise_errno(errno.ENOTDIR, path, "open store")
 
 
+def refuse_symlink(path):
+    """StoreIOError (ELOOP) when ``path`` is a symlink: store files and directories are
+    never followed."""
+    if os.path.islink(path):
+        raise_errno(errno.ELOOP, path, "open")
+
+
+def file_size(path):
+    """Size of the store file ``path`` itself (lstat); a symlink is refused."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise_errno(errno.ELOOP, path, "open")
+    return st.st_size
+
+
 def open_file(path, flags, mode=0o600):
     """os.open with O_NOFOLLOW and O_CLOEXEC; an error becomes a StoreIOError naming ``path``
     (a symlink: ELOOP), except ENOENT, which stays FileNotFoundError for callers to test."""

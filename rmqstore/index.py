@@ -10,7 +10,7 @@ import numpy as np
 from rmqstore import _index
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
-from rmqstore.files import make_dirs
+from rmqstore.files import file_size, make_dirs, refuse_symlink
 
 log = logging.getLogger(__name__)
 LONG_MAX = (1 << 63) - 1
@@ -97,12 +97,13 @@ class IndexService:
         and, after an unclean shutdown, entries newer than the checkpoint allows."""
         cfg = self.config
         try:
+            refuse_symlink(self.directory)
             names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
         except FileNotFoundError:
             names = []
         for name in names:
             path = os.path.join(self.directory, name)
-            slots, entries = detect_geometry(path, os.path.getsize(path), cfg.index_slots, cfg.index_entries)
+            slots, entries = detect_geometry(path, file_size(path), cfg.index_slots, cfg.index_entries)
             seg = MappedSegment(path, 0, _index.file_size(slots, entries), readonly=self.readonly)
             self.files.append(IndexFile(seg, slots, entries))
         if not self.readonly:

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
-from rmqstore.files import make_dirs, open_file
+from rmqstore.files import file_size, make_dirs, open_file, refuse_symlink
 
 
 def segment_name(offset):
@@ -14,7 +14,9 @@ def segment_name(offset):
 
 
 def list_segment_files(directory):
-    """(offset, path) of every 20-digit file in ``directory``, in offset order."""
+    """(offset, path) of every 20-digit file in ``directory``, in offset order; a symlinked
+    directory is refused."""
+    refuse_symlink(directory)
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -25,7 +27,7 @@ def list_segment_files(directory):
 def detect_file_size(directory):
     """The segment size a foreign store used: the size of its first file (None if empty)."""
     files = list_segment_files(directory)
-    return os.path.getsize(files[0][1]) if files else None
+    return file_size(files[0][1]) if files else None
 
 
 class SegmentQueue:
@@ -64,7 +66,7 @@ class SegmentQueue:
         files = list_segment_files(self.directory)
         try:
             for offset, path in files:
-                size = os.path.getsize(path)
+                size = file_size(path)
                 if size != self.file_size and path == files[-1][1] and _interrupted_create(path, size, self.file_size):
                     # killed between creating the newest file and reserving its blocks
                     if not self.readonly:

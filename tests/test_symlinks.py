@@ -1,0 +1,127 @@
+"""Symlinks planted in a store are refused (StoreError), never followed: their targets
+keep their bytes and mode. Files the store creates are 0600 whatever the umask."""
+import os
+
+import pytest
+
+from conftest import SMALL_INDEX
+from rmqstore import Message, MessageStore, StoreConfig, StoreError
+
+SEG = 4096 * 4
+
+
+def _cfg(**kw):
+    return StoreConfig(**{**SMALL_INDEX, "commitlog_file_size": SEG, "consume_queue_entries": 100,
+                          "warm_mapped_file": False, **kw})
+
+
+def _store(root):
+    with MessageStore(root, _cfg()) as s:
+        for i in range(5):
+            s.put(Message("T", b"x" * 100, keys=f"k{i}"), queue_id=0)
+        s.commit_offset("g", "T", 0, 2)
+
+
+def _index_file(root):
+    return "index/" + sorted(os.listdir(root / "index"))[0]
+
+
+# store path -> what the planted link replaces: "file" (an existing store file, moved
+# away), "new" (a path the store creates while open), "dir" (a store directory)
+PLANTS = {
+    "abort": "new", "lock": "file", "checkpoint": "file", "checkpoint.tmp": "new",
+    "config/consumerOffset.json": "file", "config/consumerOffset.json.tmp": "new",
+    "commitlog/00000000000000000000": "file", f"commitlog/{SEG:020d}": "new",
+    "consumequeue/T/0/00000000000000000000": "file", "index": "dir", "consumequeue/T": "dir",
+    "consumequeue/T/0": "dir", "commitlog": "dir", "<index file>": "file",
+}
+
+
+def _use(root):
+    """Open the store and use everything that writes: StoreError wherever it is refused."""
+    with MessageStore(root, _cfg()) as s:
+        for i in range(200):    # rolls into the second commitlog segment
+            s.put(Message("T", b"y" * 100, keys=f"n{i}"), queue_id=0)
+        s.commit_offset("g", "T", 0, 7)
+        s.wait_dispatched()
+        s.flush()
+
+
+@pytest.mark.parametrize("rel", sorted(PLANTS))
+def test_planted_symlink_is_refused_and_its_target_untouched(tmp_path, rel):
+    root = tmp_path / "store"
+    _store(root)
+    if rel == "<index file>":
+        rel = _index_file(root)
+    kind = PLANTS.get(rel, "file")
+    link = root / rel
+    victim = tmp_path / "victim"
+    if kind == "dir":
+        os.rename(link, victim)          # the store's own directory, now reached by a link
+        before = {p: (victim / p).read_bytes() for p in os.listdir(victim) if (victim / p).is_file()}
+        link.symlink_to(victim, target_is_directory=True)
+    else:
+        victim.write_bytes(b"precious" * 1000 if kind == "new" else link.read_bytes())
+        os.chmod(victim, 0o644)
+        if kind == "file":
+            link.unlink()
+        link.symlink_to(victim)
+        before = victim.read_bytes()
+    with pytest.raises(StoreError, match="symlink"):
+        _use(root)
+    assert os.path.islink(link)
+    if kind == "dir":
+        assert {p: (victim / p).read_bytes() for p in os.listdir(victim) if (victim / p).is_file()} == before
+    else:
+        assert victim.read_bytes() == before and os.stat(victim).st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("rel", ["commitlog/00000000000000000000", "checkpoint", "config/consumerOffset.json"])
+def test_read_only_open_refuses_symlinked_files(tmp_path, rel):
+    root = tmp_path / "store"
+    _store(root)
+    victim = tmp_path / "victim"
+    os.rename(root / rel, victim)
+    (root / rel).symlink_to(victim)
+    with pytest.raises(StoreError, match="symlink"):
+        MessageStore(root, _cfg(), read_only=True)
+
+
+def test_dangling_symlink_segment_is_refused(tmp_path):
+    root = tmp_path / "store"
+    _store(root)
+    (root / "commitlog" / f"{SEG:020d}").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(StoreError, match="symlink"):
+        MessageStore(root, _cfg())
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_stale_regular_temporaries_are_replaced(tmp_path):
+    """A temp file a crash left behind (a regular file) does not block later writes."""
+    root = tmp_path / "store"
+    _store(root)
+    (root / "checkpoint.tmp").write_bytes(b"stale")
+    (root / "config" / "consumerOffset.json.tmp").write_bytes(b"stale")
+    (root / "abort").write_bytes(b"stale")
+    with MessageStore(root, _cfg()) as s:
+        s.commit_offset("g", "T", 0, 4)
+        s.flush()
+    with MessageStore(root, _cfg(), read_only=True) as s:
+        assert s.committed_offset("g", "T", 0) == 4
+    assert not (root / "checkpoint.tmp").exists() and not (root / "abort").exists()
+
+
+def test_every_created_file_is_0600_under_a_lax_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        root = tmp_path / "store"
+        _store(root)
+        with MessageStore(root, _cfg()) as s:   # reopened: abort and temporaries again
+            s.put(Message("T", b"z"))
+            abort_mode = os.stat(root / "abort").st_mode & 0o777
+    finally:
+        os.umask(old)
+    assert abort_mode == 0o600
+    modes = {os.path.relpath(os.path.join(d, n), root): os.stat(os.path.join(d, n)).st_mode & 0o777
+             for d, _, names in os.walk(root) for n in names}
+    assert modes and set(modes.values()) == {0o600}, modes
