@@ -30,7 +30,10 @@ def store_dir(path, create, mode):
     """Make sure the store root ``path`` is a directory (created with ``mode`` when
     ``create``): StoreNotFoundError when it is missing, StoreIOError when it is a file."""
     if create:
-        make_dirs(path, mode)
+        try:
+            make_dirs(path, mode)
+        except OSError as e:
+            raise_errno(e.errno, e.filename or path, "create store directory")
     if not os.path.isdir(path):
         if not os.path.lexists(path):
             raise StoreNotFoundError(errno.ENOENT, "store directory does not exist", path)

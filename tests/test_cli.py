@@ -339,3 +339,11 @@ def test_spark_delegates_to_the_jobs():
     pytest.importorskip("rmqstore.spark.jobs")
     assert "--out" in run("spark", "export", "--help").stdout
     run("spark", "nosuchjob", expect=2)
+
+
+@pytest.mark.parametrize("body", ["5", "null", "[1]", '{"a": 1}', "true"])
+def test_put_non_string_body_is_a_one_line_error(small_store, body):
+    p = run("put", small_store, stdin=f'{{"topic": "T1", "body": {body}}}\n', expect=1)
+    assert "stdin line 1" in error_line(p) and "'body' must be a string" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert run_json("stats", small_store)["queues"][0]["maxOffset"] == 3
