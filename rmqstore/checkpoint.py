@@ -35,6 +35,7 @@ class Checkpoint:
         self.master_flushed_offset = 0
         self.confirm_phy_offset = 0
         self.existed = False
+        self.rejected = {}   # as_dict() name -> the out-of-range value the file held
 
     def load(self):
         """Read the page. A timestamp outside 0..MAX_TIMESTAMP cannot be trusted, so it
@@ -47,11 +48,10 @@ class Checkpoint:
             raise CorruptStoreError(f"{self.path}: {len(data)} bytes, expected a {PAGE}-byte page")
         data = data.ljust(40, b"\0")
         fields = list(_FIELDS.unpack_from(data))
-        for i in range(3):
+        for i, name in enumerate(("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp")):
             if not 0 <= fields[i] <= MAX_TIMESTAMP:
-                log.warning("%s: timestamp @%d is %d, out of range: recovering from the start", self.path, 8 * i,
-                            fields[i])
-                fields[i] = 0
+                log.warning("%s: %s is %d, out of range: recovering from the start", self.path, name, fields[i])
+                self.rejected[name], fields[i] = fields[i], 0
         (self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
          self.master_flushed_offset, self.confirm_phy_offset) = fields
         self.existed = True

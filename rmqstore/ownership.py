@@ -23,8 +23,9 @@ def bind(store):
 
 
 def check_owner(store):
-    """Raise ForeignProcessError when ``store`` is used outside the process that opened it."""
-    if store._owner_pid != os.getpid():
+    """Raise ForeignProcessError when writer ``store`` is used outside the process that
+    opened it."""
+    if not store.read_only and store._owner_pid != os.getpid():
         raise ForeignProcessError(f"{store.path}: opened by process {store._owner_pid}, used in {os.getpid()}"
                                   " (a writer handle does not survive fork; open the store again)")
 

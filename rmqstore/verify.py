@@ -404,8 +404,10 @@ class _Verifier:
             return
         newest = self.recs.max_store_ts
         for pos, name in ((0, "physicMsgTimestamp"), (8, "logicsMsgTimestamp"), (16, "indexMsgTimestamp")):
-            ts = cp.as_dict()[name]
-            if ts > now_ms:
+            ts = cp.as_dict()[name] or cp.rejected.get(name, 0)   # loading read an out-of-range time as 0
+            if ts < 0:
+                self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is negative")
+            elif ts > now_ms:
                 self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is in the future (now {now_ms})")
             elif newest and ts > newest:
                 self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is after the newest stored "

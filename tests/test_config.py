@@ -130,11 +130,15 @@ def test_checkpoint_timestamps_out_of_range_with_abort(tmp_path, stamp):
     struct.pack_into(">qqq", page, 0, stamp, stamp, stamp)
     (root / "checkpoint").write_bytes(bytes(page))
     (root / "abort").write_bytes(b"\xff" * 100)   # the contents of abort are never used
+    with MessageStore(root, StoreConfig(**BASE), read_only=True) as s:   # verify names the bad times
+        problems = [(p.kind, p.offset) for p in s.verify().problems]
+        assert problems == [("checkpoint", 0), ("checkpoint", 8), ("checkpoint", 16)]
     with MessageStore(root, StoreConfig(**BASE)) as s:
         assert not s.clean_shutdown
         assert [s.get_by_offset(o).body for o in offsets] == [f"m{i}".encode() for i in range(5)]
-        assert s.verify().ok
         s.put(Message("T", b"after"))
+        s.flush()
+        assert s.verify().ok
     cp = struct.unpack_from(">qqq", (root / "checkpoint").read_bytes())
     assert all(0 < t < 1 << 52 for t in cp), cp   # rewritten with real store times
 
