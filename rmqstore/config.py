@@ -31,7 +31,7 @@ _RANGES = {
     "file_reserved_time": (0, _INT_MAX),
     "disk_max_used_space_ratio": (0, 100),   # a percentage
     "warm_ahead_bytes": (0, _INT_MAX),
-    "file_mode": (0o600, 0o777),
+    "file_mode": (0o600, 0o777),   # the owner must read and write (the store reopens its files)
     "dir_mode": (0o700, 0o777),
 }
 _CHOICES = {"flush_mode": ("sync", "async")}
@@ -84,12 +84,11 @@ class StoreConfig:
             if f.type is int:
                 lo, hi = _RANGES[f.name]
                 if type(value) is not int or not lo <= value <= hi:
-                    raise InvalidArgumentError(f"{f.name} must be an int in {lo}..{hi}, not {value!r}")
+                    show = oct if f.name.endswith("_mode") else str
+                    raise InvalidArgumentError(f"{f.name} must be an int in {show(lo)}..{show(hi)}, not "
+                                               f"{show(value) if type(value) is int else repr(value)}")
             if f.name in _CHOICES and value not in _CHOICES[f.name]:
                 raise InvalidArgumentError(f"{f.name} must be one of {_CHOICES[f.name]}, not {value!r}")
-        for name, bits in (("file_mode", 0o600), ("dir_mode", 0o700)):
-            if getattr(self, name) & bits != bits:
-                raise InvalidArgumentError(f"{name} must give the owner {oct(bits)} (the store reopens its files)")
         index_size = _INDEX_HEADER + 4 * self.index_slots + 20 * self.index_entries
         if index_size > _INT_MAX:
             raise InvalidArgumentError(f"index_slots and index_entries give a {index_size}-byte index file "

@@ -34,6 +34,8 @@ BASE = dict(SMALL_INDEX, commitlog_file_size=64 << 10, consume_queue_entries=100
     ("flush_least_pages", 1.5, "0..2147483647"),
     ("file_reserved_time", True, "0..2147483647"),
     ("warm_ahead_bytes", "64", "0..2147483647"),
+    ("file_mode", 0o1600, "0o600..0o777"),
+    ("dir_mode", 0o500, "0o700..0o777"),
 ])
 def test_out_of_range_int_names_field_and_range(field, value, allowed):
     with pytest.raises(InvalidArgumentError, match=rf"^{field} must be an int in {allowed}, not "):
