@@ -19,7 +19,7 @@ import numpy as np
 from rmqstore import MessageStore, batch
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.config import StoreConfig
-from rmqstore.dispatch import Dispatcher
+from rmqstore.dispatch import Dispatcher, deliver_time
 from rmqstore.errors import InvalidArgumentError
 from rmqstore.index import IndexService
 from rmqstore.segments import segment_name
@@ -165,9 +165,7 @@ def _cq_entries(parts, delays):
             tx = cols["sys_flag"] & 0xC
             tags = cols["tags_code"].copy()
             for i in np.nonzero(np.array([t == SCHEDULE_TOPIC for t in topics]))[0]:
-                level = _property(cols, i, "DELAY")
-                if level is not None and level.isdigit() and int(level) > 0:
-                    tags[i] = cols["store_timestamp"][i] + delays[min(int(level), len(delays)) - 1]
+                tags[i] = deliver_time(_property(cols, i, "DELAY"), int(cols["store_timestamp"][i]), tags[i], delays)
             for i in np.nonzero((tx != 0x4) & (tx != 0xC))[0]:
                 out.setdefault((topics[i], int(cols["queue_id"][i])), []).append(
                     (int(cols["queue_offset"][i]), int(cols["phy_offset"][i]), int(cols["store_size"][i]),
