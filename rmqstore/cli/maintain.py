@@ -4,7 +4,7 @@ import argparse
 import dataclasses
 import time
 
-from rmqstore.cli_common import (EXIT_FOUND, nonneg_int, open_store, positive_int, print_fields, print_json,
+from rmqstore.cli.common import (EXIT_FOUND, nonneg_int, open_store, positive_int, print_fields, print_json,
                                  print_table, progress, require_store, store_config)
 from rmqstore.store import MessageStore
 

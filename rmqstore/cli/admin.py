@@ -11,7 +11,7 @@ import crc32c
 import numpy as np
 
 from rmqstore._codec import Message
-from rmqstore.cli_common import (EXIT_FOUND, CommandError, nonneg_int, open_store, positive_int, print_fields,
+from rmqstore.cli.common import (EXIT_FOUND, CommandError, nonneg_int, open_store, positive_int, print_fields,
                                  print_json, print_line, print_table, progress, require_store, store_config)
 from rmqstore.errors import StoreError
 from rmqstore.segments import list_segment_files

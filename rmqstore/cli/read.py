@@ -4,7 +4,7 @@ import os
 import sys
 import time
 
-from rmqstore.cli_common import (BODY_MODES, message_dict, message_line, nonneg_int, open_store,
+from rmqstore.cli.common import (BODY_MODES, message_dict, message_line, nonneg_int, open_store,
                                  positive_int, print_fields, print_json, print_line, print_table, progress)
 
 def _index_files(s):
