@@ -219,7 +219,7 @@ class ConsumeQueueBuilder:
         bounds = np.flatnonzero(np.diff(key)) + 1
         phy, size, qoff = rows["phy_offset"][order], rows["size"][order], rows["queue_offset"][order]
         tags = tags[order]
-        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)]):
+        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)], strict=True):
             cq = self.table.get_or_create(names[batch.topic_ids[order[lo]]], int(rows["queue_id"][order[lo]]))
             cq.put_run(phy[lo:hi], size[lo:hi], tags[lo:hi], qoff[lo:hi])
         self.last_timestamp = int(rows["store_timestamp"][keep[-1]])

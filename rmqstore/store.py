@@ -123,8 +123,8 @@ class MessageStore:
                                                 cfg.file_mode, cfg.dir_mode)
         self.offsets = ConsumerOffsets(self.path, cfg.file_mode, cfg.dir_mode)
         self.index: IndexService | None = None
-        self.dispatcher: Dispatcher | None = None
-        self.flusher: FlushService | None = None
+        self.dispatcher: Dispatcher          # set by _recover
+        self.flusher: FlushService           # set below on a writer; _teardown copes with neither
         try:
             self.commitlog.segments.load()
             self.consume_queues.load()
@@ -210,10 +210,9 @@ class MessageStore:
                 self._teardown()
 
     def _teardown(self) -> None:
-        if self.dispatcher is not None:
-            self.dispatcher.stop()
-        if self.flusher is not None:
-            self.flusher.stop()
+        for service in (getattr(self, "dispatcher", None), getattr(self, "flusher", None)):
+            if service is not None:
+                service.stop()
         if self.index is not None:
             self.index.close()
         self.consume_queues.close()

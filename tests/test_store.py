@@ -100,7 +100,7 @@ def test_files_parse_with_reference_decoder(tmp_path):
         rs += [store.put(Message("%RETRY%g", b"", tags="标签"), queue_id=0)]
     recs = list(ref.iter_commitlog(tmp_path / "s"))
     assert [r["phy_offset"] for r in recs] == [r.phy_offset for r in rs]
-    for rec, r in zip(recs, rs):
+    for rec, r in zip(recs, rs, strict=False):
         assert rec["store_size"] == r.size and rec["msg_id"] == r.msg_id
         assert rec["magic"] == ref.MAGIC_V1
         assert rec["store_host"] == "[2001:db8:0:0:0:0:0:1]:10911"

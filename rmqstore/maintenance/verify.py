@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from rmqstore import _codec, _index
+import rmqstore._index as _index
+from rmqstore import _codec
 from rmqstore.consume_queue import HOLE_SIZE
 from rmqstore.dispatch import DispatchBatch, cq_tags, gets_cq_entry
 
@@ -231,7 +232,8 @@ class _Verifier:
         done = []
         keys = self.index_service is not None
         with ThreadPoolExecutor(_WORKERS, thread_name_prefix="rmq-verify") as pool:
-            for (seg, limit, _), sg in zip(jobs, pool.map(lambda job: _Segment(*job, self.delays, keys), jobs)):
+            segments = pool.map(lambda job: _Segment(*job, self.delays, keys), jobs)
+            for (seg, limit, _), sg in zip(jobs, segments, strict=True):
                 for p in sg.problems:
                     self.problem(*p)
                 self.rep.segments += 1

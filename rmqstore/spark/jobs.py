@@ -123,7 +123,7 @@ def _structure(store):
     """Structural problems of a store's commitlog files (sizes, gaps)."""
     files = batch.segment_files(store)
     problems = []
-    for (p, base, size), (_, nbase, _) in zip(files, files[1:]):
+    for (p, base, size), (_, nbase, _) in zip(files, files[1:], strict=False):
         if nbase != base + size:
             problems.append(f"{p}: next segment starts at {nbase}, expected {base + size}")
     if files and len({size for _, _, size in files}) > 1:
@@ -175,7 +175,7 @@ def _cq_entries(parts, delays):
 
 def _topics(cols):
     data, off = cols["topic_data"].tobytes(), cols["topic_offsets"].tolist()
-    return [data[a:b].decode("utf-8", "replace") for a, b in zip(off[:-1], off[1:])]
+    return [data[a:b].decode("utf-8", "replace") for a, b in zip(off[:-1], off[1:], strict=False)]
 
 
 def _property(cols, i, name):
