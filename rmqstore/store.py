@@ -19,8 +19,16 @@ from rmqstore.config import StoreConfig
 from rmqstore.consume_queue import ConsumeQueueTable
 from rmqstore.consumer import GetMessageResult, get_message
 from rmqstore.dispatch import ConsumeQueueBuilder, Dispatcher, new_dispatcher
-from rmqstore.errors import (CorruptRecordError, CorruptStoreError, InvalidArgumentError, MessageNotFoundError,
-                             StoreClosedError, StoreError, StoreLockedError, StoreReadOnlyError)
+from rmqstore.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    InvalidArgumentError,
+    MessageNotFoundError,
+    StoreClosedError,
+    StoreError,
+    StoreLockedError,
+    StoreReadOnlyError,
+)
 from rmqstore.files import make_dirs
 from rmqstore.flush import FlushService
 from rmqstore.index import IndexService, UniqKeyGenerator

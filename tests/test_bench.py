@@ -1,5 +1,6 @@
 """rmqstore.bench: a tiny run of the standard workload counts every message on every system."""
 from rmqstore import StoreConfig, bench
+
 from conftest import SMALL_INDEX
 
 SMALL = StoreConfig(commitlog_file_size=1 << 20, consume_queue_entries=1000, **SMALL_INDEX)

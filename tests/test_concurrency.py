@@ -7,9 +7,10 @@ import textwrap
 import threading
 import time
 
-import reference_codec as ref
-from rmqstore import Message, MessageStore, StoreConfig
 from rmqstore import GetMessageStatus as S
+from rmqstore import Message, MessageStore, StoreConfig
+
+import reference_codec as ref
 from conftest import SMALL_INDEX
 
 WRITERS = 3

@@ -7,9 +7,10 @@ import os
 
 import pytest
 
+from rmqstore import GetMessageStatus, MessageStore
+
 import reference_codec as ref
 from conftest import tree_state
-from rmqstore import GetMessageStatus, MessageStore
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,10 @@ import struct
 
 import pytest
 
-from conftest import copy_store
-from rmqstore import (InvalidArgumentError, Message, MessageNotFoundError, MessageStore, StoreClosedError,
-                      StoreConfig)
+from rmqstore import InvalidArgumentError, Message, MessageNotFoundError, MessageStore, StoreClosedError, StoreConfig
 from rmqstore._codec import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
-from conftest import SMALL_INDEX
+
+from conftest import SMALL_INDEX, copy_store
 
 LONG_MAX = (1 << 63) - 1
 

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from conftest import CRASHED_498, copy_store, load_jsonl_gz, tree_state
 from rmqstore import Message, MessageStore, StoreConfig
-from conftest import SMALL_INDEX
+
+from conftest import CRASHED_498, SMALL_INDEX, copy_store, load_jsonl_gz, tree_state
 
 BODY_AT = 88          # body offset in a v1 record with IPv4 hosts (DESIGN.md field list)
 TOPIC = "TopicR"

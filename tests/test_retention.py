@@ -8,6 +8,7 @@ import pytest
 
 from rmqstore import GetMessageStatus, Message, MessageStore, StoreConfig
 from rmqstore.maintenance import retention
+
 from conftest import SMALL_INDEX
 
 HOUR = 3600

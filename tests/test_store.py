@@ -10,10 +10,19 @@ import time
 
 import pytest
 
+from rmqstore import (
+    InvalidTopicError,
+    Message,
+    MessageNotFoundError,
+    MessageStore,
+    MessageTooLargeError,
+    StoreClosedError,
+    StoreConfig,
+    StoreReadOnlyError,
+)
+
 import reference_codec as ref
 from conftest import SMALL_INDEX
-from rmqstore import (InvalidTopicError, Message, MessageNotFoundError, MessageStore, MessageTooLargeError,
-                      StoreClosedError, StoreConfig, StoreReadOnlyError)
 
 STORE_HOST = "10.0.0.1:10911"
 

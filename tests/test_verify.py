@@ -6,8 +6,9 @@ import struct
 
 import pytest
 
-from conftest import CLEAN_498, CRASHED_498, V2_533, tree_state
 from rmqstore import Message, MessageStore, StoreConfig
+
+from conftest import CLEAN_498, CRASHED_498, V2_533, tree_state
 
 BODY_AT = 88          # body offset in a v1 record with IPv4 hosts
 SLOTS = 64
