@@ -2,10 +2,22 @@
 from rmqstore._codec import Message, MessageExt, PutResult
 from rmqstore.config import StoreConfig
 from rmqstore.consumer import GetMessageResult, GetMessageStatus
-from rmqstore.errors import (CorruptRecordError, CorruptStoreError, DiskFullError, ForeignProcessError,
-                             InvalidArgumentError, InvalidTopicError, MessageNotFoundError, MessageTooLargeError,
-                             StoreClosedError, StoreError, StoreIOError, StoreLockedError, StoreNotFoundError,
-                             StoreReadOnlyError)
+from rmqstore.errors import (
+                             CorruptRecordError,
+                             CorruptStoreError,
+                             DiskFullError,
+                             ForeignProcessError,
+                             InvalidArgumentError,
+                             InvalidTopicError,
+                             MessageNotFoundError,
+                             MessageTooLargeError,
+                             StoreClosedError,
+                             StoreError,
+                             StoreIOError,
+                             StoreLockedError,
+                             StoreNotFoundError,
+                             StoreReadOnlyError,
+)
 from rmqstore.store import MessageStore
 
 __version__ = "0.1.0"

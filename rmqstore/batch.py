@@ -147,7 +147,7 @@ def concat_columns(parts):
         if k.endswith("_offsets"):
             data = k[:-len("_offsets")] + "_data"
             shifts = np.cumsum([0] + [len(p[data]) for p in parts[:-1]])
-            out[k] = np.concatenate([p[k][:-1] + s for p, s in zip(parts, shifts)]
+            out[k] = np.concatenate([p[k][:-1] + s for p, s in zip(parts, shifts, strict=False)]
                                     + [[shifts[-1] + len(parts[-1][data])]])
         else:
             out[k] = np.concatenate([p[k] for p in parts])
@@ -184,7 +184,7 @@ def _strings(pa, data, offsets, binary=False):
         except pa.ArrowInvalid:
             raw = data.tobytes()
             arr = pa.array([raw[a:b].decode("utf-8", "replace")
-                            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())],
+                            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=False)],
                            pa.string())
     return arr
 

@@ -188,7 +188,7 @@ class Lmdb:
         n = nbytes = 0
         skip = self._HEAD.size
         with self.env.begin(buffers=False) as txn:
-            for key, value in self._values(txn):
+            for _key, value in self._values(txn):
                 h = self._HEAD.unpack_from(value)
                 nbytes += len(value) - skip - h[1] - h[2]
                 n += 1

@@ -3,8 +3,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore import _codec
 from rmqstore._codec import MessageExt
-from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, MessageNotFoundError,
-                             StoreReadOnlyError)
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError, StoreReadOnlyError
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import SCHEDULE_TOPIC, validate_topic
 

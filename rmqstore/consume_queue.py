@@ -1,7 +1,10 @@
 """ConsumeQueue: a topic/queue's index of commitlog positions, and the table of all of them."""
+from __future__ import annotations
+
 import logging
 import os
 import threading
+from typing import Callable
 
 import numpy as np
 
@@ -38,7 +41,6 @@ class ConsumeQueue:
         self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY, readonly, file_mode, dir_mode)
         self.max_physic_offset = -1   # end (offset + size) of the last entry's message
         self.min_logic_offset = 0
-        self._lock = threading.Lock()
 
     @property
     def file_size(self):
@@ -199,6 +201,56 @@ class ConsumeQueue:
         if not parts:
             return np.empty(0, _cq.ENTRY_DTYPE)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def offset_by_time(self, timestamp: int, store_timestamp_at: Callable[[int], int], min_phy_offset: int) -> int:
+        """RocketMQ getOffsetInQueueByTime: binary search of store times (``store_timestamp_at``
+        of a commitlog offset, negative when unreadable) in the file chosen for ``timestamp``;
+        returns the nearest queue offset (0 when unknown). Entries pointing below
+        ``min_phy_offset`` (deleted by retention) count as older than any time."""
+        segs = self.segments.segments
+        if not segs:
+            return 0
+        seg = segs[-1]
+        for s in segs[:-1]:
+            # RocketMQ takes the first file modified at or after the time; a file's last
+            # entry is when it was last written.
+            last = self.read((s.base_offset + s.wrote_pos) // ENTRY - 1, 1)
+            if len(last) and store_timestamp_at(int(last[0]["phy_offset"])) >= timestamp:
+                seg = s
+                break
+        base = seg.base_offset
+        low = max(0, self.min_logic_offset - base)
+        high = seg.wrote_pos - ENTRY
+        target = left = right = -1
+        left_v = right_v = -1
+        while high >= low:
+            mid = (low + high) // (2 * ENTRY) * ENTRY
+            e = self.read((base + mid) // ENTRY, 1)
+            if not len(e):
+                return 0
+            phy = int(e[0]["phy_offset"])
+            if phy < min_phy_offset:
+                low, left = mid + ENTRY, mid
+                continue
+            t = store_timestamp_at(phy)
+            if t < 0:
+                return 0
+            if t == timestamp:
+                target = mid
+                break
+            if t > timestamp:
+                high, right, right_v = mid - ENTRY, mid, t
+            else:
+                low, left, left_v = mid + ENTRY, mid, t
+        if target != -1:
+            off = target
+        elif left_v == -1:
+            off = right
+        elif right_v == -1:
+            off = left
+        else:
+            off = right if abs(timestamp - left_v) > abs(timestamp - right_v) else left
+        return (base + off) // ENTRY
 
     def delete_below(self, phy_min):
         """Retention: drop files whose every entry points below ``phy_min``; move the min

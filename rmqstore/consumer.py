@@ -1,9 +1,23 @@
-"""Consumer-side semantics: tag expressions and RocketMQ's getMessage result."""
+"""Consumer-side semantics: tag expressions and RocketMQ's getMessage, its state machine
+and its result."""
+from __future__ import annotations
+
+import logging
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING, Any
 
+from rmqstore import _codec
 from rmqstore._codec import java_hash
 from rmqstore.errors import InvalidArgumentError
+from rmqstore.topics import is_safe_dirname
+
+if TYPE_CHECKING:
+    from rmqstore.commitlog import CommitLog
+    from rmqstore.config import StoreConfig
+    from rmqstore.consume_queue import ConsumeQueueTable
+
+log = logging.getLogger(__name__)
 
 
 class GetMessageStatus(str, Enum):
@@ -25,8 +39,8 @@ class GetMessageResult:
     next_offset: int
     min_offset: int
     max_offset: int
-    messages: list = field(default_factory=list)
-    problems: list = field(default_factory=list)   # CQ entries that could not be followed
+    messages: list[Any] = field(default_factory=list)
+    problems: list[tuple[int, int, int]] = field(default_factory=list)   # CQ entries that could not be followed
 
 
 class TagFilter:
@@ -36,9 +50,9 @@ class TagFilter:
 
     __slots__ = ("tags", "codes")
 
-    def __init__(self, expression):
-        self.tags = None
-        self.codes = None
+    def __init__(self, expression: str | None) -> None:
+        self.tags: frozenset[str] | None = None
+        self.codes: frozenset[int] | None = None
         if expression is None:
             return
         if not isinstance(expression, str):
@@ -52,12 +66,48 @@ class TagFilter:
         self.tags = frozenset(parts)
         self.codes = frozenset(java_hash(p) for p in parts)
 
-    @property
-    def matches_all(self):
-        return self.tags is None
 
-    def match_code(self, tags_code):
-        return self.codes is None or tags_code in self.codes
-
-    def match_tags(self, tags):
-        return self.tags is None or tags in self.tags
+def get_message(queues: ConsumeQueueTable, commitlog: CommitLog, config: StoreConfig, topic: str, queue_id: int,
+                offset: int, max_count: int = 32, tags: str | None = None) -> GetMessageResult:
+    """RocketMQ DefaultMessageStore.getMessage: up to ``max_count`` messages of one queue
+    from ``offset``, filtered by a tag expression; statuses and next offsets as RocketMQ's
+    (a call never crosses a consume-queue file)."""
+    S = GetMessageStatus
+    if not isinstance(max_count, int) or max_count <= 0:
+        raise InvalidArgumentError(f"max_count must be a positive int, got {max_count!r}")
+    if not isinstance(offset, int):
+        raise InvalidArgumentError(f"offset must be an int, got {offset!r}")
+    flt = TagFilter(tags)
+    cq = queues.get(topic, queue_id)
+    if cq is None:
+        # RocketMQ's findConsumeQueue creates any queue asked for, so an unknown
+        # topic/queue answers NO_MESSAGE_IN_QUEUE; one that cannot exist does not.
+        if not isinstance(queue_id, int) or queue_id < 0 or not isinstance(topic, str) \
+                or not is_safe_dirname(topic):
+            return GetMessageResult(S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        return GetMessageResult(S.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+    lo, hi = cq.min_offset, cq.max_offset
+    if hi == 0:
+        return GetMessageResult(S.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+    if offset < lo:
+        return GetMessageResult(S.OFFSET_TOO_SMALL, lo, lo, hi)
+    if offset == hi:
+        return GetMessageResult(S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+    if offset > hi:
+        # 4.9.8 and 5.3.3 both answer nextBeginOffset = maxOffset here (manifests)
+        return GetMessageResult(S.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
+    entries = cq.read(offset, max(800, max_count), within_file=True)
+    if len(entries) == 0:
+        per_file = config.consume_queue_entries
+        return GetMessageResult(S.OFFSET_FOUND_NULL, offset - offset % per_file + per_file, lo, hi)
+    msgs, used, removing, problems = _codec.gather_messages(
+        commitlog.segments.segments, entries, max_count, config.max_transfer_count_on_message_in_memory,
+        config.max_transfer_bytes_on_message_in_memory, commitlog.max_offset, commitlog.segments.file_size,
+        flt.codes, flt.tags)
+    status = S.FOUND if msgs else S.MESSAGE_WAS_REMOVING if removing else S.NO_MATCHED_MESSAGE
+    res = GetMessageResult(status, offset + used, lo, hi, msgs)
+    for k, phy, size, why in problems:
+        res.problems.append((offset + k, phy, size))
+        if why:
+            log.warning("%s/%d offset %d: %s", topic, queue_id, offset + k, why)
+    return res

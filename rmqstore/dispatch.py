@@ -1,10 +1,21 @@
 """Dispatch ("reput"): follow the commitlog and feed consume queues, the index and any
 other CommitLogDispatcher with each new message."""
+from __future__ import annotations
+
 import logging
 import threading
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
 
 from rmqstore import _codec, _cq
 from rmqstore.errors import CorruptRecordError, StoreIOError
+from rmqstore.topics import SCHEDULE_TOPIC
+
+if TYPE_CHECKING:
+    from rmqstore.commitlog import CommitLog
+    from rmqstore.consume_queue import ConsumeQueueTable
+    from rmqstore.index import IndexService
 
 log = logging.getLogger(__name__)
 
@@ -16,22 +27,22 @@ class DispatchBatch:
 
     __slots__ = ("rows", "raw", "topic_ids", "topic_names")
 
-    def __init__(self, rows, raw, topic_numbers, topic_names):
+    def __init__(self, rows: np.ndarray, raw: bytes, topic_numbers: dict[bytes, int], topic_names: list[str]) -> None:
         self.rows = rows
         self.raw = raw
         self.topic_names = topic_names
         self.topic_ids = _cq.topic_ids(raw, rows["topic_off"], rows["topic_len"], topic_numbers, topic_names)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.rows)
 
     @property
-    def topics(self):
+    def topics(self) -> list[str]:
         """The topic of each row (str)."""
         names = self.topic_names
         return [names[i] for i in self.topic_ids.tolist()]
 
-    def properties(self, i):
+    def properties(self, i: int) -> dict[str, str]:
         row = self.rows[i]
         return _codec.properties_from(self.raw, int(row["props_off"]), int(row["props_len"]))
 
@@ -41,29 +52,29 @@ class Dispatcher:
     parsing with the GIL released) and hands each batch to every registered consumer, in
     order. Runs on its own thread once started; ``catch_up()`` runs it inline (recovery)."""
 
-    def __init__(self, commitlog, reput_from=0, batch_records=4096):
+    def __init__(self, commitlog: CommitLog, reput_from: int = 0, batch_records: int = 4096) -> None:
         self.commitlog = commitlog
         self.reput_from = reput_from
         self.batch_records = batch_records
-        self.consumers = []
-        self.error = None      # why dispatch stopped for good (a corrupt record, a bug)
-        self.stalled = None    # the OSError it is retrying after (full disk)
-        self._topic_numbers = {}   # topic bytes -> index in _topic_names
-        self._topic_names = []
+        self.consumers: list[Callable[[DispatchBatch], Any]] = []
+        self.error: BaseException | None = None   # why dispatch stopped for good (a corrupt record, a bug)
+        self.stalled: OSError | None = None       # the OSError it is retrying after (full disk)
+        self._topic_numbers: dict[bytes, int] = {}   # topic bytes -> index in _topic_names
+        self._topic_names: list[str] = []
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stop = False
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
-    def add(self, consumer):
+    def add(self, consumer: Callable[[DispatchBatch], Any]) -> None:
         """Register ``consumer(batch)``; called for every batch after those before it."""
         self.consumers.append(consumer)
 
     @property
-    def lag(self):
+    def lag(self) -> int:
         return max(0, self.commitlog.max_offset - self.reput_from)
 
-    def run_once(self):
+    def run_once(self) -> bool:
         """Dispatch one batch; returns False when there was nothing to do."""
         cl = self.commitlog
         if self.error is not None or self.reput_from >= cl.max_offset:
@@ -85,7 +96,7 @@ class Dispatcher:
         elif status == "end":
             nxt = seg.base_offset + end
         else:
-            self.error = f"commitlog offset {seg.base_offset + end}: {status}"
+            self.error = CorruptRecordError(f"commitlog offset {seg.base_offset + end}: {status}")
             log.error("dispatch stopped: %s", self.error)
             nxt = seg.base_offset + end
         with self._cond:
@@ -93,15 +104,15 @@ class Dispatcher:
             self._cond.notify_all()
         return nxt != start
 
-    def catch_up(self):
+    def catch_up(self) -> None:
         while self.run_once():
             pass
 
-    def start(self):
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="rmq-reput", daemon=True)
         self._thread.start()
 
-    def _loop(self):
+    def _loop(self) -> None:
         backoff = 0.0
         while not self._stop:
             try:
@@ -118,7 +129,7 @@ class Dispatcher:
                 continue
             except Exception as e:   # a bug in a consumer: stop rather than skip messages
                 log.exception("dispatch failed")
-                self.error = f"dispatch failed: {e!r}"
+                self.error = e
                 with self._cond:
                     self._cond.notify_all()
                 return
@@ -130,10 +141,11 @@ class Dispatcher:
                 self._wake.wait(0.001)
                 self._wake.clear()
 
-    def wait_dispatched(self, timeout=None):
+    def wait_dispatched(self, timeout: float | None = None) -> bool:
         """Block until everything written before the call is dispatched; False on timeout.
-        Raises CorruptRecordError if dispatch stopped at a bad record, and StoreIOError
-        when it is stalled by an I/O error (full disk) and no timeout was given."""
+        Raises what stopped dispatch for good (CorruptRecordError at a bad record, or the
+        consumer's own exception), and StoreIOError when it is stalled by an I/O error
+        (full disk) and no timeout was given."""
         target = self.commitlog.max_offset
         self._wake.set()
         with self._cond:
@@ -141,15 +153,83 @@ class Dispatcher:
                                      or (timeout is None and self.stalled is not None), timeout)
         if self.reput_from < target:
             if self.error is not None:
-                raise CorruptRecordError(self.error)
+                raise self.error
             if timeout is None and self.stalled is not None:
                 e = self.stalled
                 raise StoreIOError(e.errno, f"dispatch stalled: {e.strerror or e}", e.filename) from e
         return ok
 
-    def stop(self):
+    def stop(self) -> None:
         self._stop = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+def deliver_time(level: str | None, store_ts: int, tags_code: int, delays: Sequence[int]) -> int:
+    """RocketMQ computeDeliverTimestamp: the consume-queue tags code of a SCHEDULE_TOPIC_XXXX
+    message with DELAY ``level``, its store time plus the level's delay (``delays[level-1]``,
+    the last level for larger ones); ``tags_code`` unchanged for no or a bad level."""
+    if level is None or not level.isdigit():
+        return tags_code
+    lv = min(int(level), len(delays))
+    return store_ts + delays[lv - 1] if lv > 0 else tags_code
+
+
+def cq_tags(batch: DispatchBatch, delays: Sequence[int]) -> np.ndarray:
+    """Each row's consume-queue tags code: the tags hash, or for a SCHEDULE_TOPIC_XXXX
+    message its delivery time."""
+    rows = batch.rows
+    tags = rows["tags_code"].copy()
+    names = batch.topic_names
+    if SCHEDULE_TOPIC in names:
+        for i in np.nonzero(batch.topic_ids == names.index(SCHEDULE_TOPIC))[0].tolist():
+            tags[i] = deliver_time(batch.properties(i).get("DELAY"), int(rows["store_timestamp"][i]), tags[i], delays)
+    return tags
+
+
+def gets_cq_entry(sys_flag: np.ndarray) -> np.ndarray:
+    """Which rows get a consume-queue entry: all but PREPARED and ROLLBACK transaction messages."""
+    tran = sys_flag & 0xC
+    return (tran != _codec.TRANSACTION_PREPARED) & (tran != _codec.TRANSACTION_ROLLBACK)
+
+
+class ConsumeQueueBuilder:
+    """CommitLogDispatcherBuildConsumeQueue: one CQ entry per message, except PREPARED and
+    ROLLBACK; delayed messages carry their delivery time as tags code. Rows are grouped by
+    topic/queue and each run is written by the CQ kernel. ``last_timestamp`` is the store
+    time of the newest message given an entry (the checkpoint's logicsMsgTimestamp)."""
+
+    def __init__(self, table: ConsumeQueueTable, delays: Sequence[int]) -> None:
+        self.table = table
+        self.delays = delays
+        self.last_timestamp = 0
+
+    def __call__(self, batch: DispatchBatch) -> None:
+        rows = batch.rows
+        keep = np.nonzero(gets_cq_entry(rows["sys_flag"]))[0]
+        if not len(keep):
+            return
+        tags = cq_tags(batch, self.delays)
+        names = batch.topic_names
+        key = (batch.topic_ids[keep].astype(np.int64) << 32) | (rows["queue_id"][keep].astype(np.int64) & 0xFFFFFFFF)
+        perm = np.argsort(key, kind="stable")
+        order, key = keep[perm], key[perm]
+        bounds = np.flatnonzero(np.diff(key)) + 1
+        phy, size, qoff = rows["phy_offset"][order], rows["size"][order], rows["queue_offset"][order]
+        tags = tags[order]
+        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)], strict=True):
+            cq = self.table.get_or_create(names[batch.topic_ids[order[lo]]], int(rows["queue_id"][order[lo]]))
+            cq.put_run(phy[lo:hi], size[lo:hi], tags[lo:hi], qoff[lo:hi])
+        self.last_timestamp = int(rows["store_timestamp"][keep[-1]])
+
+
+def new_dispatcher(commitlog: CommitLog, reput_from: int, cq_builder: ConsumeQueueBuilder,
+                   index: IndexService | None) -> Dispatcher:
+    """The store's dispatcher: consume queues first, then the index (when enabled)."""
+    d = Dispatcher(commitlog, reput_from)
+    d.add(cq_builder)
+    if index is not None:
+        d.add(index.dispatch)
+    return d

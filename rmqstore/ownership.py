@@ -7,22 +7,28 @@ every writer handle is marked closed at once (``os.register_at_fork``) and its m
 raise ForeignProcessError; ``close()`` there touches no file and leaves the lock to the
 parent. Read-only handles change nothing on disk and keep working in the child.
 """
+from __future__ import annotations
+
 import os
 import weakref
+from typing import TYPE_CHECKING
 
 from rmqstore.errors import ForeignProcessError
 
-_writers = weakref.WeakSet()
+if TYPE_CHECKING:
+    from rmqstore.store import MessageStore
+
+_writers: weakref.WeakSet[MessageStore] = weakref.WeakSet()
 
 
-def bind(store):
+def bind(store: MessageStore) -> None:
     """Record the opening process of ``store``; a writer is disowned in forked children."""
     store._owner_pid = os.getpid()
     if not store.read_only:
         _writers.add(store)
 
 
-def check_owner(store):
+def check_owner(store: MessageStore) -> None:
     """Raise ForeignProcessError when writer ``store`` is used outside the process that
     opened it."""
     if not store.read_only and store._owner_pid != os.getpid():
@@ -30,7 +36,7 @@ def check_owner(store):
                                   " (a writer handle does not survive fork; open the store again)")
 
 
-def _disown_in_child():
+def _disown_in_child() -> None:
     for store in list(_writers):
         store._closed = True
     _writers.clear()

@@ -1,36 +1,50 @@
-"""MessageStore: the public facade over commitlog, consume queues, index, dispatch and flush."""
+"""MessageStore: the public facade over commitlog, consume queues, index, dispatch and flush.
+It opens and closes the components and delegates to them; the rules live in the modules it
+names (dispatch.py, consume_queue.py, consumer.py, maintenance/)."""
+from __future__ import annotations
+
 import fcntl
 import logging
 import os
-import shutil
 import threading
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from rmqstore import _codec
+from rmqstore import _codec, ownership
+from rmqstore._cq import ENTRY_DTYPE
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import CommitLog
 from rmqstore.config import StoreConfig
 from rmqstore.consume_queue import ConsumeQueueTable
-from rmqstore.consumer import GetMessageResult, GetMessageStatus as S, TagFilter
-from rmqstore.dispatch import Dispatcher
-from rmqstore.errors import (CorruptRecordError, CorruptStoreError, InvalidArgumentError, MessageNotFoundError,
-                             StoreClosedError, StoreLockedError, StoreReadOnlyError)
+from rmqstore.consumer import GetMessageResult, get_message
+from rmqstore.dispatch import ConsumeQueueBuilder, Dispatcher, new_dispatcher
+from rmqstore.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    InvalidArgumentError,
+    MessageNotFoundError,
+    StoreClosedError,
+    StoreError,
+    StoreLockedError,
+    StoreReadOnlyError,
+)
+from rmqstore.files import create_new, open_file, store_dir
 from rmqstore.flush import FlushService
 from rmqstore.index import IndexService, UniqKeyGenerator
+from rmqstore.maintenance.rebuild import rebuild as rebuild_logics
+from rmqstore.maintenance.retention import RetentionReport, clean_expired
+from rmqstore.maintenance.verify import VerifyReport
+from rmqstore.maintenance.verify import verify as verify_components
 from rmqstore.offsets import ConsumerOffsets
 from rmqstore.recovery import recover_commitlog
 from rmqstore.segments import detect_file_size
-from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
-from rmqstore.verify import verify_store
-from rmqstore.files import create_new, open_file, store_dir
-from rmqstore import ownership
 
 log = logging.getLogger(__name__)
-_NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
+Progress = Callable[[int], object]
 
 
-def _detect_cq_entries(root):
+def _detect_cq_entries(root: str) -> int | None:
     """Entries per consume-queue file of an existing store, from its first CQ file."""
     base = os.path.join(root, "consumequeue")
     try:
@@ -58,12 +72,14 @@ class MessageStore:
     lock, reads take none. Crash behaviour: see recovery.py and flush.py.
     """
 
-    def __init__(self, path, config=None, read_only=False, progress=None):
+    def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None, read_only: bool = False,
+                 progress: Progress | None = None) -> None:
         self.path = os.path.abspath(str(path))
         cfg = config or StoreConfig()
         self.read_only = read_only
         self._closed = True
-        self._lock_fd = None
+        self._lock_fd: int | None = None
+        self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
         self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
         store_dir(self.path, not read_only, cfg.dir_mode)
@@ -78,7 +94,7 @@ class MessageStore:
         self._closed = False
 
     # -- opening --------------------------------------------------------------------------
-    def _acquire_lock(self, cfg):
+    def _acquire_lock(self, cfg: StoreConfig) -> None:
         fd = open_file(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, cfg.file_mode)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -87,12 +103,12 @@ class MessageStore:
             raise StoreLockedError(f"{self.path}: another process has the store open for writing") from None
         self._lock_fd = fd
 
-    def _release_lock(self):
+    def _release_lock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def _open(self, cfg, progress=None):
+    def _open(self, cfg: StoreConfig, progress: Progress | None = None) -> None:
         cl_size = detect_file_size(os.path.join(self.path, "commitlog"))
         if cl_size and cl_size != cfg.commitlog_file_size:
             log.info("%s: using the store's commitlog segment size %d", self.path, cl_size)
@@ -104,7 +120,6 @@ class MessageStore:
         if cq_entries and cq_entries != cfg.consume_queue_entries:
             cfg = cfg.with_(consume_queue_entries=cq_entries)
         self.config = cfg
-        self._delays = cfg.delay_levels_ms()
         self._sync = cfg.flush_mode == "sync" and not self.read_only
         self._uniq = UniqKeyGenerator(_codec.pack_host(cfg.store_host)) if cfg.generate_uniq_key else None
         self.abort_path = os.path.join(self.path, "abort")
@@ -114,9 +129,9 @@ class MessageStore:
         self.consume_queues = ConsumeQueueTable(self.path, cfg.consume_queue_entries, self.read_only,
                                                 cfg.file_mode, cfg.dir_mode)
         self.offsets = ConsumerOffsets(self.path, cfg.file_mode, cfg.dir_mode)
-        self.index = None
-        self.dispatcher = None
-        self.flusher = None
+        self.index: IndexService | None = None
+        self.dispatcher: Dispatcher          # set by _recover
+        self.flusher: FlushService           # set below on a writer; _teardown copes with neither
         try:
             self.commitlog.segments.load()
             self.consume_queues.load()
@@ -131,7 +146,7 @@ class MessageStore:
             self._teardown()
             raise
 
-    def _recover(self, progress=None):
+    def _recover(self, progress: Progress | None = None) -> None:
         cfg = self.config
         self.recovery = rep = recover_commitlog(self.commitlog, self.clean_shutdown, self.checkpoint,
                                                 cfg.check_crc_on_recover, cfg.message_index_enable, progress)
@@ -147,69 +162,18 @@ class MessageStore:
             reput = min(reput, rep.start_offset)
         if self.index is not None and self.index.resume_offset is not None:
             reput = max(min(reput, self.index.resume_offset), self.commitlog.min_offset)
-        self.dispatcher = self._new_dispatcher(reput)
+        self._cq_builder = ConsumeQueueBuilder(self.consume_queues, cfg.delay_levels_ms())
+        self.dispatcher = new_dispatcher(self.commitlog, reput, self._cq_builder, self.index)
         if not self.read_only:
             before = self.dispatcher.reput_from
             self.dispatcher.catch_up()
             rep.records_redispatched = self.dispatcher.reput_from - before
         self.commitlog.queue_offsets = {k: cq.max_offset for k, cq in self.consume_queues.queues.items()}
 
-    # -- dispatch -------------------------------------------------------------------------
-    def _new_dispatcher(self, reput):
-        d = Dispatcher(self.commitlog, reput)
-        d.add(self._dispatch_cq)
-        if self.index is not None:
-            d.add(self.index.dispatch)
-        return d
-
-    def _cq_tags(self, batch):
-        """Each row's consume-queue tags code: the tags hash, or for a SCHEDULE_TOPIC_XXXX
-        message its delivery time."""
-        rows = batch.rows
-        tags = rows["tags_code"].copy()
-        names = batch.topic_names
-        if SCHEDULE_TOPIC in names:
-            for i in np.nonzero(batch.topic_ids == names.index(SCHEDULE_TOPIC))[0].tolist():
-                tags[i] = self._deliver_time(batch.properties(i).get("DELAY"), int(rows["store_timestamp"][i]), tags[i])
-        return tags
-
-    def _dispatch_cq(self, batch):
-        """CommitLogDispatcherBuildConsumeQueue: one CQ entry per message, except PREPARED
-        and ROLLBACK; delayed messages carry their delivery time as tags code. Rows are
-        grouped by topic/queue and each run is written by the CQ kernel."""
-        rows = batch.rows
-        tran = rows["sys_flag"] & 0xC
-        keep = np.nonzero((tran != _codec.TRANSACTION_PREPARED) & (tran != _codec.TRANSACTION_ROLLBACK))[0]
-        if not len(keep):
-            return
-        tags = self._cq_tags(batch)
-        names = batch.topic_names
-        key = (batch.topic_ids[keep].astype(np.int64) << 32) | (rows["queue_id"][keep].astype(np.int64) & 0xFFFFFFFF)
-        perm = np.argsort(key, kind="stable")
-        order, key = keep[perm], key[perm]
-        bounds = np.flatnonzero(np.diff(key)) + 1
-        phy, size, qoff = rows["phy_offset"][order], rows["size"][order], rows["queue_offset"][order]
-        tags = tags[order]
-        table = self.consume_queues
-        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)]):
-            cq = table.get_or_create(names[batch.topic_ids[order[lo]]], int(rows["queue_id"][order[lo]]))
-            cq.put_run(phy[lo:hi], size[lo:hi], tags[lo:hi], qoff[lo:hi])
-        self._last_cq_timestamp = int(rows["store_timestamp"][keep[-1]])
-
-    def _deliver_time(self, level, store_ts, tags_code):
-        """RocketMQ computeDeliverTimestamp for a SCHEDULE_TOPIC_XXXX message's DELAY level."""
-        if level is None or not level.isdigit():
-            return tags_code
-        delays = self._delays
-        lv = min(int(level), len(delays))
-        return store_ts + delays[lv - 1] if lv > 0 else tags_code
-
-    _last_cq_timestamp = 0
-
-    def _flush_logics(self, least_pages):
+    def _flush_logics(self, least_pages: int) -> None:
         with self._logics_lock:
             cp = self.checkpoint
-            ts = self._last_cq_timestamp
+            ts = self._cq_builder.last_timestamp
             self.consume_queues.flush(least_pages)
             if least_pages == 0 and ts:
                 cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, ts)
@@ -220,15 +184,21 @@ class MessageStore:
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._closed
 
-    def _check_open(self):
+    def _check_open(self) -> None:
+        """The guard every public method calls first."""
         if self._closed:
             ownership.check_owner(self)
             raise StoreClosedError(f"{self.path}: store is closed")
 
-    def close(self):
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise StoreReadOnlyError("store opened read-only")
+
+    def close(self) -> None:
         """Dispatch what is left, flush everything, write the checkpoint, remove ``abort``
         and release the lock. Idempotent."""
         with self._close_lock:
@@ -246,35 +216,38 @@ class MessageStore:
             finally:
                 self._teardown()
 
-    def _teardown(self):
-        if self.dispatcher is not None:
-            self.dispatcher.stop()
-        if self.flusher is not None:
-            self.flusher.stop()
+    def _teardown(self) -> None:
+        for service in (getattr(self, "dispatcher", None), getattr(self, "flusher", None)):
+            if service is not None:
+                service.stop()
         if self.index is not None:
             self.index.close()
         self.consume_queues.close()
         self.commitlog.close()
         self._release_lock()
 
-    def __enter__(self):
+    def __enter__(self) -> MessageStore:
+        self._check_open()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
-        if not getattr(self, "_closed", True):
-            try:
-                self.close()
-            except Exception:
-                pass
+    # what close() may raise from a finaliser; bound to the class, so still there at interpreter shutdown
+    _CLOSE_ERRORS = (StoreError, OSError)
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        try:
+            self.close()
+        except self._CLOSE_ERRORS:
+            pass   # a finaliser cannot raise; close() has released everything regardless
 
     # -- writing --------------------------------------------------------------------------
-    def put(self, msg, queue_id=None):
+    def put(self, msg: _codec.Message, queue_id: int | None = None) -> _codec.PutResult:
         """Append one message; returns a PutResult. In SYNC mode it is durable on return."""
-        if self._closed:
-            self._check_open()
+        self._check_open()
         if self._uniq is not None:
             self._uniq.stamp(msg)
         res = self.commitlog.put(msg, queue_id)
@@ -282,7 +255,7 @@ class MessageStore:
             self.flusher.wait_flushed(res.phy_offset + res.size)
         return res
 
-    def put_batch(self, msgs, queue_id=None):
+    def put_batch(self, msgs: Iterable[_codec.Message], queue_id: int | None = None) -> list[_codec.PutResult]:
         """Append many messages under one lock and (SYNC) one flush; list of PutResult."""
         self._check_open()
         if self._uniq is not None:
@@ -294,7 +267,7 @@ class MessageStore:
             self.flusher.wait_flushed(res[-1].phy_offset + res[-1].size)
         return res
 
-    def flush(self):
+    def flush(self) -> None:
         """Make everything written so far durable, consume queues and checkpoint included."""
         self._check_open()
         if self.read_only:
@@ -303,11 +276,11 @@ class MessageStore:
         self.flusher.flush_logics_now(0)
 
     # -- reading the commitlog ------------------------------------------------------------
-    def get_by_offset(self, phy_offset):
+    def get_by_offset(self, phy_offset: int) -> _codec.MessageExt:
         self._check_open()
         return self.commitlog.get(phy_offset)
 
-    def get_by_msg_id(self, msg_id):
+    def get_by_msg_id(self, msg_id: str) -> _codec.MessageExt:
         """The message a msgId names (it encodes the store host and commitlog offset)."""
         self._check_open()
         host, offset = _codec.parse_msg_id(msg_id)
@@ -316,55 +289,65 @@ class MessageStore:
             raise MessageNotFoundError(f"msgId {msg_id}: stored by another host")
         return m
 
-    def scan(self, from_offset=0, to_offset=None, check_crc=False):
+    def scan(self, from_offset: int = 0, to_offset: int | None = None,
+             check_crc: bool = False) -> Iterator[_codec.MessageExt]:
         self._check_open()
         return self.commitlog.scan(from_offset, to_offset, check_crc)
 
     @property
-    def min_phy_offset(self):
+    def min_phy_offset(self) -> int:
+        self._check_open()
         return self.commitlog.min_offset
 
     @property
-    def max_phy_offset(self):
+    def max_phy_offset(self) -> int:
+        self._check_open()
         return self.commitlog.max_offset
 
     # -- dispatch state -------------------------------------------------------------------
-    def wait_dispatched(self, timeout=None):
+    def wait_dispatched(self, timeout: float | None = None) -> bool:
         self._check_open()
         if self.read_only:
             return True
         return self.dispatcher.wait_dispatched(timeout)
 
     @property
-    def dispatch_lag(self):
+    def dispatch_lag(self) -> int:
+        self._check_open()
         return self.dispatcher.lag if not self.read_only else 0
 
     # -- consume queues -------------------------------------------------------------------
-    def topics(self):
+    def topics(self) -> list[str]:
+        self._check_open()
         return self.consume_queues.topics()
 
-    def queue_ids(self, topic):
+    def queue_ids(self, topic: str) -> list[int]:
+        self._check_open()
         return self.consume_queues.queue_ids(topic)
 
-    def min_offset(self, topic, queue_id):
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
-    def max_offset(self, topic, queue_id):
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.max_offset if cq is not None else 0
 
-    def consume_queue_entries(self, topic, queue_id, offset=0, count=None):
+    def consume_queue_entries(self, topic: str, queue_id: int, offset: int = 0,
+                              count: int | None = None) -> np.ndarray:
         """Raw CQ entries as a numpy structured array (phy_offset, size, tags_code)."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         if cq is None:
-            return _empty_entries()
+            return np.empty(0, ENTRY_DTYPE)
         if count is None:
             count = max(0, cq.max_offset - offset)
         return cq.read(max(offset, cq.min_offset), count)
 
-    def read_queue_columns(self, topic, queue_id, offset=0, count=None, check_crc=False):
+    def read_queue_columns(self, topic: str, queue_id: int, offset: int = 0, count: int | None = None,
+                           check_crc: bool = False) -> dict[str, np.ndarray]:
         """The messages of one queue from ``offset`` (``count`` consume-queue entries, default
         all) decoded into columns as ``_codec.decode_batch`` lays them out, in one pass with
         the GIL released; ``missing`` lists the queue offsets whose record could not be read."""
@@ -372,213 +355,108 @@ class MessageStore:
         cq = self.consume_queues.get(topic, queue_id)
         start = max(offset, cq.min_offset) if cq is not None else offset
         entries = cq.read(start, cq.max_offset - start if count is None else count) if cq is not None \
-            else _empty_entries()
+            else np.empty(0, ENTRY_DTYPE)
         cols = _codec.decode_entries(self.commitlog.segments.segments, entries, check_crc)
         cols["missing"] += start
         return cols
 
-    def get_messages(self, topic, queue_id, offset, max_count=32, tags=None):
-        """RocketMQ DefaultMessageStore.getMessage: up to ``max_count`` messages of one
-        queue from ``offset``, filtered by a tag expression; statuses and next offsets as
-        RocketMQ's (a call never crosses a consume-queue file)."""
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+                     tags: str | None = None) -> GetMessageResult:
+        """RocketMQ DefaultMessageStore.getMessage (consumer.get_message): up to
+        ``max_count`` messages of one queue from ``offset``, filtered by a tag expression."""
         self._check_open()
-        if not isinstance(max_count, int) or max_count <= 0:
-            raise InvalidArgumentError(f"max_count must be a positive int, got {max_count!r}")
-        if not isinstance(offset, int):
-            raise InvalidArgumentError(f"offset must be an int, got {offset!r}")
-        flt = TagFilter(tags)
+        return get_message(self.consume_queues, self.commitlog, self.config, topic, queue_id, offset, max_count, tags)
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """RocketMQ getOffsetInQueueByTime (ConsumeQueue.offset_by_time): the queue offset
+        whose store time is nearest ``timestamp`` (0 when unknown)."""
+        self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         if cq is None:
-            # RocketMQ's findConsumeQueue creates any queue asked for, so an unknown
-            # topic/queue answers NO_MESSAGE_IN_QUEUE; one that cannot exist does not.
-            if not isinstance(queue_id, int) or queue_id < 0 or not isinstance(topic, str) \
-                    or not is_safe_dirname(topic):
-                return GetMessageResult(S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-            return GetMessageResult(S.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, cq.max_offset
-        if hi == 0:
-            return GetMessageResult(S.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
-        if offset < lo:
-            return GetMessageResult(S.OFFSET_TOO_SMALL, lo, lo, hi)
-        if offset == hi:
-            return GetMessageResult(S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
-        if offset > hi:
-            # 4.9.8 and 5.3.3 both answer nextBeginOffset = maxOffset here (manifests)
-            return GetMessageResult(S.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
-        cfg = self.config
-        entries = cq.read(offset, max(800, max_count), within_file=True)
-        if len(entries) == 0:
-            seg_end = offset - offset % cfg.consume_queue_entries + cfg.consume_queue_entries
-            return GetMessageResult(S.OFFSET_FOUND_NULL, seg_end, lo, hi)
-        cl = self.commitlog
-        msgs, used, removing, problems = _codec.gather_messages(
-            cl.segments.segments, entries, max_count, cfg.max_transfer_count_on_message_in_memory,
-            cfg.max_transfer_bytes_on_message_in_memory, cl.max_offset, cl.segments.file_size,
-            flt.codes, flt.tags)
-        status = S.FOUND if msgs else S.MESSAGE_WAS_REMOVING if removing else S.NO_MATCHED_MESSAGE
-        res = GetMessageResult(status, offset + used, lo, hi, msgs)
-        for k, phy, size, why in problems:
-            res.problems.append((offset + k, phy, size))
-            if why:
-                log.warning("%s/%d offset %d: %s", topic, queue_id, offset + k, why)
-        return res
-
-    def offset_by_time(self, topic, queue_id, timestamp):
-        """RocketMQ getOffsetInQueueByTime: binary search of store times in the CQ file
-        chosen for ``timestamp``; returns the nearest queue offset (0 when unknown)."""
-        self._check_open()
-        cq = self.consume_queues.get(topic, queue_id)
-        if cq is None or not cq.segments.segments:
             return 0
-        segs = cq.segments.segments
-        store_ts = self.commitlog.store_timestamp_at
-        seg = segs[-1]
-        for s in segs[:-1]:
-            # RocketMQ takes the first file modified at or after the time; a file's last
-            # entry is when it was last written.
-            last = cq.read((s.base_offset + s.wrote_pos) // 20 - 1, 1)
-            if len(last) and store_ts(int(last[0]["phy_offset"])) >= timestamp:
-                seg = s
-                break
-        base = seg.base_offset
-        low = max(0, cq.min_logic_offset - base)
-        high = seg.wrote_pos - 20
-        min_phy = self.commitlog.min_offset
-        target = left = right = -1
-        left_v = right_v = -1
-        while high >= low:
-            mid = (low + high) // 40 * 20
-            e = cq.read((base + mid) // 20, 1)
-            if not len(e):
-                return 0
-            phy = int(e[0]["phy_offset"])
-            if phy < min_phy:
-                low, left = mid + 20, mid
-                continue
-            t = store_ts(phy)
-            if t < 0:
-                return 0
-            if t == timestamp:
-                target = mid
-                break
-            if t > timestamp:
-                high, right, right_v = mid - 20, mid, t
-            else:
-                low, left, left_v = mid + 20, mid, t
-        if target != -1:
-            off = target
-        elif left_v == -1:
-            off = right
-        elif right_v == -1:
-            off = left
-        else:
-            off = right if abs(timestamp - left_v) > abs(timestamp - right_v) else left
-        return (base + off) // 20
+        return cq.offset_by_time(timestamp, self.commitlog.store_timestamp_at, self.commitlog.min_offset)
 
     # -- consumer offsets -----------------------------------------------------------------
-    def commit_offset(self, group, topic, queue_id, offset):
-        self._check_open()
-        if self.read_only:
-            raise StoreReadOnlyError("store opened read-only")
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self._check_writable()
         self.offsets.commit(group, topic, queue_id, offset)
 
-    def committed_offset(self, group, topic, queue_id):
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed one."""
+        self._check_open()
         return self.offsets.get(group, topic, queue_id)
 
     # -- index queries --------------------------------------------------------------------
-    def _index_or_raise(self):
+    def _index_or_raise(self) -> IndexService:
         self._check_open()
         if self.index is None:
             raise InvalidArgumentError(f"{self.path}: message_index_enable is off")
         return self.index
 
-    def query_offsets(self, topic, key, max_num=64, begin=0, end=None):
+    def query_offsets(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
+                      end: int | None = None) -> list[int]:
         """What RocketMQ's DefaultMessageStore.queryMessage finds for ``key`` in ``topic``
         stored in [begin, end] ms: the commitlog offsets of the newest ``max_num`` (at most
         max_msgs_num_batch) index entries whose key *hash* matches, sorted ascending."""
         return self._index_or_raise().query_offsets(topic, key, max_num, begin, end)
 
-    def query_by_key(self, topic, key, max_num=64, begin=0, end=None):
+    def query_by_key(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
+                     end: int | None = None) -> list[_codec.MessageExt]:
         """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest
         first: query_offsets minus hash collisions (each candidate's record is checked in
         place, in C, before a message is built)."""
-        index = self.index
-        if index is None or self._closed:
-            self._index_or_raise()
-        return index.view.query_messages(self.commitlog.segments.segments, topic, key, max_num, begin, end,
-                                         self.config.max_msgs_num_batch)
+        return self._index_or_raise().view.query_messages(self.commitlog.segments.segments, topic, key, max_num,
+                                                          begin, end, self.config.max_msgs_num_batch)
 
-    def query_keys(self, topic, keys, max_num=64, begin=0, end=None):
+    def query_keys(self, topic: str, keys: Sequence[str], max_num: int = 64, begin: int = 0,
+                   end: int | None = None) -> list[list[_codec.MessageExt]]:
         """query_by_key for many keys in one index pass; a list per key, in ``keys`` order."""
         return self._index_or_raise().view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch,
                                                       self.commitlog.segments.segments)
 
-    def query_by_uniq_key(self, topic, uniq_key):
+    def query_by_uniq_key(self, topic: str, uniq_key: str) -> _codec.MessageExt:
         """The newest message of ``topic`` whose UNIQ_KEY is ``uniq_key``."""
+        self._check_open()
         for m in self.query_by_key(topic, uniq_key, self.config.max_msgs_num_batch):
             if m.uniq_key == uniq_key:
                 return m
         raise MessageNotFoundError(f"{topic}: no message with UNIQ_KEY {uniq_key!r}")
 
-    # -- retention ------------------------------------------------------------------------
-    def clean_expired(self, now=None):
-        """Delete expired commitlog segments and the CQ/index files below the new minimum
-        (rules in retention.py); ``now`` in seconds since the epoch. Returns a report."""
-        self._check_open()
-        if self.read_only:
-            raise StoreReadOnlyError("store opened read-only")
-        from rmqstore.retention import clean_expired
-        with self.commitlog.lock:
-            return clean_expired(self, now)
-
     # -- maintenance ----------------------------------------------------------------------
-    def verify(self, progress=None):
-        """Check the whole store (rules in verify.py): records and CRCs, consume queues and
-        index against the commitlog, checkpoint times. Changes nothing; returns a
-        VerifyReport. ``progress(nbytes)`` is called after each commitlog segment."""
-        self._check_open()
-        return verify_store(self, progress)
+    def clean_expired(self, now: float | None = None) -> RetentionReport:
+        """Delete expired commitlog segments and the CQ/index files below the new minimum
+        (rules in maintenance/retention.py); ``now`` in seconds since the epoch. Returns a
+        report."""
+        self._check_writable()
+        with self.commitlog.lock:
+            return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now)
 
-    def rebuild(self, progress=None):
-        """Rebuild every consume queue and index file from the commitlog: ``consumequeue/``
-        and ``index/`` are removed and everything from the commitlog minimum is dispatched
-        again, giving the files incremental dispatch writes. Appends wait meanwhile; readers
-        see the queues grow back. ``progress(nbytes)`` follows the dispatch. Returns the
-        commitlog bytes dispatched; raises CorruptRecordError where a bad record stops it."""
+    def verify(self, progress: Progress | None = None, max_problems: int = 1000) -> VerifyReport:
+        """Check the whole store (rules in maintenance/verify.py): records and CRCs, consume
+        queues and index against the commitlog, checkpoint times. Changes nothing; returns
+        a VerifyReport listing at most ``max_problems``. ``progress(nbytes)`` is called
+        after each commitlog segment."""
         self._check_open()
-        if self.read_only:
-            raise StoreReadOnlyError("store opened read-only")
-        cfg = self.config
+        if not self.read_only:
+            self.dispatcher.wait_dispatched()
+        return verify_components(self.commitlog.segments, self.consume_queues, self.index, self.checkpoint,
+                                 self.config.delay_levels_ms(), read_only=self.read_only,
+                                 clean_shutdown=self.clean_shutdown, progress=progress, max_problems=max_problems)
+
+    def rebuild(self, progress: Progress | None = None) -> int:
+        """Rebuild every consume queue and index file from the commitlog (rules in
+        maintenance/rebuild.py). Appends wait meanwhile; readers see the queues grow back.
+        ``progress(nbytes)`` follows the dispatch. Returns the commitlog bytes dispatched;
+        raises CorruptRecordError where a bad record stops it."""
+        self._check_writable()
         with self.commitlog.lock, self._logics_lock:
             self.dispatcher.stop()
-            if self.index is not None:
-                if self.index.files:   # keep the store's index geometry
-                    f = self.index.files[-1]
-                    cfg = cfg.with_(index_slots=f.slots, index_entries=f.entries)
-                self.index.close()
-            self.consume_queues.close()
-            for name in ("consumequeue", "index"):
-                shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
-            self.consume_queues = ConsumeQueueTable(self.path, cfg.consume_queue_entries, False, cfg.file_mode,
-                                                    cfg.dir_mode)
-            if self.index is not None:
-                self.index = IndexService(self.path, cfg, self.checkpoint).load(True, self.commitlog.max_offset)
-            start = done = self.commitlog.min_offset
-            self.dispatcher = d = self._new_dispatcher(start)
-            while d.run_once():
-                if progress is not None:
-                    progress(d.reput_from - done)
-                done = d.reput_from
-            self.commitlog.queue_offsets = {k: cq.max_offset for k, cq in self.consume_queues.queues.items()}
+            start = self.commitlog.min_offset
+            self.consume_queues, self.index, self._cq_builder, d = rebuild_logics(
+                self.path, self.config, self.commitlog, self.checkpoint, self.consume_queues, self.index, progress)
+            self.dispatcher = d
             d.start()
         self.flush()
         if d.error is not None:
-            raise CorruptRecordError(f"{self.path}: rebuild stopped: {d.error}")
+            raise CorruptRecordError(f"{self.path}: rebuild stopped: {d.error}") from d.error
         return d.reput_from - start
-
-
-def _empty_entries():
-    import numpy as np
-    from rmqstore._cq import ENTRY_DTYPE
-    return np.empty(0, ENTRY_DTYPE)

@@ -78,7 +78,7 @@ def copy_store(src, tmp_path, name="store"):
     """Copy a (read-only) fixture store into ``tmp_path`` with writable permissions."""
     dst = Path(tmp_path) / name
     shutil.copytree(src, dst)
-    for root, dirs, files in os.walk(dst):
+    for root, _dirs, files in os.walk(dst):
         os.chmod(root, 0o755)
         for f in files:
             os.chmod(os.path.join(root, f), 0o644)
@@ -93,7 +93,7 @@ def copy_fixture(tmp_path):
 def tree_state(root):
     """{relative path: (size, mtime_ns, sha256)} of every file under ``root``, plus dirs."""
     out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root)
         st = os.stat(dirpath)
         out[rel + "/"] = (st.st_mtime_ns,)

@@ -1,5 +1,6 @@
 """rmqstore.bench: a tiny run of the standard workload counts every message on every system."""
 from rmqstore import StoreConfig, bench
+
 from conftest import SMALL_INDEX
 
 SMALL = StoreConfig(commitlog_file_size=1 << 20, consume_queue_entries=1000, **SMALL_INDEX)
@@ -10,7 +11,7 @@ def test_run_counts(tmp_path):
     rows = bench.run(tmp_path, messages=200, body_size=16, config=SMALL, out=lines.append)
     names = {r[0] for r in rows}
     assert {"rmqstore", "sqlite3", "struct+mmap"} <= names
-    for name, kind, label, count, seconds, nbytes in rows:
+    for name, kind, _label, count, _seconds, nbytes in rows:
         assert count == 200, (name, kind)
         if kind != "dispatch":
             assert nbytes == 200 * 16, (name, kind)

@@ -164,7 +164,7 @@ def test_dump_topic_and_range(clean_498):
     lines = run("dump", store, "--from", lo, "--to", hi, "--body", "base64").stdout.splitlines()
     dumped = [json.loads(x) for x in lines]
     assert [d["commitLogOffset"] for d in dumped] == offs[100:140]
-    for d, want in zip(dumped, man["messages"][100:140]):
+    for d, want in zip(dumped, man["messages"][100:140], strict=False):
         if "bodyBase64" in want:
             assert d["body"] == want["bodyBase64"]
 
@@ -274,7 +274,8 @@ def test_digest_and_diff(clean_498, tmp_path):
         old = f.read(1)
         f.seek(target - seg)
         f.write(bytes([old[0] ^ 0xFF]))
-    changed = [(a["offset"], a["crc32c"] != b["crc32c"]) for a, b in zip(digests, run_json("digest", copy))]
+    changed = [(a["offset"], a["crc32c"] != b["crc32c"])
+               for a, b in zip(digests, run_json("digest", copy), strict=False)]
     assert [o for o, c in changed if c] == [seg]
     p = run("diff", store, copy, "--json", expect=3)
     assert json.loads(p.stdout)["firstDiffOffset"] == target

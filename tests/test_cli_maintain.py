@@ -6,11 +6,12 @@ import shutil
 import time
 
 import pytest
+from test_cli import error_line, run
+
+from rmqstore import Message, MessageStore, StoreConfig
+from rmqstore.maintenance.retention import disk_used_ratio
 
 from conftest import CLEAN_498, copy_store, tree_state
-from rmqstore import Message, MessageStore, StoreConfig
-from rmqstore.retention import disk_used_ratio
-from test_cli import error_line, run
 
 NOON = time.mktime((2026, 1, 15, 12, 0, 0, 0, 0, -1))      # local noon: not a deleteWhen ("04") hour
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference_codec as ref
-from rmqstore import CorruptRecordError, InvalidArgumentError, Message
-from rmqstore import _codec
+from rmqstore import CorruptRecordError, InvalidArgumentError, Message, _codec
 from rmqstore._segment import MappedSegment
+
+import reference_codec as ref
 
 SEG_SIZE = 1 << 20
 

@@ -7,9 +7,10 @@ import textwrap
 import threading
 import time
 
-import reference_codec as ref
-from rmqstore import Message, MessageStore, StoreConfig
 from rmqstore import GetMessageStatus as S
+from rmqstore import Message, MessageStore, StoreConfig
+
+import reference_codec as ref
 from conftest import SMALL_INDEX
 
 WRITERS = 3
@@ -40,7 +41,7 @@ def test_writers_readers_dispatcher(tmp_path):
                 else:
                     store.put(Message("conc", b"w%d-%d" % (w, i), tags=f"T{w}"), queue_id=(w + i) % QUEUES)
                     i += 1
-        except Exception as e:   # noqa: BLE001 - reported below
+        except Exception as e:   # reported below
             errors.append(("writer", w, repr(e)))
 
     def reader(q):
@@ -57,7 +58,7 @@ def test_writers_readers_dispatcher(tmp_path):
                 else:
                     assert res.status in (S.NO_MESSAGE_IN_QUEUE, S.OFFSET_OVERFLOW_ONE), res.status
                     time.sleep(0.001)
-        except Exception as e:   # noqa: BLE001
+        except Exception as e:
             errors.append(("reader", q, repr(e)))
 
     def random_reader():
@@ -68,7 +69,7 @@ def test_writers_readers_dispatcher(tmp_path):
                 for m in store.scan(from_offset=0, to_offset=off):
                     assert m.body.startswith(b"w")
                     n += 1
-        except Exception as e:   # noqa: BLE001
+        except Exception as e:
             errors.append(("scanner", 0, repr(e)))
 
     with MessageStore(root, _cfg()) as store:

@@ -8,11 +8,22 @@ import struct
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rmqstore import (
+    CorruptStoreError,
+    InvalidArgumentError,
+    Message,
+    MessageStore,
+    MessageTooLargeError,
+    StoreConfig,
+    StoreError,
+    StoreIOError,
+    StoreNotFoundError,
+)
 
 from conftest import SMALL_INDEX
-from rmqstore import (CorruptStoreError, InvalidArgumentError, Message, MessageStore, MessageTooLargeError,
-                      StoreConfig, StoreError, StoreIOError, StoreNotFoundError)
 
 INT_MAX = (1 << 31) - 1
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-import reference_codec as ref
 from rmqstore import GetMessageStatus as S
 from rmqstore import InvalidArgumentError, Message, MessageStore, StoreConfig
+
+import reference_codec as ref
 from conftest import SMALL_INDEX
 
 PER_FILE = 10

@@ -10,13 +10,14 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rmqstore
-from reference_codec import encode_record
-from rmqstore import CorruptRecordError, Message, MessageExt, MessageStore, StoreConfig
-from rmqstore import _codec
+from rmqstore import CorruptRecordError, Message, MessageExt, MessageStore, StoreConfig, _codec
 from rmqstore._segment import MappedSegment
+
+from reference_codec import encode_record
 
 CFG = dict(commitlog_file_size=8192, consume_queue_entries=8, index_slots=16, index_entries=64,
            warm_mapped_file=False)

@@ -12,8 +12,9 @@ import time
 import pytest
 
 import rmqstore
-from conftest import SMALL_INDEX
 from rmqstore import MessageStore, StoreConfig
+
+from conftest import SMALL_INDEX
 
 TOPICS = ("CrashA", "CrashB")
 

@@ -54,7 +54,7 @@ def _put_until_refused(store, tag, acked, errors):
 
 def scenario(path, kind, err, waiters):
     """Run one fault scenario on a new store at ``path``; returns a dict of what happened."""
-    from rmqstore import MessageStore, Message, StoreReadOnlyError
+    from rmqstore import Message, MessageStore, StoreReadOnlyError
     from rmqstore._segment import inject_fault
     op, match = FLUSH_PATHS[kind]
     out = {}
@@ -141,7 +141,7 @@ def test_failed_flush_acknowledges_nothing_later(tmp_path, kind, err, waiters):
 def space_scenario(path, op, err):
     """A failed fallocate/ftruncate/open while a put creates a commitlog segment: the put
     raises, nothing partial is kept, and the next put (space back) succeeds."""
-    from rmqstore import MessageStore, Message
+    from rmqstore import Message, MessageStore
     from rmqstore._segment import inject_fault
     out = {}
     with MessageStore(path, _config().with_(flush_mode="async")) as s:

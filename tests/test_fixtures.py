@@ -7,9 +7,10 @@ import os
 
 import pytest
 
+from rmqstore import GetMessageStatus, MessageStore
+
 import reference_codec as ref
 from conftest import tree_state
-from rmqstore import GetMessageStatus, MessageStore
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +198,7 @@ def test_queue_min_max(fixture_store, opened):
 def _store_times(store, topic, qid):
     e = store.consume_queue_entries(topic, qid)
     return [ref.decode_record(store.commitlog.read(int(p), int(n)))["store_timestamp"]
-            for p, n in zip(e["phy_offset"], e["size"])]
+            for p, n in zip(e["phy_offset"], e["size"], strict=False)]
 
 
 def _search_498(times, per_file, f, ts):

@@ -7,11 +7,10 @@ import struct
 
 import pytest
 
-from conftest import copy_store
-from rmqstore import (InvalidArgumentError, Message, MessageNotFoundError, MessageStore, StoreClosedError,
-                      StoreConfig)
+from rmqstore import InvalidArgumentError, Message, MessageNotFoundError, MessageStore, StoreClosedError, StoreConfig
 from rmqstore._codec import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
-from conftest import SMALL_INDEX
+
+from conftest import SMALL_INDEX, copy_store
 
 LONG_MAX = (1 << 63) - 1
 
@@ -97,7 +96,7 @@ def test_rebuilt_index_is_byte_identical_to_rocketmq(fixture, tmp_path):
     MessageStore(root, cfg).close()
     ours, theirs = index_files(root), index_files(src)
     assert len(ours) == len(theirs) and len(ours) > 1
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=False):
         assert open(a, "rb").read() == open(b, "rb").read(), (a, b)
 
 
@@ -143,7 +142,7 @@ def test_own_files_match_reference_reader_with_collisions_and_rollover(tmp_path)
         store.flush()
         # expected entries in order: (index key, phy, store time)
         expected = []
-        for (topic, keys, uniq, flag), r in zip(specs, res):
+        for (topic, keys, uniq, flag), r in zip(specs, res, strict=False):
             if flag == TRANSACTION_ROLLBACK:
                 continue
             for k in ([uniq] if uniq else []) + [t for t in keys.split(" ") if t]:

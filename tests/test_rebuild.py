@@ -5,8 +5,9 @@ import os
 
 import pytest
 
-from conftest import CLEAN_498, copy_store
 from rmqstore import Message, MessageStore, StoreConfig, StoreReadOnlyError
+
+from conftest import CLEAN_498, copy_store
 
 
 def _cfg():

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from conftest import CRASHED_498, copy_store, load_jsonl_gz, tree_state
 from rmqstore import Message, MessageStore, StoreConfig
-from conftest import SMALL_INDEX
+
+from conftest import CRASHED_498, SMALL_INDEX, copy_store, load_jsonl_gz, tree_state
 
 BODY_AT = 88          # body offset in a v1 record with IPv4 hosts (DESIGN.md field list)
 TOPIC = "TopicR"
@@ -89,7 +89,7 @@ def _crash_marker(path):
 def _check_prefix(s, res, bodies, k, cfg):
     """Exactly messages [0, k) are stored, intact, with a consistent CQ and zeros after."""
     assert s.max_phy_offset == (res[k].phy_offset if k < len(res) else res[-1].phy_offset + res[-1].size)
-    for r, b in zip(res[:k], bodies[:k]):
+    for r, b in zip(res[:k], bodies[:k], strict=False):
         m = s.get_by_offset(r.phy_offset)
         assert (m.msg_id, m.body) == (r.msg_id, b)
     for q in (0, 1):
@@ -184,7 +184,7 @@ def test_segment_boundary_recovery(tmp_path):
     with MessageStore(tmp_path, cfg) as s:
         assert s.recovery.end_offset == start
         assert s.max_phy_offset == start
-        for r, b in zip(res[:first_in_seg], bodies):
+        for r, b in zip(res[:first_in_seg], bodies, strict=False):
             assert s.get_by_offset(r.phy_offset).body == b
         assert sum(s.max_offset(TOPIC, q) for q in (0, 1)) == first_in_seg
         nxt = s.put(Message(TOPIC, b"x"), queue_id=0)

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from rmqstore import GetMessageStatus, Message, MessageStore, StoreConfig
-from rmqstore import retention
+from rmqstore.maintenance import retention
+
 from conftest import SMALL_INDEX
 
 HOUR = 3600

@@ -8,6 +8,7 @@ import pytest
 
 from rmqstore import batch
 from rmqstore.errors import CorruptRecordError
+
 from conftest import SMALL_INDEX
 
 pa = pytest.importorskip("pyarrow")
@@ -136,6 +137,7 @@ def test_query_by_key_across_stores(spark, clean_498, tmp_path):
 def test_export_parquet_partitioned_by_topic_and_date(spark, clean_498, tmp_path):
     from collections import Counter
     from datetime import datetime, timezone
+
     from rmqstore.spark import jobs
     store, manifest = clean_498
     _write_store(tmp_path / "s1", 50, topics=("%RETRY%g|x",))

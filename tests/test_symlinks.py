@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from conftest import SMALL_INDEX
 from rmqstore import Message, MessageStore, StoreConfig, StoreError
+
+from conftest import SMALL_INDEX
 
 SEG = 4096 * 4
 

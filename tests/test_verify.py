@@ -6,8 +6,9 @@ import struct
 
 import pytest
 
-from conftest import CLEAN_498, CRASHED_498, V2_533, tree_state
 from rmqstore import Message, MessageStore, StoreConfig
+
+from conftest import CLEAN_498, CRASHED_498, V2_533, tree_state
 
 BODY_AT = 88          # body offset in a v1 record with IPv4 hosts
 SLOTS = 64
@@ -194,7 +195,7 @@ def test_problems_are_capped(own):
         seg = path / "commitlog" / f"{r.phy_offset - r.phy_offset % 8192:020d}"
         _patch(seg, b"\xff", r.phy_offset % 8192 + BODY_AT)
     with MessageStore(path, _cfg(), read_only=True) as s:
-        from rmqstore.verify import verify_store
+        from rmqstore.maintenance.verify import verify_store
         rep = verify_store(s, max_problems=5)
     assert len(rep.problems) == 5 and rep.problems_omitted == 15
     assert [p.offset for p in rep.problems] == [r.phy_offset for r in res[:5]]

@@ -20,7 +20,7 @@ class Read(StoreCase):
 
     def time_scan(self, body_size):
         for m in self.store.scan():
-            m.body
+            _ = m.body
 
     def time_decode_batch(self, body_size):
         for seg in self.store.commitlog.segments.segments:

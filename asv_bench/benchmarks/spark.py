@@ -59,8 +59,7 @@ def _decode_udf(content):
 
 def _baseline(spark, store):
     from pyspark.sql import functions as F
-    from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField,
-                                   StructType)
+    from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
     row = StructType([StructField("topic", StringType()), StructField("queue_id", IntegerType()),
                       StructField("queue_offset", LongType()), StructField("phy_offset", LongType()),
                       StructField("body", BinaryType()), StructField("props", StringType()),

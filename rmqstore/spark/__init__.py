@@ -12,6 +12,7 @@ def session(master=None, app_name="rmqstore", **conf):
     ``local[*]``."""
     import os
     import sys
+
     from pyspark.sql import SparkSession
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)   # workers use this interpreter
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:   # not under spark-submit

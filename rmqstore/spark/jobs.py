@@ -19,7 +19,7 @@ import numpy as np
 from rmqstore import MessageStore, batch
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.config import StoreConfig
-from rmqstore.dispatch import Dispatcher
+from rmqstore.dispatch import Dispatcher, deliver_time
 from rmqstore.errors import InvalidArgumentError
 from rmqstore.index import IndexService
 from rmqstore.segments import segment_name
@@ -123,7 +123,7 @@ def _structure(store):
     """Structural problems of a store's commitlog files (sizes, gaps)."""
     files = batch.segment_files(store)
     problems = []
-    for (p, base, size), (_, nbase, _) in zip(files, files[1:]):
+    for (p, base, size), (_, nbase, _) in zip(files, files[1:], strict=False):
         if nbase != base + size:
             problems.append(f"{p}: next segment starts at {nbase}, expected {base + size}")
     if files and len({size for _, _, size in files}) > 1:
@@ -165,9 +165,7 @@ def _cq_entries(parts, delays):
             tx = cols["sys_flag"] & 0xC
             tags = cols["tags_code"].copy()
             for i in np.nonzero(np.array([t == SCHEDULE_TOPIC for t in topics]))[0]:
-                level = _property(cols, i, "DELAY")
-                if level is not None and level.isdigit() and int(level) > 0:
-                    tags[i] = cols["store_timestamp"][i] + delays[min(int(level), len(delays)) - 1]
+                tags[i] = deliver_time(_property(cols, i, "DELAY"), int(cols["store_timestamp"][i]), tags[i], delays)
             for i in np.nonzero((tx != 0x4) & (tx != 0xC))[0]:
                 out.setdefault((topics[i], int(cols["queue_id"][i])), []).append(
                     (int(cols["queue_offset"][i]), int(cols["phy_offset"][i]), int(cols["store_size"][i]),
@@ -177,7 +175,7 @@ def _cq_entries(parts, delays):
 
 def _topics(cols):
     data, off = cols["topic_data"].tobytes(), cols["topic_offsets"].tolist()
-    return [data[a:b].decode("utf-8", "replace") for a, b in zip(off[:-1], off[1:])]
+    return [data[a:b].decode("utf-8", "replace") for a, b in zip(off[:-1], off[1:], strict=False)]
 
 
 def _property(cols, i, name):

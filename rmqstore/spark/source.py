@@ -26,9 +26,18 @@ import os
 from datetime import datetime, timezone
 
 import numpy as np
-
-from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, EqualTo, GreaterThan,
-                                    GreaterThanOrEqual, In, InputPartition, LessThan, LessThanOrEqual)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualTo,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
 
 from rmqstore import batch
 from rmqstore.errors import InvalidArgumentError

@@ -4,8 +4,18 @@ import argparse
 import dataclasses
 import time
 
-from rmqstore.cli_common import (EXIT_FOUND, nonneg_int, open_store, positive_int, print_fields, print_json,
-                                 print_table, progress, require_store, store_config)
+from rmqstore.cli.common import (
+    EXIT_FOUND,
+    nonneg_int,
+    open_store,
+    positive_int,
+    print_fields,
+    print_json,
+    print_table,
+    progress,
+    require_store,
+    store_config,
+)
 from rmqstore.store import MessageStore
 
 _EVERY_HOUR = ";".join(f"{h:02d}" for h in range(24))

@@ -9,8 +9,8 @@ import argparse
 import os
 import sys
 
-from rmqstore import cli_admin, cli_maintain, cli_read
-from rmqstore.cli_common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CommandError, Parser, positive_int
+from rmqstore.cli import admin, maintain, read
+from rmqstore.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CommandError, Parser, positive_int
 from rmqstore.errors import StoreError
 
 
@@ -32,7 +32,7 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     json_only, store_opts = _parents()
-    for module in (cli_read, cli_admin, cli_maintain):
+    for module in (read, admin, maintain):
         module.register(sub, json_only, store_opts)
     return parser
 

@@ -4,8 +4,20 @@ import os
 import sys
 import time
 
-from rmqstore.cli_common import (BODY_MODES, message_dict, message_line, nonneg_int, open_store,
-                                 positive_int, print_fields, print_json, print_line, print_table, progress)
+from rmqstore.cli.common import (
+    BODY_MODES,
+    message_dict,
+    message_line,
+    nonneg_int,
+    open_store,
+    positive_int,
+    print_fields,
+    print_json,
+    print_line,
+    print_table,
+    progress,
+)
+
 
 def _index_files(s):
     """Header of every index file (RocketMQ IndexHeader) and its geometry."""

@@ -11,8 +11,20 @@ import crc32c
 import numpy as np
 
 from rmqstore._codec import Message
-from rmqstore.cli_common import (EXIT_FOUND, CommandError, nonneg_int, open_store, positive_int, print_fields,
-                                 print_json, print_line, print_table, progress, require_store, store_config)
+from rmqstore.cli.common import (
+    EXIT_FOUND,
+    CommandError,
+    nonneg_int,
+    open_store,
+    positive_int,
+    print_fields,
+    print_json,
+    print_line,
+    print_table,
+    progress,
+    require_store,
+    store_config,
+)
 from rmqstore.errors import StoreError
 from rmqstore.segments import list_segment_files
 from rmqstore.store import MessageStore
@@ -164,7 +176,7 @@ def cmd_diff(args):
 
 
 def cmd_bench(args):
-    from rmqstore import bench   # imports the peers (sqlite3, LMDB) only when asked
+    from rmqstore import bench  # imports the peers (sqlite3, LMDB) only when asked
     rows = bench.run(args.dir, args.messages, args.body_size, args.batch, peers=not args.no_peers,
                      out=None if args.json else print)
     if args.json:

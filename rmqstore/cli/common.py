@@ -115,7 +115,7 @@ def print_table(headers, rows, title=None):
     cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for r in cells:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip())
     if not rows:
         print("(none)")
 

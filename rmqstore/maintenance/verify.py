@@ -1,6 +1,6 @@
 """Verify: check a whole store against itself without changing a byte.
 
-What is checked (``verify_store``; ``MessageStore.verify`` runs it):
+What is checked (``verify``, given a store's components; ``MessageStore.verify`` runs it):
 
 1. Commitlog, segment by segment: every record's structure and body CRC (the scan kernel,
    GIL released). A CRC mismatch is reported and the scan goes on after the record (its
@@ -21,16 +21,27 @@ On a read-only open the commitlog files are scanned to their ends, so what recov
 cut is reported; consume-queue and index checks stop at the (recovered) commitlog end. On a
 writer, dispatch is caught up first and the check stops at the end seen then.
 """
+from __future__ import annotations
+
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from rmqstore import _codec, _index
+import rmqstore._index as _index
+from rmqstore import _codec
 from rmqstore.consume_queue import HOLE_SIZE
-from rmqstore.dispatch import DispatchBatch
+from rmqstore.dispatch import DispatchBatch, cq_tags, gets_cq_entry
+
+if TYPE_CHECKING:
+    from rmqstore.checkpoint import Checkpoint
+    from rmqstore.consume_queue import ConsumeQueueTable
+    from rmqstore.index import IndexService
+    from rmqstore.segments import SegmentQueue
+    from rmqstore.store import MessageStore
 
 _CRC = "body CRC mismatch"
 _CHUNK_BYTES = 1 << 20       # record bytes per dispatch-scan call
@@ -67,11 +78,11 @@ class VerifyReport:
     index_files: int = 0
     index_entries: int = 0
     undispatched: int = 0
-    problems: list = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     problems_omitted: int = 0
     seconds: float = 0.0
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -80,8 +91,8 @@ class _Segment:
     (kind, path, offset, message) tuples, its record count and the columns of its messages
     (``_collect``), with topic numbers local to the segment (``names``)."""
 
-    def __init__(self, store, seg, limit, last):
-        self.store, self.seg = store, seg
+    def __init__(self, seg, limit, last, delays, with_keys):
+        self.seg, self.delays, self.with_keys = seg, delays, with_keys
         self.problems = []
         self.records = 0
         self.parts = {k: [] for k in _COLUMNS}
@@ -128,15 +139,14 @@ class _Segment:
     def _add(self, rows, raw):
         batch = DispatchBatch(rows, raw, self.numbers, self.names)
         p = self.parts
-        tran = rows["sys_flag"] & 0xC
         p["phy"].append(rows["phy_offset"])
         p["size"].append(rows["size"])
         p["queue_id"].append(rows["queue_id"])
         p["queue_offset"].append(rows["queue_offset"])
-        p["tags"].append(self.store._cq_tags(batch))
+        p["tags"].append(cq_tags(batch, self.delays))
         p["topic"].append(batch.topic_ids)
-        p["cq"].append((tran != _codec.TRANSACTION_PREPARED) & (tran != _codec.TRANSACTION_ROLLBACK))
-        if self.store.index is not None:
+        p["cq"].append(gets_cq_entry(rows["sys_flag"]))
+        if self.with_keys:
             hashes, phys, _ = _index.extract_keys(raw, rows)
             p["key_hash"].append(hashes)
             p["key_phy"].append(phys)
@@ -191,10 +201,12 @@ class _Records:
 
 
 class _Verifier:
-    def __init__(self, store, max_problems):
-        self.store = store
+    def __init__(self, commitlog, consume_queues, index, checkpoint, delays, read_only, clean_shutdown,
+                 max_problems):
+        self.segments, self.queues, self.index_service = commitlog, consume_queues, index
+        self.cp, self.delays, self.read_only = checkpoint, delays, read_only
         self.max_problems = max_problems
-        self.rep = VerifyReport(clean_shutdown=store.clean_shutdown)
+        self.rep = VerifyReport(clean_shutdown=clean_shutdown)
         self.recs = None
 
     def problem(self, kind, path, offset, message):
@@ -208,19 +220,20 @@ class _Verifier:
     def lag(self, n):
         """``n`` messages not dispatched yet."""
         self.rep.undispatched += n
-        if n and self.store.clean_shutdown:
+        if n and self.rep.clean_shutdown:
             self.rep.ok = False
 
     # -- 1. commitlog -------------------------------------------------------------------------
     def commitlog(self, end, progress):
         """Segments on worker threads (the kernels release the GIL), results in order."""
-        store = self.store
-        segs = store.commitlog.segments.segments
-        jobs = [(seg, seg.size if store.read_only else min(seg.size, end - seg.base_offset), k == len(segs) - 1)
+        segs = self.segments.segments
+        jobs = [(seg, seg.size if self.read_only else min(seg.size, end - seg.base_offset), k == len(segs) - 1)
                 for k, seg in enumerate(segs)]
         done = []
+        keys = self.index_service is not None
         with ThreadPoolExecutor(_WORKERS, thread_name_prefix="rmq-verify") as pool:
-            for (seg, limit, _), sg in zip(jobs, pool.map(lambda job: _Segment(store, *job), jobs)):
+            segments = pool.map(lambda job: _Segment(*job, self.delays, keys), jobs)
+            for (seg, limit, _), sg in zip(jobs, segments, strict=True):
                 for p in sg.problems:
                     self.problem(*p)
                 self.rep.segments += 1
@@ -238,7 +251,7 @@ class _Verifier:
         covered = np.zeros(len(recs.phy), bool)
         bad = set()          # (topic id, queue id, queue offset) of entries already reported
         bounds = {}          # (topic id, queue id) -> (min, max) queue offset
-        for (topic, qid), cq in sorted(self.store.consume_queues.queues.items()):
+        for (topic, qid), cq in sorted(self.queues.queues.items()):
             rep.consume_queues += 1
             lo, hi = cq.min_offset, cq.max_offset
             e = cq.read(lo, hi - lo)
@@ -286,14 +299,14 @@ class _Verifier:
             if qoff >= hi:
                 lag += 1
             elif qoff >= lo and (t, qid, qoff) not in bad:
-                self.problem("consume_queue", self.store.consume_queues.root, qoff,
+                self.problem("consume_queue", self.queues.root, qoff,
                              f"message at commitlog offset {recs.phy[r]} ({recs.topic_names[t]}/{qid} queue "
                              f"offset {qoff}) has no consume-queue entry")
         self.lag(lag)
 
     # -- 3. index -------------------------------------------------------------------------------
     def index(self, end):
-        idx = self.store.index
+        idx = self.index_service
         if idx is None:
             return
         got_hash, got_phy = [], []
@@ -344,7 +357,7 @@ class _Verifier:
             i = int(back[0]) + 2
             self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} points at commitlog offset {phy[i - 1]}, "
                          f"before entry {i - 1}'s {phy[i - 2]}")
-        keep = (phy < end) & (phy >= self.store.min_phy_offset)   # below: removed by retention
+        keep = (phy < end) & (phy >= self.segments.min_offset)   # below: removed by retention
         return hashes[1:][keep].astype(np.int32), phy[keep]
 
     def _index_chains(self, path, nslots, slots, hashes, prev, ent_at):
@@ -399,7 +412,7 @@ class _Verifier:
 
     # -- 4. checkpoint --------------------------------------------------------------------------
     def checkpoint(self, now_ms):
-        cp = self.store.checkpoint
+        cp = self.cp
         if not cp.existed:
             return
         newest = self.recs.max_store_ts
@@ -414,14 +427,16 @@ class _Verifier:
                              f"message ({newest}): messages it counted as flushed are gone")
 
 
-def verify_store(store, progress=None, max_problems=1000):
-    """Check ``store`` (an open MessageStore) as described above; returns a VerifyReport.
+def verify(commitlog: SegmentQueue, consume_queues: ConsumeQueueTable, index: IndexService | None,
+           checkpoint: Checkpoint, delays: Sequence[int], *, read_only: bool, clean_shutdown: bool,
+           progress: Callable[[int], object] | None = None, max_problems: int = 1000) -> VerifyReport:
+    """Check a store's components (``commitlog`` is its segment queue) as described above,
+    up to the commitlog end (on a writer the caller catches dispatch up first); returns a
+    VerifyReport. ``delays`` (ms per level) give delayed messages their tags code.
     ``progress(nbytes)`` is called after each commitlog segment."""
     t0 = time.monotonic()
-    if not store.read_only:
-        store.wait_dispatched()
-    end = store.max_phy_offset
-    v = _Verifier(store, max_problems)
+    end = commitlog.max_offset
+    v = _Verifier(commitlog, consume_queues, index, checkpoint, delays, read_only, clean_shutdown, max_problems)
     v.rep.commitlog_end = end
     v.commitlog(end, progress)
     v.consume_queues(end)
@@ -429,3 +444,9 @@ def verify_store(store, progress=None, max_problems=1000):
     v.checkpoint(time.time_ns() // 1_000_000)
     v.rep.seconds = time.monotonic() - t0
     return v.rep
+
+
+def verify_store(store: MessageStore, progress: Callable[[int], object] | None = None,
+                 max_problems: int = 1000) -> VerifyReport:
+    """``verify`` of an open MessageStore's components (``MessageStore.verify``)."""
+    return store.verify(progress, max_problems)

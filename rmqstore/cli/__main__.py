@@ -1,0 +1,6 @@
+"""``python -m rmqstore.cli``: the rmqstore command."""
+import sys
+
+from rmqstore.cli import main
+
+sys.exit(main())
