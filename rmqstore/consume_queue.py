@@ -34,7 +34,8 @@ class ConsumeQueue:
     commitlog end, are cut by ``recover``/``truncate_dirty``; dispatch re-creates them.
     """
 
-    def __init__(self, root, topic, queue_id, entries_per_file, readonly=False, file_mode=0o600, dir_mode=0o700):
+    def __init__(self, root: str, topic: str, queue_id: int, entries_per_file: int, readonly: bool = False,
+                 file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(root, topic, str(queue_id))
@@ -43,14 +44,14 @@ class ConsumeQueue:
         self.min_logic_offset = 0
 
     @property
-    def file_size(self):
+    def file_size(self) -> int:
         return self.segments.file_size
 
-    def load(self):
+    def load(self) -> ConsumeQueue:
         self.segments.load()
         return self
 
-    def recover(self):
+    def recover(self) -> int:
         """Set the write position after the last valid entry (RocketMQ ConsumeQueue.recover);
         returns the bytes cut off."""
         segs = self.segments.segments
@@ -68,7 +69,7 @@ class ConsumeQueue:
         self.min_logic_offset = self.segments.min_offset
         return cut
 
-    def truncate_dirty(self, phy_offset):
+    def truncate_dirty(self, phy_offset: int) -> int:
         """Remove entries whose message starts at or after ``phy_offset`` (the recovered
         commitlog end)."""
         segs = self.segments.segments
@@ -97,21 +98,21 @@ class ConsumeQueue:
 
     # -- positions ------------------------------------------------------------------------
     @property
-    def max_logic_offset_bytes(self):
+    def max_logic_offset_bytes(self) -> int:
         return self.segments.max_offset
 
     @property
-    def min_offset(self):
+    def min_offset(self) -> int:
         """RocketMQ getMinOffsetInQueue."""
         return self.min_logic_offset // ENTRY
 
     @property
-    def max_offset(self):
+    def max_offset(self) -> int:
         """RocketMQ getMaxOffsetInQueue: the next queue offset to be written."""
         return self.segments.max_offset // ENTRY
 
     # -- writing --------------------------------------------------------------------------
-    def put(self, phy_offset, size, tags_code, queue_offset):
+    def put(self, phy_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
         """Append the entry for ``queue_offset``; an entry already present is skipped
         (re-dispatch after recovery), a gap is filled with RocketMQ's blank entries."""
         expect = queue_offset * ENTRY
@@ -141,7 +142,7 @@ class ConsumeQueue:
         self.max_physic_offset = phy_offset + size
         return True
 
-    def put_run(self, phy, size, tags, queue_offsets):
+    def put_run(self, phy: np.ndarray, size: np.ndarray, tags: np.ndarray, queue_offsets: np.ndarray) -> None:
         """Append many entries (numpy arrays, commitlog order). The first goes through
         ``put`` (duplicates skipped, odd offsets handled); a run whose queue offsets then
         continue one by one is written by the kernel, file by file."""
@@ -165,11 +166,11 @@ class ConsumeQueue:
         for j in range(i, n):
             self.put(int(phy[j]), int(size[j]), int(tags[j]), int(queue_offsets[j]))
 
-    def flush(self, least_pages=0):
+    def flush(self, least_pages: int = 0) -> bool:
         return self.segments.flush(least_pages)
 
     # -- reading --------------------------------------------------------------------------
-    def entry(self, index):
+    def entry(self, index: int) -> tuple[int, int, int] | None:
         """(phy_offset, size, tags_code) of queue offset ``index``, or None."""
         arr = self.read(index, 1)
         if len(arr) == 0:
@@ -177,7 +178,7 @@ class ConsumeQueue:
         e = arr[0]
         return int(e["phy_offset"]), int(e["size"]), int(e["tags_code"])
 
-    def read(self, index, count, within_file=False):
+    def read(self, index: int, count: int, within_file: bool = False) -> np.ndarray:
         """Up to ``count`` entries from queue offset ``index`` as a numpy array
         (``phy_offset``, ``size``, ``tags_code``); ``within_file`` stops at the end of the
         file holding ``index``, like RocketMQ's getIndexBuffer."""
@@ -252,7 +253,7 @@ class ConsumeQueue:
             off = right if abs(timestamp - left_v) > abs(timestamp - right_v) else left
         return (base + off) // ENTRY
 
-    def delete_below(self, phy_min):
+    def delete_below(self, phy_min: int) -> int:
         """Retention: drop files whose every entry points below ``phy_min``; move the min
         logical offset to the first entry at or above it. Returns files deleted."""
         segs = self.segments.segments
@@ -268,7 +269,7 @@ class ConsumeQueue:
         self.correct_min_offset(phy_min)
         return len(doomed)
 
-    def correct_min_offset(self, phy_min):
+    def correct_min_offset(self, phy_min: int) -> None:
         """RocketMQ correctMinOffset: the first entry whose message is still in the commitlog."""
         seg = self.segments.segments[0] if self.segments.segments else None
         if seg is None:
@@ -278,23 +279,24 @@ class ConsumeQueue:
         idx = int(ok[0]) if len(ok) else len(arr)
         self.min_logic_offset = max(self.min_logic_offset, seg.base_offset + idx * ENTRY)
 
-    def close(self):
+    def close(self) -> None:
         self.segments.close()
 
 
 class ConsumeQueueTable:
     """Every consume queue of a store, created on first dispatch of a topic/queue."""
 
-    def __init__(self, root, entries_per_file, readonly=False, file_mode=0o600, dir_mode=0o700):
+    def __init__(self, root: str, entries_per_file: int, readonly: bool = False, file_mode: int = 0o600,
+                 dir_mode: int = 0o700) -> None:
         self.root = os.path.join(str(root), "consumequeue")
         self.entries_per_file = entries_per_file
         self.readonly = readonly
         self.file_mode = file_mode
         self.dir_mode = dir_mode
-        self.queues = {}          # (topic, queue_id) -> ConsumeQueue
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
 
-    def load(self):
+    def load(self) -> ConsumeQueueTable:
         """Open every topic/queue directory found on disk (any topic name a store holds)."""
         refuse_symlink(self.root)
         try:
@@ -319,10 +321,10 @@ class ConsumeQueueTable:
                 self.queues[(topic, int(qname))] = cq
         return self
 
-    def get(self, topic, queue_id):
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         return self.queues.get((topic, queue_id))
 
-    def get_or_create(self, topic, queue_id):
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = self.queues.get((topic, queue_id))
         if cq is None:
             with self._lock:
@@ -333,21 +335,21 @@ class ConsumeQueueTable:
                     self.queues = {**self.queues, (topic, queue_id): cq}
         return cq
 
-    def topics(self):
+    def topics(self) -> list[str]:
         return sorted({t for t, _ in self.queues})
 
-    def queue_ids(self, topic):
+    def queue_ids(self, topic: str) -> list[int]:
         return sorted(q for t, q in self.queues if t == topic)
 
-    def max_physic_offset(self):
+    def max_physic_offset(self) -> int:
         return max((cq.max_physic_offset for cq in self.queues.values()), default=-1)
 
-    def flush(self, least_pages=0):
+    def flush(self, least_pages: int = 0) -> bool:
         moved = False
         for cq in list(self.queues.values()):
             moved |= cq.flush(least_pages)
         return moved
 
-    def close(self):
+    def close(self) -> None:
         for cq in self.queues.values():
             cq.close()

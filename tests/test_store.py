@@ -369,6 +369,22 @@ def test_every_public_method_refuses_a_closed_store(tmp_path, read_only):
             "get_messages", "verify", "rebuild", "clean_expired", "query_by_key"} <= set(swept)
 
 
+def test_a_dispatch_bug_surfaces_as_itself(tmp_path):
+    """A consumer's exception stops dispatch and is what wait_dispatched raises (not a
+    CorruptRecordError built from its text)."""
+    bug = RuntimeError("consumer bug")
+
+    def broken(batch):
+        raise bug
+
+    with MessageStore(tmp_path / "s", _cfg()) as store:
+        store.dispatcher.add(broken)
+        store.put(Message("T", b"x"))
+        with pytest.raises(RuntimeError) as caught:
+            store.wait_dispatched()
+        assert caught.value is bug and store.dispatcher.error is bug
+
+
 def test_checkpoint_and_abort_file(tmp_path):
     root = tmp_path / "s"
     t0 = _now()

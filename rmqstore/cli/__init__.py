@@ -5,16 +5,19 @@ Exit status: 0 success; 1 a store or I/O error; 2 a usage error; 3 the command r
 found a difference or a problem (``diff``, ``verify``); 130 interrupted (Ctrl-C).
 Errors are one line on stderr: ``rmqstore: error: ...``.
 """
+from __future__ import annotations
+
 import argparse
 import os
 import sys
+from typing import Sequence
 
 from rmqstore.cli import admin, maintain, read
 from rmqstore.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CommandError, Parser, positive_int
 from rmqstore.errors import StoreError
 
 
-def _parents():
+def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Options shared by subcommands: (--json only, --json + options of a store to open)."""
     j = argparse.ArgumentParser(add_help=False)
     j.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -26,7 +29,7 @@ def _parents():
     return j, p
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rmqstore", description=__doc__.split("\n\n")[0],
                      epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -37,13 +40,13 @@ def build_parser():
     return parser
 
 
-def _error_text(e):
+def _error_text(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror and not isinstance(e, StoreError):
         return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     return str(e) or type(e).__name__
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (the console script exits with it)."""
     args = build_parser().parse_args(argv)
     try:
