@@ -17,6 +17,7 @@ import random
 import shutil
 import sqlite3
 import struct
+import sys
 import tempfile
 import time
 import zlib
@@ -277,7 +278,8 @@ def systems():
         import lmdb  # noqa: F401
         out.insert(2, Lmdb)
     except ImportError:
-        pass
+        print("bench: LMDB left out (py-lmdb is not installed; pip install 'rmqstore[bench]' brings it)",
+              file=sys.stderr)
     return out
 
 

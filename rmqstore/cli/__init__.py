@@ -17,6 +17,11 @@ from rmqstore.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CommandEr
 from rmqstore.errors import StoreError
 
 
+def _help_text(text: str) -> str:
+    """Docstring text as a terminal shows it: no reStructuredText literal quotes."""
+    return text.replace("``", "")
+
+
 def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Options shared by subcommands: (--json only, --json + options of a store to open)."""
     j = argparse.ArgumentParser(add_help=False)
@@ -30,8 +35,8 @@ def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="rmqstore", description=__doc__.split("\n\n")[0],
-                     epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="rmqstore", description=_help_text(__doc__.split("\n\n")[0]),
+                     epilog=_help_text(__doc__.split("\n\n")[1]), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     json_only, store_opts = _parents()
