@@ -57,10 +57,6 @@ class StoreConfig:
             raise InvalidArgumentError("index_entries must be at least 2 (entry 0 is unused)")
         self.delay_levels_ms()
 
-    @property
-    def cq_file_size(self):
-        return self.consume_queue_entries * 20
-
     def delay_levels_ms(self):
         """Delay per level (level 1 first), parsed from message_delay_level."""
         out = []
