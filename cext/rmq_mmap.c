@@ -100,16 +100,6 @@ int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len) {
     return msync(s, n, MS_SYNC) ? -errno : 0;
 }
 
-int rmq_map_advise(rmq_map_t *m, int64_t off, int64_t len, int advice) {
-    static const int table[] = {MADV_NORMAL, MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED};
-    char *s; size_t n;
-    if (advice < 0 || advice > 3) return -EINVAL;
-    int rc = page_range(m, off, len, &s, &n);
-    if (rc) return rc;
-    if (n == 0) return 0;
-    return madvise(s, n, table[advice]) ? -errno : 0;
-}
-
 int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t len, int write) {
     char *s; size_t n;
     int64_t ps = rmq_page_size();

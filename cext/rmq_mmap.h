@@ -26,7 +26,6 @@ typedef struct {
 int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t *m);
 int rmq_map_grow(rmq_map_t *m, int64_t new_size);
 int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len);
-int rmq_map_advise(rmq_map_t *m, int64_t off, int64_t len, int advice);
 /* Fault pages of [off, off+len) in: write 0 read-only, 1 for writing (pages nobody else
  * uses yet), 2 for writing pages a writer may be using (never touches their bytes). */
 int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t len, int write);

@@ -21,7 +21,6 @@ cdef extern from "rmq_mmap.h" nogil:
     int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t *m)
     int rmq_map_grow(rmq_map_t *m, int64_t new_size)
     int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t length)
-    int rmq_map_advise(rmq_map_t *m, int64_t off, int64_t length, int advice)
     int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t length, int write)
     int rmq_map_close(rmq_map_t *m)
     int64_t rmq_page_size()

@@ -1,6 +1,12 @@
 # The record view and decoder other kernels (_index) read commitlog records with.
 from libc.stdint cimport int32_t, int64_t
 
+# sys_flag bits every kernel tests: the transaction type is (sys_flag & TRANSACTION_MASK).
+cdef enum:
+    TRANSACTION_MASK = 0xC
+    TRAN_PREPARED = 0x4
+    TRAN_ROLLBACK = 0xC
+
 cdef struct RecView:
     int32_t total
     int32_t magic

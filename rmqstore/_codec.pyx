@@ -44,7 +44,8 @@ TRANSACTION_COMMIT = 0x8
 TRANSACTION_ROLLBACK = 0xC
 SYSFLAG_BORNHOST_V6 = 0x10
 SYSFLAG_STOREHOST_V6 = 0x20
-cdef int32_t BORN_V6 = 0x10, STORE_V6 = 0x20, TRAN_PREPARED = 0x4, TRAN_ROLLBACK = 0xC
+cdef int32_t BORN_V6 = 0x10, STORE_V6 = 0x20
+TRANSACTION_TYPE_MASK = TRANSACTION_MASK
 
 # Decoder status codes, translated to exceptions in one place (record_error).
 cdef enum:
@@ -380,7 +381,7 @@ cdef class MessageExt:
     @property
     def prepared_transaction_offset(self): return self.r.prepared
     @property
-    def transaction_type(self): return self.r.sys_flag & 0xC
+    def transaction_type(self): return self.r.sys_flag & TRANSACTION_MASK
 
     @property
     def born_host(self):
@@ -565,7 +566,7 @@ def get_message(list segs, offset, bint check_crc=False):
     return build_ext(p, &r, off)
 
 
-cdef inline int64_t ld_i64(const char *p) noexcept nogil:
+cdef inline int64_t ld_native_i64(const char *p) noexcept nogil:
     cdef int64_t v
     memcpy(&v, p, 8)
     return v
@@ -615,7 +616,7 @@ def gather_messages(list segs, cnp.ndarray entries, Py_ssize_t max_count, Py_ssi
     stride = entries.strides[0]
     row = <const char *>cnp.PyArray_DATA(entries)
     for k in range(n):
-        phy = ld_i64(row + k * stride)
+        phy = ld_native_i64(row + k * stride)
         size = ld_i32(row + k * stride + 8)
         if skipping and phy < skip_below:
             used += 1
@@ -626,7 +627,7 @@ def gather_messages(list segs, cnp.ndarray entries, Py_ssize_t max_count, Py_ssi
         if size == HOLE:
             continue
         if codes is not None:
-            tc = ld_i64(row + k * stride + 12)
+            tc = ld_native_i64(row + k * stride + 12)
             if tc not in codes:
                 continue
         if phy < 0 or size <= 0 or phy + size > cl_max:
@@ -677,8 +678,7 @@ def scan_segment(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc):
     if limit > seg.m.size:
         limit = seg.m.size
     seg.check_range(pos, limit - pos)
-    if not seg.hold():
-        raise StoreClosedError(f"{seg.path}: segment is closed")
+    seg.hold()
     base = seg.m.base
     try:
         with nogil:
@@ -717,8 +717,7 @@ def scan_dispatch(MappedSegment seg, int64_t pos, int64_t limit, int64_t max_rec
     if limit > seg.m.size:
         limit = seg.m.size
     seg.check_range(pos, limit - pos)
-    if not seg.hold():
-        raise StoreClosedError(f"{seg.path}: segment is closed")
+    seg.hold()
     try:
         with nogil:
             while end < limit and n < max_records:
@@ -784,8 +783,7 @@ def decode_batch(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc=F
     if limit > seg.m.size:
         limit = seg.m.size
     seg.check_range(pos, limit - pos)
-    if not seg.hold():
-        raise StoreClosedError(f"{seg.path}: segment is closed")
+    seg.hold()
     try:
         with nogil:
             while p < limit:
@@ -974,7 +972,7 @@ def decode_entries(list log, cnp.ndarray entries, bint check_crc=False):
     stride = entries.strides[0]
     row = <const char *>cnp.PyArray_DATA(entries)
     for k in range(n):
-        phy = ld_i64(row + k * stride)
+        phy = ld_native_i64(row + k * stride)
         size = ld_i32(row + k * stride + 8)
         if size != HOLE and size > 0 and phy >= 0:
             lo = min(lo, phy)
@@ -998,8 +996,7 @@ def decode_entries(list log, cnp.ndarray entries, bint check_crc=False):
             raise MemoryError()
         for j in range(i0, i1):
             seg = <MappedSegment>log[j]
-            if not seg.hold():
-                raise StoreClosedError(f"{seg.path}: segment is closed")
+            seg.hold()
             refs[nref].base_offset = seg.base_offset
             refs[nref].base = seg.m.base
             refs[nref].size = seg.m.size
@@ -1008,12 +1005,12 @@ def decode_entries(list log, cnp.ndarray entries, bint check_crc=False):
         with nogil:
             for k in range(n):
                 if k + PREFETCH < n:
-                    prefetch_record(refs, nref, ld_i64(row + (k + PREFETCH) * stride),
+                    prefetch_record(refs, nref, ld_native_i64(row + (k + PREFETCH) * stride),
                                     ld_i32(row + (k + PREFETCH) * stride + 8))
                 size = ld_i32(row + k * stride + 8)
                 if size == HOLE:
                     continue
-                p = seg_ref_find(refs, nref, ld_i64(row + k * stride), &r, check_crc, size)
+                p = seg_ref_find(refs, nref, ld_native_i64(row + k * stride), &r, check_crc, size)
                 if p == NULL:
                     miss[nmiss] = k
                     nmiss += 1
@@ -1314,7 +1311,7 @@ cdef class Appender:
         cdef str topic = msg.topic
         cdef dict props = msg.properties
         cdef _TopicState st = self.topics.get(topic)
-        cdef int32_t qid, tran = msg.sys_flag & 0xC
+        cdef int32_t qid, tran = msg.sys_flag & TRANSACTION_MASK
         cdef int64_t qoff = 0
         cdef bint counted = tran != TRAN_PREPARED and tran != TRAN_ROLLBACK
         cdef object v

@@ -7,7 +7,6 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
 from rmqstore._segment cimport MappedSegment
-from rmqstore.errors import StoreClosedError
 
 cnp.import_array()
 
@@ -35,8 +34,7 @@ def read_entries(MappedSegment seg, int64_t pos, int64_t count):
     out = np.empty(count, ENTRY_DTYPE)
     if count == 0:
         return out
-    if not seg.hold():
-        raise StoreClosedError(f"{seg.path}: segment is closed")
+    seg.hold()
     src = seg.m.base + pos
     dst = <char *>cnp.PyArray_DATA(out)
     try:

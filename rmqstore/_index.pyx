@@ -23,7 +23,8 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
 from rmqstore._segment cimport MappedSegment
-from rmqstore._codec cimport RecView, record_at, build_ext, prefetch_at, find_property
+from rmqstore._codec cimport (RecView, record_at, build_ext, prefetch_at, find_property,
+                             TRANSACTION_MASK, TRAN_ROLLBACK)
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError
 
 cnp.import_array()
@@ -36,7 +37,6 @@ ENTRY_SIZE = 20
 DEFAULT_MAX_NUM = 64
 cdef int64_t HDR = 40
 cdef int32_t INT_MAX = 0x7FFFFFFF
-cdef int32_t ROLLBACK = 0xC
 cdef enum:
     AHEAD = 8               # keys ahead whose slots/entries/records a batch query prefetches
 
@@ -112,7 +112,7 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const char *row, char *buf,
     cdef int32_t poff = (<int32_t *>(row + 52))[0], plen = (<int32_t *>(row + 56))[0]
     cdef int32_t voff = 0, vlen = 0, i, j
     cdef int64_t n = 0
-    if (sys_flag & 0xC) == ROLLBACK:
+    if (sys_flag & TRANSACTION_MASK) == TRAN_ROLLBACK:
         return 0
     if toff < 0 or tlen < 0 or poff < 0 or plen < 0 or toff + tlen > nraw or poff + plen > nraw:
         return 0
@@ -373,9 +373,9 @@ cdef class IndexFiles:
         cdef MappedSegment seg
         for i in range(self.n):
             seg = self.segs[i]
-            pinned[i] = not (seg.closing or seg.unmapped)
+            pinned[i] = not seg.closed
             if pinned[i]:
-                seg.pins += 1
+                seg.hold()
         return 0
 
     cdef void unpin(self, bint *pinned):
@@ -384,10 +384,7 @@ cdef class IndexFiles:
         for i in range(self.n):
             if pinned[i]:
                 seg = self.segs[i]
-                if seg.closing:
-                    seg.release()
-                else:
-                    seg.pins -= 1
+                seg.release()
 
     cdef void prefetch_chain(self, bint *pinned, int32_t h, bint entry) noexcept nogil:
         """Start loading the slot of hash ``h`` in every file, or with ``entry`` the newest
@@ -609,16 +606,6 @@ cdef void sort_i64(int64_t *a, Py_ssize_t n) noexcept nogil:
             a[j + 1] = a[j]
             j -= 1
         a[j + 1] = v
-
-
-def keys_match(const uint8_t[:] props, str key):
-    """Whether a properties string holds ``key`` as its UNIQ_KEY or as one of its KEYS
-    tokens: the real-key check RocketMQ's own query skips."""
-    cdef Py_ssize_t klen
-    cdef const char *k = PyUnicode_AsUTF8AndSize(key, &klen)
-    if props.shape[0] == 0:
-        return False
-    return has_key(<const char *>&props[0], props.shape[0], k, klen)
 
 
 cdef bint has_key(const char *p, int32_t n, const char *k, Py_ssize_t klen) noexcept nogil:

@@ -7,7 +7,13 @@ from libc.stdint cimport int64_t
 import os
 
 from rmqstore._cext cimport *
-from rmqstore.errors import raise_errno, StoreClosedError, CorruptStoreError
+from rmqstore.errors import (raise_errno, StoreClosedError, CorruptStoreError, InvalidArgumentError,
+                             OutOfRangeError, StoreReadOnlyError, ViewExportedError)
+
+# prefault() modes, as rmq_map_prefault takes them.
+PREFAULT_READ = 0       # fault pages in for reading
+PREFAULT_WRITE = 1      # fault in writable pages of a segment nobody uses yet
+PREFAULT_AHEAD = 2      # warm ahead of a live writer without touching its bytes
 
 
 cdef class MappedSegment:
@@ -58,7 +64,7 @@ cdef class MappedSegment:
         if self.closing or self.unmapped:
             raise StoreClosedError(f"{self.path}: segment is closed")
         if pos < 0 or n < 0 or pos > self.m.size or n > self.m.size - pos:
-            raise IndexError(f"{self.path}: range [{pos}, {pos + n}) outside 0..{self.m.size}")
+            raise OutOfRangeError(f"{self.path}: range [{pos}, {pos + n}) outside 0..{self.m.size}")
         return 0
 
     def read(self, int64_t pos, int64_t n):
@@ -70,7 +76,7 @@ cdef class MappedSegment:
         """Copy ``data`` into the mapping at ``pos``; does not move ``wrote_pos``."""
         cdef int64_t n = data.shape[0]
         if self.m.readonly:
-            raise PermissionError(f"{self.path}: opened read-only")
+            raise StoreReadOnlyError(f"{self.path}: opened read-only")
         self.check_range(pos, n)
         if n:
             with nogil:
@@ -79,7 +85,7 @@ cdef class MappedSegment:
     def zero(self, int64_t pos, int64_t n):
         """Zero-fill ``[pos, pos+n)`` so truncated bytes never look like data."""
         if self.m.readonly:
-            raise PermissionError(f"{self.path}: opened read-only")
+            raise StoreReadOnlyError(f"{self.path}: opened read-only")
         self.check_range(pos, n)
         with nogil:
             memset(self.m.base + pos, 0, n)
@@ -115,38 +121,31 @@ cdef class MappedSegment:
         if rc:
             raise_errno(-rc, self.path, "msync")
 
-    def prefault(self, int64_t pos=0, int64_t n=-1, int write=1):
-        """Fault pages in with the GIL released: write=1 warms a segment nobody uses yet,
-        write=2 warms ahead of a live writer without touching bytes, write=0 for reading."""
+    def prefault(self, int64_t pos=0, int64_t n=-1, int mode=PREFAULT_WRITE):
+        """Fault pages in with the GIL released: PREFAULT_WRITE warms a segment nobody uses
+        yet, PREFAULT_AHEAD warms ahead of a live writer without touching bytes,
+        PREFAULT_READ for reading."""
         cdef int rc
         if n < 0:
             n = self.m.size - pos
+        if mode not in (PREFAULT_READ, PREFAULT_WRITE, PREFAULT_AHEAD):
+            raise InvalidArgumentError(f"prefault mode {mode} is not a PREFAULT_* constant")
         self.check_range(pos, n)
         self.pins += 1
         try:
             with nogil:
-                rc = rmq_map_prefault(&self.m, pos, n, write)
+                rc = rmq_map_prefault(&self.m, pos, n, mode)
         finally:
             self._unpin()
         if rc:
             raise_errno(-rc, self.path, "prefault")
 
-    def advise(self, int advice, int64_t pos=0, int64_t n=-1):
-        """madvise: 0 normal, 1 sequential, 2 willneed, 3 dontneed."""
-        cdef int rc
-        if n < 0:
-            n = self.m.size - pos
-        self.check_range(pos, n)
-        rc = rmq_map_advise(&self.m, pos, n, advice)
-        if rc:
-            raise_errno(-rc, self.path, "madvise")
-
     def hold(self):
-        """Pin the mapping; returns False when the segment is already closing."""
+        """Pin the mapping (unmapping waits for the last release()); raises
+        ``StoreClosedError`` when the segment is already closing."""
         if self.closing or self.unmapped:
-            return False
+            raise StoreClosedError(f"{self.path}: segment is closed")
         self.pins += 1
-        return True
 
     def release(self):
         self._unpin()
@@ -165,7 +164,7 @@ cdef class MappedSegment:
     def close(self):
         """Unmap now, or when the last pin is released. Idempotent."""
         if self.exports:
-            raise BufferError(f"{self.path}: {self.exports} zero-copy view(s) still exported")
+            raise ViewExportedError(f"{self.path}: {self.exports} zero-copy view(s) still exported")
         if self.closing or self.unmapped:
             return
         self.closing = True

@@ -3,11 +3,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore import _codec
 from rmqstore._codec import MessageExt
+from rmqstore._segment import PREFAULT_AHEAD
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError, StoreReadOnlyError
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import SCHEDULE_TOPIC, validate_topic
 
-TRAN_MASK = 0xC
+TRAN_MASK = _codec.TRANSACTION_TYPE_MASK
 _NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
 
 
@@ -104,7 +105,7 @@ class CommitLog:
         ahead = self.config.warm_ahead_bytes
         start, stop = max(self._warm_to, pos), min(end, pos + ahead)
         if stop > start:
-            self._warmer.submit(seg.prefault, start - base, stop - start, 2)
+            self._warmer.submit(seg.prefault, start - base, stop - start, PREFAULT_AHEAD)
             self._warm_to = stop
         self._appender.warm_mark = min(end, pos + ahead // 2)
 

@@ -101,10 +101,6 @@ class StoreConfig:
         if not self.delay_levels_ms():
             raise InvalidArgumentError("message_delay_level must name at least one level")
 
-    @property
-    def cq_file_size(self):
-        return self.consume_queue_entries * 20
-
     def delay_levels_ms(self):
         """Delay per level (level 1 first), parsed from message_delay_level."""
         out = []

@@ -15,7 +15,7 @@ class StoreLockedError(StoreError):
     """Another process holds the store's writer lock."""
 
 
-class StoreReadOnlyError(StoreError):
+class StoreReadOnlyError(StoreError, PermissionError):
     """A write was attempted on a store opened read-only (or made read-only by an I/O error)."""
 
 
@@ -29,6 +29,14 @@ class InvalidArgumentError(StoreError, ValueError):
 
 class MessageTooLargeError(StoreError, ValueError):
     """A message larger than max_message_size or than a commitlog segment."""
+
+
+class OutOfRangeError(StoreError, IndexError):
+    """A position or range outside a file or a sequence."""
+
+
+class ViewExportedError(StoreError, BufferError):
+    """A segment cannot close while a zero-copy view of it is exported."""
 
 
 class CorruptStoreError(StoreError):

@@ -213,11 +213,6 @@ class IndexService:
         self._check_open()
         return self.view.query(topic, key, max_num, begin, end, self.config.max_msgs_num_batch)
 
-    def query_offsets_many(self, topic, keys, max_num=64, begin=0, end=None):
-        """query_offsets for many keys: (offsets, bounds) numpy arrays, see IndexFiles.query_many."""
-        self._check_open()
-        return self.view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch)
-
     def _check_open(self):
         if self._closed:
             raise StoreClosedError(f"{self.directory}: index is closed")

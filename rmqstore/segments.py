@@ -4,7 +4,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from rmqstore._segment import MappedSegment
+from rmqstore._segment import PREFAULT_WRITE, MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
 from rmqstore.files import file_size, make_dirs, open_file, refuse_symlink
 
@@ -131,7 +131,7 @@ class SegmentQueue:
 
     def _warm(self, offset):
         seg = self._open_new(offset)
-        seg.prefault(0, min(self.prefault_bytes, self.file_size) if self.prefault_bytes >= 0 else -1, 1)
+        seg.prefault(0, min(self.prefault_bytes, self.file_size) if self.prefault_bytes >= 0 else -1, PREFAULT_WRITE)
         return seg
 
     def roll(self, offset=None):
