@@ -8,6 +8,7 @@ from rmqstore.errors import (
                              DiskFullError,
                              ForeignProcessError,
                              InvalidArgumentError,
+                             InvalidArgumentTypeError,
                              InvalidTopicError,
                              MessageNotFoundError,
                              MessageTooLargeError,
@@ -25,7 +26,8 @@ __version__ = "0.1.0"
 __all__ = [
     "MessageStore", "StoreConfig", "Message", "MessageExt", "PutResult", "GetMessageResult",
     "GetMessageStatus", "StoreError", "StoreClosedError", "StoreLockedError", "StoreReadOnlyError",
-    "InvalidTopicError", "InvalidArgumentError", "MessageTooLargeError", "CorruptStoreError",
+    "InvalidTopicError", "InvalidArgumentError", "InvalidArgumentTypeError", "MessageTooLargeError",
+    "CorruptStoreError",
     "CorruptRecordError", "MessageNotFoundError", "StoreIOError", "DiskFullError",
     "StoreNotFoundError", "ForeignProcessError",
 ]

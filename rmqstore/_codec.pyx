@@ -6,7 +6,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.list cimport PyList_GET_SIZE
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.buffer cimport PyObject_CheckBuffer, PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcmp, memcpy, memchr, memset
 from libc.stdlib cimport malloc, free
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
@@ -17,8 +17,8 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport *
 from rmqstore._segment cimport MappedSegment
-from rmqstore.errors import (CorruptRecordError, MessageTooLargeError, InvalidArgumentError, MessageNotFoundError,
-                             StoreClosedError)
+from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError, MessageNotFoundError,
+                             MessageTooLargeError, StoreClosedError)
 from rmqstore._cq import ENTRY_DTYPE
 
 cnp.import_array()
@@ -142,6 +142,22 @@ cdef inline int32_t body_crc(const char *p, int64_t n) noexcept nogil:
         p += 0x40000000
         n -= 0x40000000
     c = crc32(c, <const unsigned char *>p, <unsigned int>n)
+    return <int32_t>(c & 0x7FFFFFFF)
+
+
+cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
+    """Copy ``n`` bytes to ``dst`` and return BODYCRC of the bytes as they stand at ``dst``:
+    one pass in cache-sized chunks, each checksummed right after its copy. The CRC so
+    always matches what was stored, even if another thread changes ``src`` meanwhile."""
+    cdef unsigned long c = crc32(0, NULL, 0)
+    cdef Py_ssize_t k
+    while n > 0:
+        k = n if n < 32768 else 32768
+        memcpy(dst, src, k)
+        c = crc32(c, <const unsigned char *>dst, <unsigned int>k)
+        dst += k
+        src += k
+        n -= k
     return <int32_t>(c & 0x7FFFFFFF)
 
 
@@ -281,6 +297,38 @@ cdef inline int64_t tags_code_of(const char *props, int32_t plen) noexcept nogil
 
 # ---------------------------------------------------------------------------- types
 
+cdef str text_arg(str name, object s):
+    """``s`` if it is a str that encodes as UTF-8 (no lone surrogates), else InvalidArgumentError."""
+    cdef Py_ssize_t n
+    if not isinstance(s, str):
+        raise InvalidArgumentTypeError(f"{name} must be str, not {type(s).__name__}")
+    if type(s) is not str:
+        s = str.__str__(s)
+    try:
+        PyUnicode_AsUTF8AndSize(s, &n)      # also caches the UTF-8 form the encoder uses
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(f"{name} is not valid Unicode text ({e.reason} at {e.start})") from None
+    return s
+
+
+cdef object body_arg(object body):
+    """``body`` if it is a bytes-like object (bytes, bytearray, memoryview, numpy bytes...)."""
+    if isinstance(body, str) or not PyObject_CheckBuffer(body):
+        raise InvalidArgumentTypeError(f"body must be bytes-like (bytes, bytearray, memoryview), "
+                                       f"not {type(body).__name__}")
+    return body
+
+
+def int_arg(str name, object v, object lo, object hi):
+    """``v`` as an int in [lo, hi]; bool, float and str are refused with InvalidArgumentError."""
+    if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+        raise InvalidArgumentTypeError(f"{name} must be an int, not {type(v).__name__}")
+    v = v.__index__()
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(f"{name} {v} out of range [{lo}, {hi}]")
+    return v
+
+
 cdef class Message:
     """A message to put. ``tags`` and ``keys`` live in ``properties`` as TAGS / KEYS,
     like RocketMQ's Message. ``sys_flag`` carries the transaction type and COMPRESSED."""
@@ -294,24 +342,35 @@ cdef class Message:
     cdef public int32_t reconsume_times
     cdef public int64_t prepared_transaction_offset
 
-    def __init__(self, str topic, body=b"", tags=None, keys=None, properties=None, *,
-                 int flag=0, int sys_flag=0, int64_t born_timestamp=0, born_host=None,
-                 int reconsume_times=0, int64_t prepared_transaction_offset=0, delay_level=None):
-        self.topic = topic
-        self.body = body
-        self.properties = dict(properties) if properties else {}
+    def __init__(self, topic, body=b"", tags=None, keys=None, properties=None, *, flag=0, sys_flag=0,
+                 born_timestamp=0, born_host=None, reconsume_times=0, prepared_transaction_offset=0,
+                 delay_level=None):
+        cdef dict props = {}
+        self.topic = text_arg("topic", topic)
+        self.body = body_arg(body)
+        if properties is not None:
+            if not hasattr(properties, "items"):
+                raise InvalidArgumentTypeError(f"properties must be a mapping of str to str, not "
+                                               f"{type(properties).__name__}")
+            for k, v in properties.items():
+                props[text_arg("property name", k)] = None if v is None else text_arg(f"property {k!r}", v)
         if tags is not None:
-            self.properties["TAGS"] = tags
+            props["TAGS"] = text_arg("tags", tags)
         if keys is not None:
-            self.properties["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
-        if delay_level:
-            self.properties["DELAY"] = str(int(delay_level))
-        self.flag = flag
-        self.sys_flag = sys_flag
-        self.born_timestamp = born_timestamp
+            if isinstance(keys, (bytes, bytearray)) or not hasattr(keys, "__iter__"):
+                raise InvalidArgumentTypeError(f"keys must be a str or a sequence of str, not {type(keys).__name__}")
+            props["KEYS"] = text_arg("keys", keys) if isinstance(keys, str) else \
+                " ".join([text_arg("key", k) for k in keys])
+        if delay_level is not None and int_arg("delay_level", delay_level, 0, 0x7FFFFFFF):
+            props["DELAY"] = str(int(delay_level))
+        self.properties = props
+        self.flag = int_arg("flag", flag, -0x80000000, 0x7FFFFFFF)
+        self.sys_flag = int_arg("sys_flag", sys_flag, 0, 0x7FFFFFFF)
+        self.born_timestamp = int_arg("born_timestamp", born_timestamp, 0, 0x7FFFFFFFFFFFFFFF)
         self.born_host_packed = pack_host(born_host) if born_host is not None else None
-        self.reconsume_times = reconsume_times
-        self.prepared_transaction_offset = prepared_transaction_offset
+        self.reconsume_times = int_arg("reconsume_times", reconsume_times, 0, 0x7FFFFFFF)
+        self.prepared_transaction_offset = int_arg("prepared_transaction_offset", prepared_transaction_offset,
+                                                   0, 0x7FFFFFFFFFFFFFFF)
 
     @property
     def tags(self):
@@ -336,6 +395,9 @@ cdef class PutResult:
     cdef readonly int64_t store_timestamp
     cdef bytes store_host
 
+    def __init__(self, *args, **kwargs):
+        raise InvalidArgumentTypeError("PutResult comes from put(); it is not built directly")
+
     @property
     def msg_id(self):
         return make_msg_id(PyBytes_AS_STRING(self.store_host), PyBytes_GET_SIZE(self.store_host) - 4, self.phy_offset)
@@ -351,6 +413,9 @@ cdef class MessageExt:
     topic, body and properties are decoded from the record bytes on first access. Not
     GC-tracked (batch reads build many): it refers only to bytes, str and its properties
     dict, so it cannot be part of a cycle unless stored into that dict."""
+
+    def __init__(self, *args, **kwargs):
+        raise InvalidArgumentTypeError("MessageExt comes from the store's reads; it is not built directly")
 
     @property
     def phy_offset(self): return self.r.phy_offset
@@ -1045,8 +1110,11 @@ cdef Py_ssize_t props_length(dict props) except -1:
             continue
         if type(k) is not str or type(v) is not str:
             raise InvalidArgumentError(f"property {k!r}: names and values must be str")
-        kp = PyUnicode_AsUTF8AndSize(k, &kl)
-        vp = PyUnicode_AsUTF8AndSize(v, &vl)
+        try:
+            kp = PyUnicode_AsUTF8AndSize(k, &kl)
+            vp = PyUnicode_AsUTF8AndSize(v, &vl)
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(f"property {k!r}: not valid Unicode text (a lone surrogate?)") from None
         if kl == 0 or memchr(kp, 1, kl) or memchr(kp, 2, kl) or memchr(vp, 1, vl) or memchr(vp, 2, vl):
             raise InvalidArgumentError(f"property {k!r}: empty name or a \\x01/\\x02 separator inside")
         total += kl + vl + 2
@@ -1073,13 +1141,47 @@ cdef void write_properties(char *out, dict props) noexcept:
         out += kl + 1 + vl
 
 
+cdef int64_t record_size(Message msg, str topic, dict props, bytes store_host, int version, int64_t max_size,
+                         int64_t seg_size, Py_ssize_t blen) except -1:
+    """Bytes of the record ``msg`` makes with this effective topic and properties, after
+    checking everything the encoder would refuse (hosts, topic and properties lengths, the
+    size limits), so a batch can be checked whole before any of it is written."""
+    cdef Py_ssize_t tlen, plen
+    cdef bytes born = msg.born_host_packed if msg.born_host_packed is not None else store_host
+    cdef int32_t born_alen = len(born) - 4, store_alen = len(store_host) - 4
+    cdef int64_t total
+    PyUnicode_AsUTF8AndSize(topic, &tlen)
+    if (born_alen != 4 and born_alen != 16) or (store_alen != 4 and store_alen != 16):
+        raise InvalidArgumentError("hosts must be packed as 8 or 20 bytes")
+    if version == 1 and tlen > 255 or tlen > 32767:
+        raise InvalidArgumentError(f"topic of {tlen} bytes does not fit message version {version}")
+    plen = props_length(props)
+    if plen > 32767:
+        raise MessageTooLargeError(f"properties of {plen} bytes exceed 32767")
+    total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born_alen + 4 + 8 + store_alen + 4 + 4 + 8 \
+        + 4 + blen + (1 if version == 1 else 2) + tlen + 2 + plen
+    if total > max_size or total + 8 > seg_size:
+        raise MessageTooLargeError(f"message of {total} bytes exceeds the limit ({min(max_size, seg_size - 8)} bytes)")
+    return total
+
+
+cdef Py_ssize_t body_length(object body) except -1:
+    cdef Py_buffer view
+    if PyBytes_CheckExact(body):
+        return PyBytes_GET_SIZE(body)
+    body_arg(body)
+    PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+    PyBuffer_Release(&view)
+    return view.len
+
+
 cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int32_t queue_id,
                       int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
                       int64_t max_size):
     """Encode ``msg`` (with the given effective topic, properties and queue) at the segment's
     write position. Returns a PutResult, or None when the record does not fit: then the
     BLANK end-of-file record has been written and the caller rolls to a new segment."""
-    cdef Py_ssize_t tlen, blen, plen
+    cdef Py_ssize_t tlen, blen
     cdef const char *tp = PyUnicode_AsUTF8AndSize(topic, &tlen)
     cdef const char *bp
     cdef Py_buffer view
@@ -1092,27 +1194,16 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int
     cdef PutResult res
     if seg.m.readonly or seg.closing or seg.unmapped:
         raise StoreClosedError(f"{seg.path}: segment not writable")
-    if (born_alen != 4 and born_alen != 16) or (store_alen != 4 and store_alen != 16):
-        raise InvalidArgumentError("hosts must be packed as 8 or 20 bytes")
-    if version == 1 and tlen > 255 or tlen > 32767:
-        raise InvalidArgumentError(f"topic of {tlen} bytes does not fit message version {version}")
-    plen = props_length(props)
-    if plen > 32767:
-        raise MessageTooLargeError(f"properties of {plen} bytes exceed 32767")
     if PyBytes_CheckExact(msg.body):
         bp = PyBytes_AS_STRING(msg.body)
         blen = PyBytes_GET_SIZE(msg.body)
     else:
-        PyObject_GetBuffer(msg.body, &view, PyBUF_SIMPLE)
+        PyObject_GetBuffer(body_arg(msg.body), &view, PyBUF_SIMPLE)
         have_view = True
         bp = <const char *>view.buf
         blen = view.len
     try:
-        total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born_alen + 4 + 8 + store_alen + 4 + 4 + 8 \
-            + 4 + blen + (1 if version == 1 else 2) + tlen + 2 + plen
-        if total > max_size or total + 8 > seg.m.size:
-            raise MessageTooLargeError(
-                f"message of {total} bytes exceeds the limit ({min(max_size, seg.m.size - 8)} bytes)")
+        total = record_size(msg, topic, props, store_host, version, max_size, seg.m.size, blen)
         wpos = seg.wrote_pos
         room = seg.m.size - wpos
         p = seg.m.base + wpos
@@ -1124,14 +1215,8 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int
             return None
         sys_flag = (msg.sys_flag & ~(BORN_V6 | STORE_V6)) | (BORN_V6 if born_alen == 16 else 0) \
             | (STORE_V6 if store_alen == 16 else 0)
-        if blen >= 65536:
-            with nogil:
-                crc = body_crc(bp, blen)
-        else:
-            crc = body_crc(bp, blen)
         rmq_st32(p, <int32_t>total)
         rmq_st32(p + 4, C_MAGIC_V1 if version == 1 else C_MAGIC_V2)
-        rmq_st32(p + 8, crc)
         rmq_st32(p + 12, queue_id)
         rmq_st32(p + 16, msg.flag)
         rmq_st64(p + 20, queue_offset)
@@ -1150,9 +1235,10 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int
         p += 16
         if blen >= 65536:
             with nogil:
-                memcpy(p, bp, blen)
+                crc = copy_crc(p, bp, blen)
         else:
-            memcpy(p, bp, blen)
+            crc = copy_crc(p, bp, blen)
+        rmq_st32(seg.m.base + wpos + 8, crc)
         p += blen
         if version == 1:
             p[0] = <char>tlen
@@ -1162,7 +1248,7 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int
             p += 2
         memcpy(p, tp, tlen)
         p += tlen
-        rmq_st16(p, <int16_t>plen)
+        rmq_st16(p, <int16_t>(seg.m.base + wpos + total - (p + 2)))    # what remains: the properties
         write_properties(p + 2, props)
     finally:
         if have_view:
@@ -1213,14 +1299,15 @@ cdef class Appender:
     Policy stays in Python callbacks, called only when needed: ``check_topic(topic)`` the
     first time a topic is written (raises if the name is not allowed), ``delay(msg, topic,
     queue_id, props)`` -> (topic, queue_id, props) for a message with a DELAY property, and
-    ``warm(seg)`` once the end of written data reaches ``warm_mark`` (a commitlog offset).
+    ``warm(seg)`` once the end of written data reaches ``warm_mark`` (a commitlog offset),
+    and ``stamp(msg)`` (None: off) on every message before it is checked (UNIQ_KEY).
     Thread-safe: ``put``/``put_batch`` hold the appender's own write lock, a C lock taken
     without a Python call when free (waiting for it releases the GIL). ``with appender:``
     holds it for other writers of the commitlog (retention, truncation)."""
     cdef public int64_t warm_mark
     cdef PyThread_type_lock _lock
     cdef dict topics                    # topic -> _TopicState
-    cdef object segments, check_topic, delay, warm
+    cdef object segments, check_topic, delay, warm, stamp
     cdef MappedSegment seg              # the last segment, during a call
     cdef bytes store_host
     cdef int version
@@ -1228,7 +1315,7 @@ cdef class Appender:
     cdef int64_t max_size
 
     def __init__(self, segments, bytes store_host, int version, int64_t max_size, int32_t queue_nums,
-                 check_topic, delay, warm):
+                 check_topic, delay, warm, stamp=None):
         if queue_nums <= 0:
             raise InvalidArgumentError("queue_nums must be positive")
         self.segments = segments
@@ -1239,6 +1326,7 @@ cdef class Appender:
         self.check_topic = check_topic
         self.delay = delay
         self.warm = warm
+        self.stamp = stamp
         self.topics = {}
         self.warm_mark = 0
         self._lock = PyThread_allocate_lock()
@@ -1281,24 +1369,38 @@ cdef class Appender:
             st = self.topics[topic] = _TopicState()
         return st
 
-    def put(self, Message msg, queue_id=None):
+    def put(self, msg, queue_id=None):
         """Append one message; returns its PutResult."""
+        cdef tuple plan
+        if not isinstance(msg, Message):
+            raise InvalidArgumentTypeError(f"put takes a Message, not {type(msg).__name__}")
+        queue_id = queue_id_arg(queue_id)
         self._acquire()
         try:
+            plan = self._plan(<Message>msg, queue_id)
             self.seg = self._last()
-            return self._append(msg, queue_id, now_ms())
+            return self._write(plan, now_ms())
         finally:
             PyThread_release_lock(self._lock)
 
     def put_batch(self, msgs, queue_id=None):
-        """Append every message of ``msgs`` with one store timestamp; list of PutResult."""
-        cdef list out = []
+        """Append every message of ``msgs`` with one store timestamp; list of PutResult.
+        All or nothing: every message is checked (type, topic, properties, size, queue id)
+        before the first is written, so a bad one anywhere stores none of them."""
+        cdef list plans = [], out = []
+        queue_id = queue_id_arg(queue_id)
+        if isinstance(msgs, (str, bytes, Message)) or not hasattr(msgs, "__iter__"):
+            raise InvalidArgumentTypeError(f"put_batch takes an iterable of Message, not {type(msgs).__name__}")
         self._acquire()
         try:
+            for m in msgs:
+                if not isinstance(m, Message):
+                    raise InvalidArgumentTypeError(f"put_batch: {type(m).__name__} where a Message is due")
+                plans.append(self._plan(<Message>m, queue_id))
             ts = now_ms()
             self.seg = self._last()
-            for m in msgs:
-                out.append(self._append(<Message?>m, queue_id, ts))
+            for plan in plans:
+                out.append(self._write(plan, ts))
             return out
         finally:
             PyThread_release_lock(self._lock)
@@ -1307,15 +1409,18 @@ cdef class Appender:
         segs = self.segments.segments
         return segs[len(segs) - 1] if segs else self.segments.roll(0)
 
-    cdef PutResult _append(self, Message msg, object queue_id, int64_t ts):
-        cdef str topic = msg.topic
-        cdef dict props = msg.properties
+    cdef tuple _plan(self, Message msg, object queue_id):
+        """Check ``msg`` and decide where it goes: (msg, topic, props, queue id, topic state).
+        Raises before anything is written; only the round-robin position moves."""
+        cdef str topic = text_arg("topic", msg.topic)
+        cdef dict props
         cdef _TopicState st = self.topics.get(topic)
-        cdef int32_t qid, tran = msg.sys_flag & TRANSACTION_MASK
-        cdef int64_t qoff = 0
-        cdef bint counted = tran != TRAN_PREPARED and tran != TRAN_ROLLBACK
-        cdef object v
-        cdef PutResult res
+        cdef int32_t qid
+        if msg.properties is None:
+            raise InvalidArgumentTypeError("message properties must be a dict, not None")
+        if self.stamp is not None:
+            self.stamp(msg)
+        props = msg.properties
         if st is None or not st.checked:
             self.check_topic(topic)
             st = self._state(topic)
@@ -1323,13 +1428,27 @@ cdef class Appender:
         if queue_id is None:
             qid = st.next_qid
             st.next_qid = (qid + 1) % self.queue_nums
-        elif 0 <= queue_id <= 0x7FFFFFFF:
-            qid = queue_id
         else:
-            raise InvalidArgumentError(f"queue_id {queue_id} out of range")
+            qid = queue_id
         if "DELAY" in props:
             topic, qid, props = self.delay(msg, topic, qid, props)
             st = self._state(topic)
+        record_size(msg, topic, props, self.store_host, self.version, self.max_size, self.segments.file_size,
+                    body_length(msg.body))
+        return (msg, topic, props, qid, st)
+
+    cdef PutResult _write(self, tuple plan, int64_t ts):
+        """Encode a planned message at the end of the log (rolling when the segment is full):
+        the queue offset is taken here, PREPARED / ROLLBACK get 0 and do not advance it."""
+        cdef Message msg = plan[0]
+        cdef str topic = plan[1]
+        cdef dict props = plan[2]
+        cdef int32_t qid = plan[3], tran = msg.sys_flag & TRANSACTION_MASK
+        cdef _TopicState st = plan[4]
+        cdef bint counted = tran != TRAN_PREPARED and tran != TRAN_ROLLBACK
+        cdef int64_t qoff = 0
+        cdef object v
+        cdef PutResult res
         if counted:
             v = st.offsets.get(qid)
             if v is not None:
@@ -1343,6 +1462,12 @@ cdef class Appender:
         if res.phy_offset + res.size >= self.warm_mark:
             self.warm(self.seg)
         return res
+
+
+def queue_id_arg(queue_id):
+    """None (round robin) or a queue id in [0, 2^31 - 1]; bool, float and str are refused."""
+    return None if queue_id is None else int_arg("queue_id", queue_id, 0, 0x7FFFFFFF)
+
 
 def properties_from(const unsigned char[:] raw, Py_ssize_t off, Py_ssize_t n):
     """Parse the properties string at ``raw[off:off+n]`` (bounds checked) into a dict."""

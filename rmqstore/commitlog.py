@@ -5,6 +5,7 @@ from rmqstore import _codec
 from rmqstore._codec import MessageExt
 from rmqstore._segment import PREFAULT_AHEAD
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError, StoreReadOnlyError
+from rmqstore.index import UniqKeyGenerator
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import SCHEDULE_TOPIC, validate_topic
 
@@ -33,9 +34,10 @@ class CommitLog:
                                      preallocate=config.warm_mapped_file, prefault_bytes=config.warm_ahead_bytes)
         self.store_host = _codec.pack_host(config.store_host)
         self._delay_levels = config.delay_levels_ms()
+        stamp = UniqKeyGenerator(self.store_host).stamp if config.generate_uniq_key else None
         self._appender = _codec.Appender(self.segments, self.store_host, config.message_version,
                                          config.max_message_size, config.default_queue_nums,
-                                         self._check_topic, self._delay, self._warm_ahead)
+                                         self._check_topic, self._delay, self._warm_ahead, stamp)
         self.lock = self._appender   # the write lock: ``with commitlog.lock:`` excludes appends
         warm = config.warm_mapped_file and config.warm_ahead_bytes > 0 and not readonly
         self._warmer = ThreadPoolExecutor(1, thread_name_prefix="rmq-warm") if warm else None

@@ -27,6 +27,10 @@ class InvalidArgumentError(StoreError, ValueError):
     """An argument out of its allowed range."""
 
 
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of a type the call does not take (None where a message is due, a str body...)."""
+
+
 class MessageTooLargeError(StoreError, ValueError):
     """A message larger than max_message_size or than a commitlog segment."""
 

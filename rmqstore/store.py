@@ -31,7 +31,7 @@ from rmqstore.errors import (
 )
 from rmqstore.files import create_new, open_file, store_dir
 from rmqstore.flush import FlushService
-from rmqstore.index import IndexService, UniqKeyGenerator
+from rmqstore.index import IndexService
 from rmqstore.maintenance.rebuild import rebuild as rebuild_logics
 from rmqstore.maintenance.retention import RetentionReport, clean_expired
 from rmqstore.maintenance.verify import VerifyReport
@@ -121,7 +121,6 @@ class MessageStore:
             cfg = cfg.with_(consume_queue_entries=cq_entries)
         self.config = cfg
         self._sync = cfg.flush_mode == "sync" and not self.read_only
-        self._uniq = UniqKeyGenerator(_codec.pack_host(cfg.store_host)) if cfg.generate_uniq_key else None
         self.abort_path = os.path.join(self.path, "abort")
         self.clean_shutdown = not os.path.lexists(self.abort_path)
         self.checkpoint = Checkpoint(os.path.join(self.path, "checkpoint"), cfg.file_mode).load()
@@ -248,8 +247,6 @@ class MessageStore:
     def put(self, msg: _codec.Message, queue_id: int | None = None) -> _codec.PutResult:
         """Append one message; returns a PutResult. In SYNC mode it is durable on return."""
         self._check_open()
-        if self._uniq is not None:
-            self._uniq.stamp(msg)
         res = self.commitlog.put(msg, queue_id)
         if self._sync:
             self.flusher.wait_flushed(res.phy_offset + res.size)
@@ -258,10 +255,6 @@ class MessageStore:
     def put_batch(self, msgs: Iterable[_codec.Message], queue_id: int | None = None) -> list[_codec.PutResult]:
         """Append many messages under one lock and (SYNC) one flush; list of PutResult."""
         self._check_open()
-        if self._uniq is not None:
-            msgs = list(msgs)
-            for m in msgs:
-                self._uniq.stamp(m)
         res = self.commitlog.put_batch(msgs, queue_id)
         if res and self._sync:
             self.flusher.wait_flushed(res[-1].phy_offset + res[-1].size)
