@@ -149,6 +149,44 @@ def end_offset(store_path, hint=0):
     return 0
 
 
+def count_records(store_path):
+    """(records, bytes of records) in a store's commitlog, walking record headers."""
+    records = nbytes = 0
+    for path, base, size in segment_files(store_path):
+        seg = MappedSegment(path, base, 0, readonly=True)
+        try:
+            end, count, status = _codec.scan_segment(seg, 0, size, False)
+        finally:
+            seg.close()
+        records, nbytes = records + count, nbytes + end
+    return records, nbytes
+
+
+def advance(store_path, start, max_bytes):
+    """The record boundary reached by reading at most ``max_bytes`` of a store's commitlog
+    from offset ``start`` (a record boundary), BLANK records and segment ends included; at
+    least one record's worth when there is one, so a reader always moves on."""
+    pos, budget = start, max_bytes
+    for path, base, size in segment_files(store_path):
+        if pos >= base + size:
+            continue
+        pos = max(pos, base)
+        seg = MappedSegment(path, base, 0, readonly=True)
+        try:
+            rel = pos - base
+            end, count, status = _codec.scan_segment(seg, rel, min(size, rel + budget), False)
+            if count == 0 and pos == start and status not in ("end", "blank") and rel + 4 <= size:
+                total = int.from_bytes(seg.read(rel, 4), "big", signed=True)   # one record over budget
+                end, count, status = _codec.scan_segment(seg, rel, min(size, rel + max(total, 0)), False)
+        finally:
+            seg.close()
+        budget -= end - rel
+        if status != "blank" or budget <= 0:
+            return base + end
+        pos = base + size
+    return pos
+
+
 def decode_segment(path, base_offset, start=0, end=None, check_crc=False, mode="fail"):
     """All records of ``path`` starting in ``[start, end)`` as one column dict (concatenated)."""
     parts = list(iter_columns(path, base_offset, start, end, check_crc=check_crc, mode=mode, batch_bytes=1 << 62))
