@@ -18,11 +18,13 @@ Streaming (``spark.readStream``): offsets are ``{store path: commitlog offset}``
 record boundaries; ``startingOffsets`` earliest (default) | latest. Each micro-batch reads
 the records appended since the last one, so a query tails a live store.
 """
+import errno
 import functools
 import glob
 import json
 import logging
 import os
+import socket
 from datetime import datetime, timezone
 
 import numpy as np
@@ -32,7 +34,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from rmqstore import batch
-from rmqstore.errors import InvalidArgumentError
+from rmqstore.errors import InvalidArgumentError, StoreIOError
 
 log = logging.getLogger(__name__)
 NAME = "rocketmq"
@@ -172,6 +174,10 @@ class Scan:
                                    ("uniq_key", self.uniq_key is not None),
                                    ("store_timestamp", self.since is not None or self.until is not None)) if on]
         need = self.columns + tuple(c for c in filters if c not in self.columns)
+        if not os.path.exists(path):
+            raise StoreIOError(errno.ENOENT, f"commitlog segment planned on the driver is not visible on executor "
+                               f"host {socket.gethostname()}: stores must be at the same path on the driver and "
+                               f"every executor (a shared filesystem)", path)
         stats = batch.DecodeStats()
         for rb in batch.iter_arrow(path, base, start, end, store=store, columns=need, check_crc=self.check_crc,
                                    mode=self.mode, batch_bytes=self.batch_bytes, stats=stats, aligned=aligned):
