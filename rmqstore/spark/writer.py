@@ -71,28 +71,39 @@ def check_schema(schema, source_schema):
     return tuple(c for c in schema.fieldNames() if c not in ASSIGNED)
 
 
+def _values(rb, name, default):
+    """Column ``name`` of ``rb`` as a list (timestamps as µs since the epoch), or ``default``."""
+    if name not in rb.schema.names:
+        return default
+    col = rb.column(name)
+    return (col.cast("int64") if name == "born_timestamp" else col).to_pylist()
+
+
 def messages(rb):
     """(queue_id or None, Message) for each row of Arrow batch ``rb``."""
-    cols = {name: rb.column(name).to_pylist() for name in rb.schema.names if name not in ASSIGNED}
     n = rb.num_rows
-    none = [None] * n
-    zero = [0] * n
-    queue_ids = cols.get("queue_id", none)
-    props = cols.get("properties", none)
-    tags, keys, uniq = cols.get("tags", none), cols.get("keys", none), cols.get("uniq_key", none)
-    flag, sys_flag, reconsume = cols.get("flag", zero), cols.get("sys_flag", zero), cols.get("reconsume_times", zero)
-    born_ts, born_host = cols.get("born_timestamp", none), cols.get("born_host", none)
-    for i, (topic, body) in enumerate(zip(cols["topic"], cols["body"])):
+    none, zero = [None] * n, [0] * n
+    topics, bodies = _values(rb, "topic", none), _values(rb, "body", none)
+    queue_ids, props = _values(rb, "queue_id", none), _values(rb, "properties", none)
+    uniq = _values(rb, "uniq_key", none)
+    tags, keys, born_ts = _values(rb, "tags", none), _values(rb, "keys", none), _values(rb, "born_timestamp", none)
+    flag, sys_flag = _values(rb, "flag", zero), _values(rb, "sys_flag", zero)
+    born_host, reconsume = _values(rb, "born_host", none), _values(rb, "reconsume_times", zero)
+    packed = {None: None}   # born host -> packed bytes: hosts repeat, parsing them is costly
+    for i, (topic, body) in enumerate(zip(topics, bodies)):
         if topic is None or body is None:
             raise InvalidArgumentError(f"rocketmq writer: row {i} has no {'topic' if topic is None else 'body'}")
         p = dict(props[i]) if props[i] else {}
         if uniq[i] is not None:
             p["UNIQ_KEY"] = uniq[i]
-        ts = born_ts[i]
-        yield queue_ids[i], Message(topic, body, tags=tags[i], keys=keys[i], properties=p, flag=flag[i] or 0,
-                                    sys_flag=(sys_flag[i] or 0) & ~HOST_BITS,
-                                    born_timestamp=0 if ts is None else round(ts.timestamp() * 1000),
-                                    born_host=born_host[i], reconsume_times=reconsume[i] or 0)
+        m = Message(topic, body, tags=tags[i], keys=keys[i], properties=p, flag=flag[i] or 0,
+                    sys_flag=(sys_flag[i] or 0) & ~HOST_BITS,
+                    born_timestamp=0 if born_ts[i] is None else born_ts[i] // 1000, reconsume_times=reconsume[i] or 0)
+        host = born_host[i]
+        if host not in packed:
+            packed[host] = Message(topic, born_host=host).born_host_packed
+        m.born_host_packed = packed[host]
+        yield queue_ids[i], m
 
 
 @dataclasses.dataclass
@@ -102,20 +113,17 @@ class Written(WriterCommitMessage):
 
 
 def write_store(path, config, batches):
-    """Write the rows of Arrow ``batches`` into a new store at ``path``, consecutive rows
-    with one queue id in one ``put_batch``; waits for its consume queues and index."""
+    """Write the rows of Arrow ``batches`` into a new store at ``path``: each batch's rows
+    grouped by queue id (order kept within a queue), one ``put_batch`` per group; waits for
+    its consume queues and index."""
     count = 0
     with MessageStore(path, config) as store:
         for rb in batches:
-            run, qid = [], None
+            groups = {}
             for q, m in messages(rb):
-                if run and q != qid:
-                    store.put_batch(run, qid)
-                    run = []
-                run.append(m)
-                qid = q
-            if run:
-                store.put_batch(run, qid)
+                groups.setdefault(q, []).append(m)
+            for q, msgs in groups.items():
+                store.put_batch(msgs, q)
             count += rb.num_rows
         store.wait_dispatched()
     return count
