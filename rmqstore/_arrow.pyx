@@ -369,7 +369,7 @@ cdef class _Batch:
         for c, size in sizes.items():
             if c >= NCOL or self.b.want[c]:
                 if size > MAX_DATA:
-                    raise InvalidArgumentError(f"{size} bytes for column {c} in one Arrow batch; "
+                    raise InvalidArgumentError(f"{size} bytes for column {_column_name(c)} in one Arrow batch; "
                                                f"decode smaller batches (at most {MAX_DATA} bytes)")
                 self.b.s[c].off = self._offsets(f"{c}.off", n if c < NCOL else props_total)
                 self.b.s[c].data = <char *>self._alloc(f"{c}.data", size)
@@ -430,6 +430,10 @@ cdef class _Batch:
                 out[COLUMNS[c]] = self._strings(c, n, binary=c == BODY)
         return pa.RecordBatch.from_arrays([out[k] for k in self.names],
                                           schema=pa.schema([SCHEMA.field(k) for k in self.names]))
+
+
+def _column_name(int c):
+    return COLUMNS[c] if c < NCOL else {KEY_VALUES: "keys", MAP_KEYS: "properties", MAP_VALUES: "properties"}[c]
 
 
 def _repair(off, data):

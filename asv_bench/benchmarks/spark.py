@@ -1,7 +1,8 @@
 """Spark throughput, in one session: the "rocketmq" data source (all 20 columns, and a
 5-column projection) beside a canned-Arrow ceiling (a Python data source yielding the same
 Arrow batches prebuilt: what the Python Data Source API carries when decoding costs nothing),
-the export job, the rocketmq writer, reading the exported Parquet back, and a plain Spark
+the export job, the rocketmq writer beside a null Arrow writer (the ceiling of Spark's Python
+writer API), reading the exported Parquet back, and a plain Spark
 baseline, ``binaryFile`` + a Python UDF decoding records with ``struct``. The store has
 16 MiB segments: the baseline holds a whole segment file and its decoded rows in the JVM heap
 at once, and ran out of a 2 GB heap on 64 MiB ones.
@@ -21,6 +22,7 @@ MESSAGES = 100_000
 BODY = 1024
 NARROW = ("topic", "queue_id", "queue_offset", "phy_offset", "store_timestamp")   # no body, map or list
 CANNED = "rocketmq_canned"
+NULL_SINK = "rocketmq_null_sink"
 
 
 def _by_value():
@@ -36,7 +38,28 @@ def _spark(cores):
     _by_value()
     spark = session(f"local[{cores}]", spark_sql_shuffle_partitions=str(cores), spark_driver_memory="2g")
     spark.dataSource.register(_canned_source())
+    spark.dataSource.register(_null_sink())
     return spark
+
+
+def _null_sink():
+    """The writer's ceiling: a Python Arrow writer that takes the batches and drops them."""
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class NullWriter(DataSourceArrowWriter):
+        def write(self, iterator):
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+    class NullSink(DataSource):
+        @classmethod
+        def name(cls):
+            return NULL_SINK
+
+        def writer(self, schema, overwrite):
+            return NullWriter()
+    return NullSink
 
 
 def _canned_source():
@@ -189,6 +212,9 @@ class SparkDecode:
         from rmqstore.spark import jobs
         jobs.write(self._source(), os.path.join(self.tmp, "written"), mode="overwrite", **WRITER_OPTIONS)
 
+    def time_null_writer(self):
+        self._source().write.format(NULL_SINK).mode("append").save(os.path.join(self.tmp, "null"))
+
     def time_baseline_count(self):
         _baseline(self.spark, self.store).count()
 
@@ -225,15 +251,19 @@ def main(argv):
                 "canned Arrow -> count": lambda: ceiling().count(),
                 "source 5 cols -> count": lambda: source(NARROW).count(),
                 "canned Arrow 5 cols -> count": lambda: ceiling(NARROW).count(),
+                # before the writers, which leave the 2 GB heap too full for it
+                "binaryFile+UDF -> count": lambda: _baseline(spark, store).count(),
                 "export job -> parquet": lambda: jobs.export(spark, [store], export_dir),
                 "parquet -> sum(length(body))": lambda: spark.read.parquet(export_dir)
                 .selectExpr("sum(length(body))").first(),
                 "writer (source -> stores)": lambda: jobs.write(source(), os.path.join(tmp, "written"),
                                                                 mode="overwrite", **WRITER_OPTIONS),
-                "binaryFile+UDF -> count": lambda: _baseline(spark, store).count(),
+                "null Arrow writer (source ->)": lambda: source().write.format(NULL_SINK).mode("append")
+                .save(os.path.join(tmp, "null")),
             }
             runs["source -> count"]()   # warm up workers and the page cache
             runs["canned Arrow -> count"]()
+            runs["null Arrow writer (source ->)"]()   # its first run starts the writer's Python workers
             print(f"{args.messages} messages, {nbytes / 1e6:.1f} MB of commitlog, local[{args.cores}], "
                   f"{os.cpu_count()} CPUs (loaded machine: figures are rough)")
             secs = {}
@@ -255,6 +285,7 @@ def main(argv):
                          ("source 5 cols -> count", "canned Arrow 5 cols -> count"),
                          ("source -> count", "binaryFile+UDF -> count"),
                          ("export job -> parquet", "binaryFile+UDF -> count"),
+                         ("writer (source -> stores)", "null Arrow writer (source ->)"),
                          ("parquet -> sum(length(body))", "source -> count")):
                 print(f"{a:30s} {secs[b] / secs[a]:6.2f}x {b}")
         finally:
