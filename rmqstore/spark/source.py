@@ -3,7 +3,12 @@
 ``spark.read.format("rocketmq").load(path_or_glob)`` (or ``.load([paths])``) reads one or
 many store directories; a path may also be a directory whose subdirectories are stores.
 One partition per commitlog segment, or per ``splitBytes`` byte range of a larger one;
-each decodes with ``rmqstore.batch`` and yields Arrow record batches.
+each decodes with ``rmqstore.batch.iter_arrow`` straight into Arrow record batches. Only the
+columns of the schema are decoded: give one (``.schema("topic string, body binary")``) or
+the ``columns`` option (comma-separated names); an unknown column or another type is an
+InvalidArgumentError naming it. ``df.write.format("rocketmq")`` writes stores (see
+``rmqstore.spark.writer``). Executors open segment files by the paths the driver planned:
+stores must be at the same path everywhere, else the task fails with StoreIOError.
 
 Options: ``mode`` fail (default) | skip (corrupt records are skipped; each partition logs
 what it skipped), ``checkCrc`` (false), ``splitBytes`` (32 MiB), ``minPartitions`` (1:
@@ -16,7 +21,9 @@ of KEYS) and ``uniqKey``: applied in the reader, so only matches reach the JVM. 
 
 Streaming (``spark.readStream``): offsets are ``{store path: commitlog offset}``, always
 record boundaries; ``startingOffsets`` earliest (default) | latest. Each micro-batch reads
-the records appended since the last one, so a query tails a live store.
+the records appended since the last one, so a query tails a live store; with a checkpoint
+and a file sink it restarts exactly once. ``maxBytesPerTrigger`` (ReadMaxBytes) bounds the
+commitlog bytes a micro-batch takes, shared among the stores with a backlog.
 """
 import errno
 import functools
