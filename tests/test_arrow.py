@@ -143,8 +143,9 @@ def test_ipv6_hosts_and_msg_ids(tmp_path):
 
 
 # The child flips 60 seeded random bytes in each copy of a fixture segment (with CRCs
-# checked, some 30 corrupt regions a copy, and bytes of topics and properties hit) and checks that the Arrow kernel, skipping corrupt
-# records, gives what to_arrow gives over the numpy decoder.
+# checked, some 30 corrupt regions a copy; bytes of topics and properties are hit too) and
+# checks that the Arrow kernel, skipping corrupt records, gives what to_arrow gives over the
+# numpy decoder.
 FLIPPER = r"""
 import os, random, shutil, sys
 import pyarrow as pa

@@ -22,20 +22,34 @@ DRIVER = Path(__file__).with_name("spark_driver.py")
 
 
 def _driver(*args, timeout=300):
-    out = subprocess.run([sys.executable, str(DRIVER), *map(str, args)], capture_output=True, text=True,
-                         timeout=timeout, start_new_session=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    """Run tests/spark_driver.py; on timeout its whole process group (with the JVM) is killed."""
+    p = subprocess.Popen([sys.executable, str(DRIVER), *map(str, args)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    assert p.returncode == 0, err[-3000:]
+    return out
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A standalone master and worker on 127.0.0.1 (started within 90 s, always stopped)."""
+    from rmqstore.spark.cluster import standalone_cluster
+    with standalone_cluster(cores=2, memory="1g", timeout=90, work_dir=tmp_path / "cluster") as master:
+        yield master
 
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_jobs_on_a_standalone_cluster_equal_local_mode(clean_498, tmp_path):
-    from rmqstore.spark.cluster import standalone_cluster
+def test_jobs_on_a_standalone_cluster_equal_local_mode(cluster, clean_498, tmp_path):
     store, manifest = clean_498
+    master = cluster
     local = json.loads(_driver("jobs", "local[2]", store, tmp_path / "local").splitlines()[-1])
-    with standalone_cluster(cores=2, memory="1g", work_dir=tmp_path / "cluster") as master:
-        remote = json.loads(_driver("jobs", master, store, tmp_path / "remote").splitlines()[-1])
+    remote = json.loads(_driver("jobs", master, store, tmp_path / "remote").splitlines()[-1])
     assert remote["master"] == master and remote["executors"] >= 2   # the driver and an executor JVM
     assert local["count"] == len(manifest["messages"]) == remote["count"] == remote["exported"] == remote["parquet"]
     for k in ("rows", "projected", "written", "back"):
