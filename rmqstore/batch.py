@@ -7,8 +7,8 @@ its first record by searching for a record header whose PHYSICALOFFSET field equ
 commitlog offset (the same search resynchronizes after a corrupt record in ``mode="skip"``).
 
 Columns are ``_codec.decode_batch``'s dict of numpy arrays; ``to_arrow`` turns them into a
-``pyarrow.RecordBatch`` (pyarrow is needed only for that), vectorized: bodies reference the
-decoded buffer without a second copy, properties are split with Arrow compute kernels.
+``pyarrow.RecordBatch``, and ``iter_arrow`` decodes records straight into Arrow batches of
+the columns asked for (both with the ``_arrow`` kernel; pyarrow is needed only for them).
 """
 import os
 import re
@@ -23,7 +23,6 @@ from rmqstore.segments import list_segment_files
 MODES = ("fail", "skip")
 _HEADER = re.compile(re.escape((_codec.MAGIC_V1 & 0xFFFFFFFF).to_bytes(4, "big")) + b"|"
                      + re.escape((_codec.MAGIC_V2 & 0xFFFFFFFF).to_bytes(4, "big")))
-_HEX = np.frombuffer(b"".join(b"%02X" % i for i in range(256)), np.uint8).reshape(256, 2)
 
 
 def segment_files(store_path):
@@ -68,6 +67,32 @@ def iter_columns(path, base_offset, start=0, end=None, *, check_crc=False, mode=
     ``aligned`` says ``start`` and ``end`` are record boundaries (e.g. from ``end_offset``):
     no header search, and nothing at or after ``end`` is read even if written meanwhile.
     """
+    def decode(seg, pos, window):
+        cols = _codec.decode_batch(seg, pos, window, check_crc, True)
+        return cols, {"count": cols["count"], "bytes": int(cols["store_size"].sum()),
+                      "end_pos": cols["end_pos"], "stop": cols["stop"]}
+    return _iter_decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, aligned)
+
+
+def iter_arrow(path, base_offset, start=0, end=None, *, store=None, columns=None, check_crc=False, mode="fail",
+               batch_bytes=4 << 20, stats=None, aligned=False):
+    """Yield ``pyarrow.RecordBatch``es of ``columns`` (names of ``arrow_schema()``, in the
+    order given; default all) decoded straight from the records, as ``iter_columns`` reads
+    them (same arguments); ``store`` fills the ``store`` column. Only the requested columns
+    are built. Needs pyarrow."""
+    from rmqstore import _arrow
+    columns = _arrow.check_columns(columns)
+    store = "" if store is None else str(store)
+    batch_bytes = min(batch_bytes, 1 << 30)   # Arrow's int32 offsets: < 2 GiB per column
+
+    def decode(seg, pos, window):
+        return _arrow.decode(seg, pos, window, check_crc, store, columns)
+    return _iter_decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, aligned)
+
+
+def _iter_decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, aligned):
+    """The decoding loop of ``iter_columns`` / ``iter_arrow``: ``decode(seg, pos, window)``
+    returns (batch, info with count, bytes, end_pos and stop)."""
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be one of {MODES}, not {mode!r}")
     stats = stats if stats is not None else DecodeStats()
@@ -83,12 +108,12 @@ def iter_columns(path, base_offset, start=0, end=None, *, check_crc=False, mode=
         need = 0   # window size needed for a record larger than batch_bytes
         while pos is not None and pos < limit:
             window = min(limit, pos + max(batch_bytes, need))
-            cols = _codec.decode_batch(seg, pos, window, check_crc, True)
-            if cols["count"]:
-                stats.records += cols["count"]
-                stats.bytes += int(cols["store_size"].sum())
-                yield cols
-            stop, at = cols["stop"], cols["end_pos"]
+            out, info = decode(seg, pos, window)
+            if info["count"]:
+                stats.records += info["count"]
+                stats.bytes += info["bytes"]
+                yield out
+            stop, at = info["stop"], info["end_pos"]
             total = int.from_bytes(seg.read(at, 4), "big", signed=True) if at + 4 <= size else 0
             if stop == "blank" or (stop == "end" and (window == limit or total == 0)):
                 return
@@ -122,6 +147,44 @@ def end_offset(store_path, hint=0):
         if end > 0 or status != "end" or base <= hint:
             return base + (size if status == "blank" else end)
     return 0
+
+
+def count_records(store_path):
+    """(records, bytes of records) in a store's commitlog, walking record headers."""
+    records = nbytes = 0
+    for path, base, size in segment_files(store_path):
+        seg = MappedSegment(path, base, 0, readonly=True)
+        try:
+            end, count, status = _codec.scan_segment(seg, 0, size, False)
+        finally:
+            seg.close()
+        records, nbytes = records + count, nbytes + end
+    return records, nbytes
+
+
+def advance(store_path, start, max_bytes):
+    """The record boundary reached by reading at most ``max_bytes`` of a store's commitlog
+    from offset ``start`` (a record boundary), BLANK records and segment ends included; at
+    least one record's worth when there is one, so a reader always moves on."""
+    pos, budget = start, max_bytes
+    for path, base, size in segment_files(store_path):
+        if pos >= base + size:
+            continue
+        pos = max(pos, base)
+        seg = MappedSegment(path, base, 0, readonly=True)
+        try:
+            rel = pos - base
+            end, count, status = _codec.scan_segment(seg, rel, min(size, rel + budget), False)
+            if count == 0 and pos == start and status not in ("end", "blank") and rel + 4 <= size:
+                total = int.from_bytes(seg.read(rel, 4), "big", signed=True)   # one record over budget
+                end, count, status = _codec.scan_segment(seg, rel, min(size, rel + max(total, 0)), False)
+        finally:
+            seg.close()
+        budget -= end - rel
+        if status != "blank" or budget <= 0:
+            return base + end
+        pos = base + size
+    return pos
 
 
 def decode_segment(path, base_offset, start=0, end=None, check_crc=False, mode="fail"):
@@ -158,130 +221,13 @@ def concat_columns(parts):
 # ------------------------------------------------------------------------------- Arrow
 
 def arrow_schema():
-    """The Arrow schema of ``to_arrow`` (the Spark data source's schema)."""
-    import pyarrow as pa
-    ts = pa.timestamp("us", tz="UTC")
-    return pa.schema([
-        ("store", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()),
-        ("queue_offset", pa.int64()), ("phy_offset", pa.int64()), ("store_size", pa.int32()),
-        ("msg_id", pa.string()), ("tags", pa.string()), ("keys", pa.list_(pa.string())),
-        ("uniq_key", pa.string()), ("properties", pa.map_(pa.string(), pa.string())),
-        ("body", pa.binary()), ("body_crc", pa.int32()), ("sys_flag", pa.int32()), ("flag", pa.int32()),
-        ("born_timestamp", ts), ("store_timestamp", ts), ("born_host", pa.string()),
-        ("store_host", pa.string()), ("reconsume_times", pa.int32()),
-    ])
+    """The Arrow schema of ``to_arrow`` and ``iter_arrow`` (the Spark data source's schema)."""
+    from rmqstore import _arrow
+    return _arrow.SCHEMA
 
 
-def _strings(pa, data, offsets, binary=False):
-    """A string (or binary) array over ``data`` without copying it; invalid UTF-8 is
-    replaced (U+FFFD) like the single-message decoder does."""
-    n = len(offsets) - 1
-    arr = pa.Array.from_buffers(pa.binary() if binary else pa.string(), n,
-                                [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
-    if not binary:
-        try:
-            arr.validate(full=True)
-        except pa.ArrowInvalid:
-            raw = data.tobytes()
-            arr = pa.array([raw[a:b].decode("utf-8", "replace")
-                            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=False)],
-                           pa.string())
-    return arr
-
-
-def _rebuild_list(pa, offsets, keep, values):
-    """List offsets after dropping the flattened entries where ``keep`` is False."""
-    kept = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
-    return pa.array(kept[offsets].astype(np.int32)), values.filter(pa.array(keep))
-
-
-def _properties(pa, pc, cols, n):
-    """(map array, entry keys, entry values, row of each entry) of the properties strings,
-    parsed like RocketMQ's string2messageProperties (empty names/values dropped)."""
-    props = _strings(pa, cols["props_data"], cols["props_offsets"])
-    parts = pc.split_pattern(props, "\x02")
-    kv = pc.extract_regex(parts.flatten(), r"(?s)^(?P<k>[^\x01]+)\x01(?P<v>.+)$")
-    keep = kv.is_valid().to_numpy(zero_copy_only=False)
-    offsets, kv = _rebuild_list(pa, parts.offsets.to_numpy(), keep, kv)
-    keys, values = kv.field("k"), kv.field("v")
-    rows = np.repeat(np.arange(n), np.diff(offsets.to_numpy()))
-    return pa.MapArray.from_arrays(offsets, keys, values), keys, values, rows
-
-
-def _lookup(pa, pc, keys, values, rows, n, name):
-    """Per row, the value of property ``name`` (the last one wins, like a map), or null."""
-    hit = pc.equal(keys, name).to_numpy(zero_copy_only=False)
-    idx = np.full(n, -1, np.int64)
-    idx[rows[hit]] = np.nonzero(hit)[0]
-    return values.take(pa.array(idx, mask=idx < 0))
-
-
-def _hosts(pa, addr, port, v6):
-    """'a.b.c.d:port' / '[x:..:x]:port' strings (formatted once per distinct host: rows are
-    grouped by a 64-bit hash, checked for collisions, with an exact sort as fallback)."""
-    cols = np.stack([addr[:, :8].copy().view(np.uint64)[:, 0], addr[:, 8:].copy().view(np.uint64)[:, 0],
-                     port.astype(np.uint64) | (v6.astype(np.uint64) << np.uint64(32))], 1)
-    with np.errstate(over="ignore"):
-        h = cols[:, 0] * np.uint64(0x9E3779B97F4A7C15) ^ cols[:, 1] * np.uint64(0xC2B2AE3D27D4EB4F) ^ cols[:, 2]
-    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
-    if not (cols[first][inverse] == cols).all():
-        _, first, inverse = np.unique(cols, axis=0, return_index=True, return_inverse=True)
-    names = []
-    for i in first.tolist():
-        a, p = addr[i], int(port[i])
-        if v6[i]:
-            groups = ":".join(format((int(a[2 * k]) << 8) | int(a[2 * k + 1]), "x") for k in range(8))
-            names.append(f"[{groups}]:{p}")
-        else:
-            names.append(f"{a[0]}.{a[1]}.{a[2]}.{a[3]}:{p}")
-    return pa.array(names, pa.string()).take(pa.array(inverse.reshape(-1)))
-
-
-def _msg_ids(pa, addr, port, phy, v6):
-    """msgId: upper-case hex of store address + port + physical offset (32 or 56 digits)."""
-    n = len(phy)
-    raw = np.zeros((n, 28), np.uint8)
-    tail = np.concatenate([port.astype(">i4").view(np.uint8).reshape(-1, 4),
-                           phy.astype(">i8").view(np.uint8).reshape(-1, 8)], 1)
-    raw[:, :16] = addr
-    raw[~v6, 4:16] = tail[~v6]
-    raw[v6, 16:28] = tail[v6]
-    chars = _HEX[raw].reshape(n, 56)
-    width = np.where(v6, 56, 32)
-    data = chars[np.arange(56)[None, :] < width[:, None]]
-    offsets = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
-    return _strings(pa, data, offsets)
-
-
-def to_arrow(cols, store_path):
-    """A ``pyarrow.RecordBatch`` (schema: ``arrow_schema()``) of the decoded ``cols``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    n = int(cols["count"])
-    sys_flag = cols["sys_flag"]
-    born_v6 = (sys_flag & _codec.SYSFLAG_BORNHOST_V6) != 0
-    store_v6 = (sys_flag & _codec.SYSFLAG_STOREHOST_V6) != 0
-    pmap, pkeys, pvalues, rows = _properties(pa, pc, cols, n)
-    keys_str = _lookup(pa, pc, pkeys, pvalues, rows, n, "KEYS")
-    split = pc.split_pattern(keys_str, " ")
-    flat = split.flatten()
-    koffsets, kvalues = _rebuild_list(pa, split.offsets.to_numpy(),
-                                      pc.not_equal(flat, "").to_numpy(zero_copy_only=False), flat)
-    keys = pa.ListArray.from_arrays(koffsets, kvalues, mask=keys_str.is_null())
-    ts = pa.timestamp("us", tz="UTC")
-    i32 = lambda name: pa.array(cols[name].astype(np.int32))  # noqa: E731
-    arrays = [
-        pa.array([str(store_path)], pa.string()).take(np.zeros(n, np.int64)),
-        _strings(pa, cols["topic_data"], cols["topic_offsets"]),
-        i32("queue_id"), pa.array(cols["queue_offset"]), pa.array(cols["phy_offset"]), i32("store_size"),
-        _msg_ids(pa, cols["store_addr"], cols["store_port"], cols["phy_offset"], store_v6),
-        _lookup(pa, pc, pkeys, pvalues, rows, n, "TAGS"), keys,
-        _lookup(pa, pc, pkeys, pvalues, rows, n, "UNIQ_KEY"), pmap,
-        _strings(pa, cols["body_data"], cols["body_offsets"], binary=True),
-        i32("body_crc"), i32("sys_flag"), i32("flag"),
-        pa.array(cols["born_timestamp"] * 1000, ts), pa.array(cols["store_timestamp"] * 1000, ts),
-        _hosts(pa, cols["born_addr"], cols["born_port"], born_v6),
-        _hosts(pa, cols["store_addr"], cols["store_port"], store_v6),
-        i32("reconsume_times"),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())
+def to_arrow(cols, store_path, columns=None):
+    """A ``pyarrow.RecordBatch`` of the decoded ``cols`` (schema: ``arrow_schema()``, or the
+    ``columns`` named, in that order)."""
+    from rmqstore import _arrow
+    return _arrow.from_columns(cols, str(store_path), columns)

@@ -104,3 +104,13 @@ def tree_state(root):
                 digest = hashlib.sha256(fh.read()).hexdigest()
             out[os.path.join(rel, f)] = (st.st_size, st.st_mtime_ns, digest)
     return out
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for every Spark test module (a process holds one)."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark import session
+    s = session("local[2]", spark_sql_shuffle_partitions="2", spark_default_parallelism="2")
+    yield s
+    s.stop()

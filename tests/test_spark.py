@@ -83,15 +83,6 @@ def test_corrupt_record_fail_and_skip(clean_498, tmp_path):
 
 # ------------------------------------------------------------------------------ Spark
 
-@pytest.fixture(scope="module")
-def spark():
-    pytest.importorskip("pyspark")
-    from rmqstore.spark import session
-    s = session("local[2]", spark_sql_shuffle_partitions="2", spark_default_parallelism="2")
-    yield s
-    s.stop()
-
-
 def _write_store(path, n, topics=("TopicA", "TopicB"), start=0):
     from rmqstore import Message, MessageStore, StoreConfig
     cfg = StoreConfig(commitlog_file_size=64 * 1024, consume_queue_entries=20, index_slots=64, index_entries=256)

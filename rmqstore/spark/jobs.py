@@ -50,7 +50,7 @@ def _spark_path_name(value):
     return "".join(f"%{ord(c):02X}" if c in _PATH_ESCAPE else c for c in value)
 
 
-def _export_part(scan, index, part, out_dir, compression):
+def _export_part(scan, index, part, out_dir, compression, row_group_rows, sort_by):
     """Write partition number ``index``'s records as Parquet files under ``out_dir`` in
     Spark's layout topic=/date=, with pyarrow; returns (messages, commitlog bytes). Files
     are written under ``_temporary/index/`` first, then moved into place."""
@@ -67,11 +67,14 @@ def _export_part(scan, index, part, out_dir, compression):
                 seen[1] += pc.sum(rb.column("store_size")).as_py()
                 yield rb.append_column("date", pc.cast(rb.column("store_timestamp"), pa.date32()))
 
+    data = batches()
+    if sort_by:   # within the task's files, as Spark's sortWithinPartitions
+        data = pa.Table.from_batches(list(data), schema).sort_by([(c, "ascending") for c in sort_by])
     tmp = os.path.join(out_dir, "_temporary", str(index))
-    ds.write_dataset(batches(), tmp, schema=schema, format="parquet", partitioning=["topic", "date"],
+    ds.write_dataset(data, tmp, schema=schema, format="parquet", partitioning=["topic", "date"],
                      partitioning_flavor="hive", basename_template=f"part-{index:05d}-{{i}}.parquet",
                      file_options=ds.ParquetFileFormat().make_write_options(compression=compression),
-                     min_rows_per_group=1 << 14, use_threads=False)
+                     min_rows_per_group=row_group_rows, max_rows_per_group=row_group_rows, use_threads=False)
     for d, _, files in os.walk(tmp):   # pyarrow URI-encodes values; Spark would misread UTF-8 that way
         dirs = [seg.split("=", 1) for seg in os.path.relpath(d, tmp).split(os.sep) if "=" in seg]
         final = os.path.join(out_dir, *(f"{k}={_spark_path_name(unquote(v))}" for k, v in dirs))
@@ -81,14 +84,22 @@ def _export_part(scan, index, part, out_dir, compression):
     return tuple(seen)
 
 
-def export(spark, stores, out_dir, mode="fail", compression="snappy"):
+def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_rows=1 << 17, sort_by=None):
     """Write the stores' messages to Parquet under ``out_dir`` (replaced), partitioned by
     topic and store date (UTC) in the Hive layout ``spark.read.parquet`` reads back (with
-    ``topic`` and ``date`` columns). Each task decodes its commitlog range and writes its own
-    files with pyarrow: no shuffle, no sort, no row conversion in the JVM. ``out_dir`` must
-    be a path every executor sees (any path in local mode). Returns a summary (messages,
-    commitlog bytes, seconds, MB/s)."""
+    ``topic`` and ``date`` columns), then an empty ``_SUCCESS`` marker as Spark's writers do.
+    Each task decodes its commitlog range and writes its own files with pyarrow: no shuffle,
+    no row conversion in the JVM. Row groups hold ``row_group_rows`` rows (the last one of a
+    file fewer); ``sort_by`` (column names) sorts each task's rows before writing, as
+    ``sortWithinPartitions`` does. ``out_dir`` must be a path every executor sees (any path
+    in local mode). Returns a summary (messages, commitlog bytes, seconds, MB/s)."""
     t0 = time.perf_counter()
+    if row_group_rows < 1:
+        raise InvalidArgumentError(f"row_group_rows must be positive, not {row_group_rows}")
+    sort_by = list(sort_by or ())
+    unknown = [c for c in sort_by if c not in batch.arrow_schema().names]
+    if unknown:
+        raise InvalidArgumentError(f"export: cannot sort by unknown column(s) {unknown}")
     stores = find_stores(stores)
     scan = Scan({"paths": json.dumps(stores), "mode": mode})
     parts = plan(stores, scan.split_bytes, _tasks(spark))
@@ -96,10 +107,36 @@ def export(spark, stores, out_dir, mode="fail", compression="snappy"):
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     done = spark.sparkContext.parallelize(list(enumerate(parts)), max(1, len(parts))) \
-        .map(lambda ip: _export_part(scan, *ip, out_dir, compression)).collect()
+        .map(lambda ip: _export_part(scan, *ip, out_dir, compression, row_group_rows, sort_by)).collect()
     shutil.rmtree(os.path.join(out_dir, "_temporary"), ignore_errors=True)
     open(os.path.join(out_dir, "_SUCCESS"), "wb").close()
     return _summary("export", t0, sum(n for n, _ in done), sum(b for _, b in done), out=out_dir)
+
+
+WRITE_MODES = ("error", "errorifexists", "ignore", "append", "overwrite")
+
+
+def write(df, out_dir, mode="error", **options):
+    """Write DataFrame ``df`` as RocketMQ stores under ``out_dir`` (the "rocketmq" writer:
+    one store per task; ``options`` as its StoreConfig options, e.g. ``indexSlots``), with
+    Spark's save modes: error (default; errorifexists) refuses a directory that already
+    holds a store, ignore then writes nothing, append adds stores, overwrite replaces them.
+    Returns a summary (messages and commitlog bytes written, stores, seconds, MB/s)."""
+    from rmqstore.spark.writer import stores_in
+    if mode not in WRITE_MODES:
+        raise InvalidArgumentError(f"write mode must be one of {WRITE_MODES}, not {mode!r}")
+    t0 = time.perf_counter()
+    out_dir = os.path.abspath(out_dir)
+    before = set(stores_in(out_dir)) if os.path.isdir(out_dir) else set()
+    if before and mode in ("error", "errorifexists"):
+        raise InvalidArgumentError(f"{out_dir}: already holds {len(before)} RocketMQ store(s) (mode {mode!r})")
+    if before and mode == "ignore":
+        return _summary("write", t0, 0, 0, stores=0, out=out_dir)
+    df.write.format(NAME).mode("overwrite" if mode == "overwrite" else "append") \
+        .options(**{k: str(v) for k, v in options.items()}).save(out_dir)
+    new = [s for s in stores_in(out_dir) if mode == "overwrite" or s not in before]
+    counts = [batch.count_records(s) for s in new]
+    return _summary("write", t0, sum(n for n, _ in counts), sum(b for _, b in counts), stores=len(new), out=out_dir)
 
 
 def query(spark, stores, topic=None, key=None, uniq_key=None, begin=None, end=None):
@@ -276,6 +313,8 @@ def main(argv=None):
     p.add_argument("stores", nargs="+")
     p.add_argument("--out", required=True)
     p.add_argument("--mode", choices=batch.MODES, default="fail")
+    p.add_argument("--row-group-rows", type=int, default=1 << 17)
+    p.add_argument("--sort-by", help="comma-separated columns to sort each task's rows by")
     p = sub.add_parser("rebuild", help="rebuild a store's consume queues and index files from its commitlog")
     p.add_argument("store")
     p.add_argument("--out")
@@ -294,7 +333,8 @@ def main(argv=None):
     spark = session(args.master)
     try:
         if args.job == "export":
-            summary = export(spark, args.stores, args.out, args.mode)
+            summary = export(spark, args.stores, args.out, args.mode, row_group_rows=args.row_group_rows,
+                             sort_by=args.sort_by.split(",") if args.sort_by else None)
             status = 0
         elif args.job == "rebuild":
             _, summary = rebuild(spark, args.store, args.out,

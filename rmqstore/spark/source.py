@@ -3,7 +3,12 @@
 ``spark.read.format("rocketmq").load(path_or_glob)`` (or ``.load([paths])``) reads one or
 many store directories; a path may also be a directory whose subdirectories are stores.
 One partition per commitlog segment, or per ``splitBytes`` byte range of a larger one;
-each decodes with ``rmqstore.batch`` and yields Arrow record batches.
+each decodes with ``rmqstore.batch.iter_arrow`` straight into Arrow record batches. Only the
+columns of the schema are decoded: give one (``.schema("topic string, body binary")``) or
+the ``columns`` option (comma-separated names); an unknown column or another type is an
+InvalidArgumentError naming it. ``df.write.format("rocketmq")`` writes stores (see
+``rmqstore.spark.writer``). Executors open segment files by the paths the driver planned:
+stores must be at the same path everywhere, else the task fails with StoreIOError.
 
 Options: ``mode`` fail (default) | skip (corrupt records are skipped; each partition logs
 what it skipped), ``checkCrc`` (false), ``splitBytes`` (32 MiB), ``minPartitions`` (1:
@@ -16,13 +21,17 @@ of KEYS) and ``uniqKey``: applied in the reader, so only matches reach the JVM. 
 
 Streaming (``spark.readStream``): offsets are ``{store path: commitlog offset}``, always
 record boundaries; ``startingOffsets`` earliest (default) | latest. Each micro-batch reads
-the records appended since the last one, so a query tails a live store.
+the records appended since the last one, so a query tails a live store; with a checkpoint
+and a file sink it restarts exactly once. ``maxBytesPerTrigger`` (ReadMaxBytes) bounds the
+commitlog bytes a micro-batch takes, shared among the stores with a backlog.
 """
+import errno
 import functools
 import glob
 import json
 import logging
 import os
+import socket
 from datetime import datetime, timezone
 
 import numpy as np
@@ -38,18 +47,57 @@ from pyspark.sql.datasource import (
     LessThan,
     LessThanOrEqual,
 )
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from rmqstore import batch
-from rmqstore.errors import InvalidArgumentError
+from rmqstore.errors import InvalidArgumentError, StoreIOError
 
 log = logging.getLogger(__name__)
 NAME = "rocketmq"
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
-def _ddl():
+def _spark_schema(columns=None):
+    """The Spark schema of ``columns`` (default: all of ``batch.arrow_schema()``)."""
     from pyspark.sql.pandas.types import from_arrow_schema
-    return from_arrow_schema(batch.arrow_schema())
+    full = batch.arrow_schema()
+    return from_arrow_schema(full if columns is None else _pa().schema([full.field(c) for c in columns]))
+
+
+def _option_columns(options):
+    """The ``columns`` option (comma-separated names) as a tuple, checked; None if absent."""
+    if "columns" not in options:
+        return None
+    names = tuple(c.strip() for c in options["columns"].split(",") if c.strip())
+    if not names:
+        raise InvalidArgumentError("rocketmq source: the columns option names no column")
+    known = batch.arrow_schema().names
+    unknown = [c for c in names if c not in known]
+    if unknown:
+        raise InvalidArgumentError(f"rocketmq source: unknown column(s) {unknown} in the columns option; "
+                                   f"the columns are {known}")
+    return names
+
+
+def projection(schema, options):
+    """The columns to decode for a reader given Spark ``schema`` (the user's, or ours): each
+    field must be one of the source's columns with its type; a ``columns`` option must name
+    the same fields. InvalidArgumentError names the column at fault."""
+    full = {f.name: f.dataType for f in _spark_schema().fields}
+    names = tuple(schema.fieldNames())
+    for f in schema.fields:
+        if f.name not in full:
+            raise InvalidArgumentError(f"rocketmq source: unknown column {f.name!r}; the columns are {list(full)}")
+        if f.dataType != full[f.name]:
+            raise InvalidArgumentError(f"rocketmq source: column {f.name!r} is {full[f.name].simpleString()}, "
+                                       f"not {f.dataType.simpleString()}")
+    wanted = _option_columns(options)
+    if wanted is not None and wanted != names:
+        raise InvalidArgumentError(f"rocketmq source: the columns option {list(wanted)} differs from the schema "
+                                   f"{list(names)}")
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"rocketmq source: a column is listed twice in {list(names)}")
+    return names
 
 
 def find_stores(paths):
@@ -95,8 +143,9 @@ def _epoch_ms(value):
 class Scan:
     """What a reader reads, and the filters it applies: picklable, shared by all readers."""
 
-    def __init__(self, options):
+    def __init__(self, options, columns=None):
         self.stores = find_stores(_paths(options))
+        self.columns = tuple(batch.arrow_schema().names) if columns is None else tuple(columns)
         self.mode = options.get("mode", "fail")
         if self.mode not in batch.MODES:
             raise InvalidArgumentError(f"rocketmq source: mode must be one of {batch.MODES}, not {self.mode!r}")
@@ -115,7 +164,7 @@ class Scan:
         """Take the filters this scan applies exactly; return the others."""
         rest = []
         for f in filters:
-            col = f.attribute
+            col = getattr(f, "attribute", None)   # Not, And... have none: not pushed
             if col == ("topic",) and isinstance(f, (EqualTo, In)):
                 vals = {f.value} if isinstance(f, EqualTo) else set(f.value)
                 self.topics = vals if self.topics is None else self.topics & vals
@@ -133,30 +182,42 @@ class Scan:
         return rest
 
     def read(self, store, path, base, start, end, aligned=False):
-        """Arrow record batches of the records starting in ``[start, end)`` of one segment."""
+        """Arrow record batches (of ``columns``) of the records starting in ``[start, end)``
+        of one segment, filtered."""
         import pyarrow.compute as pc
+        pa = _pa()
+        filters = [c for c, on in (("topic", self.topics is not None), ("keys", self.key is not None),
+                                   ("uniq_key", self.uniq_key is not None),
+                                   ("store_timestamp", self.since is not None or self.until is not None)) if on]
+        need = self.columns + tuple(c for c in filters if c not in self.columns)
+        if not os.path.exists(path):
+            raise StoreIOError(errno.ENOENT, f"commitlog segment planned on the driver is not visible on executor "
+                               f"host {socket.gethostname()}: stores must be at the same path on the driver and "
+                               f"every executor (a shared filesystem)", path)
         stats = batch.DecodeStats()
-        for cols in batch.iter_columns(path, base, start, end, check_crc=self.check_crc, mode=self.mode,
-                                       batch_bytes=self.batch_bytes, stats=stats, aligned=aligned):
-            rb = batch.to_arrow(cols, store)
+        for rb in batch.iter_arrow(path, base, start, end, store=store, columns=need, check_crc=self.check_crc,
+                                   mode=self.mode, batch_bytes=self.batch_bytes, stats=stats, aligned=aligned):
             masks = []
             if self.topics is not None:
-                masks.append(pc.is_in(rb.column("topic"), value_set=_pa().array(sorted(self.topics), _pa().string())))
+                masks.append(pc.is_in(rb.column("topic"), value_set=pa.array(sorted(self.topics), pa.string())))
             if self.since is not None or self.until is not None:
-                ms = cols["store_timestamp"]
-                masks.append(_pa().array((ms >= (self.since if self.since is not None else ms.min()))
-                                         & (ms < (self.until if self.until is not None else ms.max() + 1))))
+                us = rb.column("store_timestamp").cast(pa.int64()).to_numpy()
+                lo = -(1 << 62) if self.since is None else self.since * 1000
+                hi = 1 << 62 if self.until is None else self.until * 1000
+                masks.append(pa.array((us >= lo) & (us < hi)))
             if self.key is not None:
                 keys = rb.column("keys")
                 rows = pc.list_parent_indices(keys).to_numpy()[pc.equal(pc.list_flatten(keys), self.key)
                                                                .to_numpy(zero_copy_only=False)]
                 hit = np.zeros(rb.num_rows, bool)
                 hit[rows] = True
-                masks.append(_pa().array(hit))
+                masks.append(pa.array(hit))
             if self.uniq_key is not None:
                 masks.append(pc.fill_null(pc.equal(rb.column("uniq_key"), self.uniq_key), False))
             if masks:
                 rb = rb.filter(functools.reduce(pc.and_, masks))
+            if len(need) > len(self.columns):
+                rb = rb.select(list(self.columns))
             if rb.num_rows:
                 yield rb
         if stats.corrupt:
@@ -232,6 +293,12 @@ class _StreamReader(DataSourceStreamReader):
         self.starting = options.get("startingOffsets", "earliest")
         if self.starting not in ("earliest", "latest"):
             raise InvalidArgumentError("startingOffsets must be 'earliest' or 'latest'")
+        self.max_bytes = int(options.get("maxBytesPerTrigger", 0))
+        if self.max_bytes < 0:
+            raise InvalidArgumentError(f"maxBytesPerTrigger must be positive, not {self.max_bytes}")
+
+    def getDefaultReadLimit(self):
+        return ReadMaxBytes(self.max_bytes) if self.max_bytes else ReadAllAvailable()
 
     def initialOffset(self):
         if self.starting == "latest":
@@ -239,8 +306,18 @@ class _StreamReader(DataSourceStreamReader):
         return {s: (files[0][1] if (files := batch.segment_files(s)) else 0) for s in self.scan.stores}
 
     def latestOffset(self, start=None, limit=None):
+        """Where written data ends in each store; with a ReadMaxBytes limit, no further than
+        that many commitlog bytes past ``start`` in all (shared among stores with a backlog,
+        at least one record each)."""
         start = start or {}
-        return {s: batch.end_offset(s, start.get(s, 0)) for s in self.scan.stores}
+        latest = {s: batch.end_offset(s, start.get(s, 0)) for s in self.scan.stores}
+        if isinstance(limit, ReadMaxBytes):
+            behind = [s for s in self.scan.stores if latest[s] > start.get(s, 0)]
+            share = max(1, limit.max_bytes // max(1, len(behind)))
+            for s in behind:
+                if latest[s] - start.get(s, 0) > share:
+                    latest[s] = min(latest[s], batch.advance(s, start.get(s, 0), share))
+        return latest
 
     def partitions(self, start, end):
         out = []
@@ -268,20 +345,27 @@ class RocketMQDataSource(DataSource):
         return NAME
 
     def schema(self):
-        return _ddl()
+        return _spark_schema(_option_columns(self.options))
 
     def reader(self, schema):
-        return _Reader(Scan(self.options))
+        return _Reader(Scan(self.options, projection(schema, self.options)))
+
+    def writer(self, schema, overwrite):
+        from rmqstore.spark.writer import StoreWriter, check_schema
+        check_schema(schema, _spark_schema())
+        if "path" not in self.options:
+            raise InvalidArgumentError("rocketmq writer: give the output directory to save()")
+        return StoreWriter(self.options["path"], self.options, overwrite)
 
     def streamReader(self, schema):
-        return _StreamReader(Scan(self.options), self.options)
+        return _StreamReader(Scan(self.options, projection(schema, self.options)), self.options)
 
 
 class RocketMQPushdownDataSource(RocketMQDataSource):
     """The same source with filter pushdown (needs ``spark.sql.python.filterPushdown.enabled``)."""
 
     def reader(self, schema):
-        return _PushdownReader(Scan(self.options))
+        return _PushdownReader(Scan(self.options, projection(schema, self.options)))
 
 
 def register(spark):

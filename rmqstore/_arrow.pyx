@@ -1,0 +1,541 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""Commitlog records straight into Arrow arrays.
+
+One builder fills Arrow buffers (int32 offsets + data for strings and binary, validity
+bitmaps, list and map offsets) row by row with the GIL released: msgIds as upper-case hex,
+hosts as ``a.b.c.d:port`` / ``[x:..:x]:port``, properties as a map, TAGS / UNIQ_KEY as
+strings and KEYS as a list, parsed in one pass over each record's properties. Only the
+requested columns are built. Rows come from mapped records (``decode``) or from
+``_codec.decode_batch`` columns (``from_columns``); pyarrow wraps the finished buffers
+without copying. Strings that are not valid UTF-8 get U+FFFD replacements, like the single
+message decoder (the rare repair runs in Python)."""
+from libc.string cimport memcmp, memcpy, memset
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+import numpy as np
+cimport numpy as cnp
+import pyarrow as pa
+from rmqstore._cext cimport rmq_ld32
+from rmqstore._codec cimport RecView, parse_record
+from rmqstore._codec import _REASONS, BATCH_FIELDS, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
+from rmqstore._segment cimport MappedSegment
+from rmqstore.errors import InvalidArgumentError
+
+cnp.import_array()
+
+_TS = pa.timestamp("us", tz="UTC")
+SCHEMA = pa.schema([
+    ("store", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()),
+    ("queue_offset", pa.int64()), ("phy_offset", pa.int64()), ("store_size", pa.int32()),
+    ("msg_id", pa.string()), ("tags", pa.string()), ("keys", pa.list_(pa.string())),
+    ("uniq_key", pa.string()), ("properties", pa.map_(pa.string(), pa.string())),
+    ("body", pa.binary()), ("body_crc", pa.int32()), ("sys_flag", pa.int32()), ("flag", pa.int32()),
+    ("born_timestamp", _TS), ("store_timestamp", _TS), ("born_host", pa.string()),
+    ("store_host", pa.string()), ("reconsume_times", pa.int32()),
+])
+COLUMNS = tuple(SCHEMA.names)
+
+cdef enum:   # column numbers, in SCHEMA order
+    STORE, TOPIC, QUEUE_ID, QUEUE_OFFSET, PHY_OFFSET, STORE_SIZE, MSG_ID, TAGS, KEYS, UNIQ_KEY
+    PROPERTIES, BODY, BODY_CRC, SYS_FLAG, FLAG, BORN_TS, STORE_TS, BORN_HOST, STORE_HOST, RECONSUME
+    NCOL
+    KEY_VALUES = NCOL, MAP_KEYS, MAP_VALUES, NSTR   # child string arrays
+
+cdef int32_t MAX_DATA = 0x7FFFFFFF    # int32 offsets: bytes of one string column per batch
+cdef int32_t HOST_MAX = 54            # '[' 39 ']' ':' 11
+cdef int32_t ID_MAX = 56
+cdef char HEX2[512]                   # byte -> two upper-case hex digits
+for _i, _c in enumerate(b"".join(b"%02X" % i for i in range(256))):
+    HEX2[_i] = _c
+cdef const char *HEX_LOWER = b"0123456789abcdef"
+
+
+cdef struct Fields:      # one message's fields, wherever they are read from
+    const char *topic
+    const char *body
+    const char *props
+    const uint8_t *born
+    const uint8_t *store
+    int32_t topic_len, body_len, props_len, born_len, store_len, born_port, store_port
+    int32_t queue_id, total, body_crc, sys_flag, flag, reconsume
+    int64_t queue_offset, phy, born_ts, store_ts
+
+
+cdef struct Str:         # a string/binary array being filled
+    int32_t *off
+    char *data
+    uint8_t *valid
+    int64_t pos
+    bint bad              # some value is not valid UTF-8
+
+
+cdef struct HostCache:   # the previous row's host, raw and formatted: hosts repeat
+    uint8_t raw[16]
+    int32_t alen, port, at, size
+
+
+cdef struct Builder:
+    bint want[NCOL]
+    Str s[NSTR]
+    void *fixed[NCOL]
+    int32_t *list_off
+    uint8_t *list_valid
+    int32_t *map_off
+    int64_t nk, nm        # key tokens and map entries so far
+    const char *store
+    int32_t store_len
+    HostCache hosts[2]
+
+
+# ------------------------------------------------------------------------- row writers
+
+cdef inline bint utf8_ok(const uint8_t *p, int64_t n) noexcept nogil:
+    """Well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF)."""
+    cdef int64_t i = 0
+    cdef uint8_t c, c1
+    cdef uint64_t w
+    while i < n:
+        if i + 8 <= n:
+            memcpy(&w, p + i, 8)
+            if w & 0x8080808080808080ULL == 0:
+                i += 8
+                continue
+        c = p[i]
+        if c < 0x80:
+            i += 1
+        elif 0xC2 <= c <= 0xDF:
+            if i + 1 >= n or p[i + 1] & 0xC0 != 0x80:
+                return False
+            i += 2
+        elif 0xE0 <= c <= 0xEF:
+            if i + 2 >= n or p[i + 2] & 0xC0 != 0x80:
+                return False
+            c1 = p[i + 1]
+            if c1 & 0xC0 != 0x80 or (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
+                return False
+            i += 3
+        elif 0xF0 <= c <= 0xF4:
+            if i + 3 >= n or p[i + 2] & 0xC0 != 0x80 or p[i + 3] & 0xC0 != 0x80:
+                return False
+            c1 = p[i + 1]
+            if c1 & 0xC0 != 0x80 or (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
+                return False
+            i += 4
+        else:
+            return False
+    return True
+
+
+cdef inline void put(Str *s, int64_t i, const char *p, int64_t n) noexcept nogil:
+    """Value ``i`` of ``s``: the ``n`` bytes at ``p``."""
+    memcpy(s.data + s.pos, p, n)
+    s.pos += n
+    s.off[i + 1] = <int32_t>s.pos
+    if s.valid != NULL:
+        s.valid[i >> 3] |= 1 << (i & 7)
+
+
+cdef inline void put_null(Str *s, int64_t i) noexcept nogil:
+    s.off[i + 1] = <int32_t>s.pos
+
+
+cdef inline int32_t put_decimal(char *out, int32_t v) noexcept nogil:
+    """``v`` in decimal at ``out``; returns the length."""
+    cdef char tmp[12]
+    cdef int32_t n = 0, k = 0
+    cdef int64_t u = v
+    if u < 0:
+        out[k] = b'-'
+        k += 1
+        u = -u
+    while True:
+        tmp[n] = <char>(48 + u % 10)
+        n += 1
+        u //= 10
+        if u == 0:
+            break
+    while n > 0:
+        n -= 1
+        out[k] = tmp[n]
+        k += 1
+    return k
+
+
+cdef inline int32_t format_host(char *out, const uint8_t *a, int32_t alen, int32_t port) noexcept nogil:
+    """Java InetSocketAddress style: a.b.c.d:port or [x:x:x:x:x:x:x:x]:port (no '::')."""
+    cdef int32_t k = 0, g, j, v, started
+    if alen == 4:
+        for j in range(4):
+            if j:
+                out[k] = b'.'
+                k += 1
+            k += put_decimal(out + k, a[j])
+    else:
+        out[k] = b'['
+        k += 1
+        for j in range(8):
+            if j:
+                out[k] = b':'
+                k += 1
+            v = (a[2 * j] << 8) | a[2 * j + 1]
+            started = 0
+            for g in range(12, -1, -4):
+                if (v >> g) & 0xF or started or g == 0:
+                    out[k] = HEX_LOWER[(v >> g) & 0xF]
+                    k += 1
+                    started = 1
+        out[k] = b']'
+        k += 1
+    out[k] = b':'
+    k += 1
+    return k + put_decimal(out + k, port)
+
+
+cdef inline void put_host(Str *s, HostCache *c, int64_t i, const uint8_t *a, int32_t alen,
+                          int32_t port) noexcept nogil:
+    if not (alen == c.alen and port == c.port and memcmp(a, c.raw, alen) == 0):
+        c.alen, c.port, c.at = alen, port, <int32_t>s.pos
+        memcpy(c.raw, a, alen)
+        c.size = format_host(s.data + s.pos, a, alen, port)
+    else:
+        memcpy(s.data + s.pos, s.data + c.at, c.size)
+    s.pos += c.size
+    s.off[i + 1] = <int32_t>s.pos
+
+
+cdef inline void put_msg_id(Str *s, int64_t i, Fields *f) noexcept nogil:
+    """Upper-case hex of store address + port + physical offset (big-endian)."""
+    cdef char *o = s.data + s.pos
+    cdef int32_t j
+    cdef uint64_t v
+    for j in range(f.store_len):
+        memcpy(o + 2 * j, HEX2 + 2 * f.store[j], 2)
+    o += 2 * f.store_len
+    v = <uint32_t>f.store_port
+    for j in range(3, -1, -1):
+        memcpy(o + 2 * j, HEX2 + 2 * (v & 0xFF), 2)
+        v >>= 8
+    v = <uint64_t>f.phy
+    for j in range(11, 3, -1):
+        memcpy(o + 2 * j, HEX2 + 2 * (v & 0xFF), 2)
+        v >>= 8
+    s.pos += 2 * f.store_len + 24
+    s.off[i + 1] = <int32_t>s.pos
+
+
+cdef inline void put_props(Builder *b, int64_t i, const char *p, int32_t n) noexcept nogil:
+    """Properties (RocketMQ string2messageProperties: name\\x01value pairs joined by \\x02,
+    pairs with an empty name or value dropped) into the map, TAGS, KEYS and UNIQ_KEY
+    columns; for the single-valued ones the last pair wins. The string is checked as UTF-8
+    once: cut at ASCII separators, its pieces are valid when it is."""
+    cdef int32_t a = 0, j, k, e
+    cdef int32_t tag_at = -1, tag_len = 0, uniq_at = -1, uniq_len = 0, keys_at = -1, keys_len = 0
+    cdef bint bad = not utf8_ok(<const uint8_t *>p, n)
+    while a < n:
+        k = a
+        while k < n and p[k] != b'\x01' and p[k] != b'\x02':
+            k += 1
+        j = k
+        if k < n and p[k] == b'\x01':
+            while j < n and p[j] != b'\x02':
+                j += 1
+        if a < k < j - 1:
+            if b.want[PROPERTIES]:
+                put(&b.s[MAP_KEYS], b.nm, p + a, k - a)
+                put(&b.s[MAP_VALUES], b.nm, p + k + 1, j - k - 1)
+                b.nm += 1
+            if k - a == 4 and memcmp(p + a, b"TAGS", 4) == 0:
+                tag_at, tag_len = k + 1, j - k - 1
+            elif k - a == 4 and memcmp(p + a, b"KEYS", 4) == 0:
+                keys_at, keys_len = k + 1, j - k - 1
+            elif k - a == 8 and memcmp(p + a, b"UNIQ_KEY", 8) == 0:
+                uniq_at, uniq_len = k + 1, j - k - 1
+        a = j + 1
+    if b.want[PROPERTIES]:
+        b.map_off[i + 1] = <int32_t>b.nm
+        b.s[MAP_KEYS].bad |= bad
+        b.s[MAP_VALUES].bad |= bad
+    if b.want[TAGS]:
+        if tag_at >= 0:
+            put(&b.s[TAGS], i, p + tag_at, tag_len)
+            b.s[TAGS].bad |= bad
+        else:
+            put_null(&b.s[TAGS], i)
+    if b.want[UNIQ_KEY]:
+        if uniq_at >= 0:
+            put(&b.s[UNIQ_KEY], i, p + uniq_at, uniq_len)
+            b.s[UNIQ_KEY].bad |= bad
+        else:
+            put_null(&b.s[UNIQ_KEY], i)
+    if b.want[KEYS]:
+        if keys_at >= 0:   # space-separated, empty tokens dropped
+            b.list_valid[i >> 3] |= 1 << (i & 7)
+            b.s[KEY_VALUES].bad |= bad
+            a, e = keys_at, keys_at + keys_len
+            while a < e:
+                j = a
+                while j < e and p[j] != b' ':
+                    j += 1
+                if j > a:
+                    put(&b.s[KEY_VALUES], b.nk, p + a, j - a)
+                    b.nk += 1
+                a = j + 1
+        b.list_off[i + 1] = <int32_t>b.nk
+
+
+cdef void add_row(Builder *b, int64_t i, Fields *f) noexcept nogil:
+    """Row ``i`` of every wanted column."""
+    if b.want[STORE]:
+        put(&b.s[STORE], i, b.store, b.store_len)
+    if b.want[TOPIC]:
+        put(&b.s[TOPIC], i, f.topic, f.topic_len)
+        if not utf8_ok(<const uint8_t *>f.topic, f.topic_len):
+            b.s[TOPIC].bad = True
+    if b.want[QUEUE_ID]:
+        (<int32_t *>b.fixed[QUEUE_ID])[i] = f.queue_id
+    if b.want[QUEUE_OFFSET]:
+        (<int64_t *>b.fixed[QUEUE_OFFSET])[i] = f.queue_offset
+    if b.want[PHY_OFFSET]:
+        (<int64_t *>b.fixed[PHY_OFFSET])[i] = f.phy
+    if b.want[STORE_SIZE]:
+        (<int32_t *>b.fixed[STORE_SIZE])[i] = f.total
+    if b.want[MSG_ID]:
+        put_msg_id(&b.s[MSG_ID], i, f)
+    if b.want[TAGS] or b.want[KEYS] or b.want[UNIQ_KEY] or b.want[PROPERTIES]:
+        put_props(b, i, f.props, f.props_len)
+    if b.want[BODY]:
+        put(&b.s[BODY], i, f.body, f.body_len)
+    if b.want[BODY_CRC]:
+        (<int32_t *>b.fixed[BODY_CRC])[i] = f.body_crc
+    if b.want[SYS_FLAG]:
+        (<int32_t *>b.fixed[SYS_FLAG])[i] = f.sys_flag
+    if b.want[FLAG]:
+        (<int32_t *>b.fixed[FLAG])[i] = f.flag
+    if b.want[BORN_TS]:
+        (<int64_t *>b.fixed[BORN_TS])[i] = f.born_ts * 1000
+    if b.want[STORE_TS]:
+        (<int64_t *>b.fixed[STORE_TS])[i] = f.store_ts * 1000
+    if b.want[BORN_HOST]:
+        put_host(&b.s[BORN_HOST], &b.hosts[0], i, f.born, f.born_len, f.born_port)
+    if b.want[STORE_HOST]:
+        put_host(&b.s[STORE_HOST], &b.hosts[1], i, f.store, f.store_len, f.store_port)
+    if b.want[RECONSUME]:
+        (<int32_t *>b.fixed[RECONSUME])[i] = f.reconsume
+
+
+cdef inline void fields_of_record(const char *p, RecView *r, Fields *f) noexcept nogil:
+    f.topic, f.topic_len = p + r.topic_off, r.topic_len
+    f.body, f.body_len = p + r.body_off, r.body_len
+    f.props, f.props_len = p + r.props_off, r.props_len
+    f.born, f.born_len = <const uint8_t *>p + r.born_off, r.born_len
+    f.born_port = rmq_ld32(p + r.born_off + r.born_len)
+    f.store, f.store_len = <const uint8_t *>p + r.store_off, r.store_len
+    f.store_port = rmq_ld32(p + r.store_off + r.store_len)
+    f.queue_id, f.total, f.body_crc, f.sys_flag = r.queue_id, r.total, r.body_crc, r.sys_flag
+    f.flag, f.reconsume, f.queue_offset, f.phy = r.flag, r.reconsume, r.queue_offset, r.phy_offset
+    f.born_ts, f.store_ts = r.born_ts, r.store_ts
+
+
+# ------------------------------------------------------------------------ allocation
+
+cdef class _Batch:
+    """The buffers of one batch (from pyarrow's memory pool, which keeps freed pages for
+    the next batch) and the builder filling them."""
+    cdef Builder b
+    cdef int64_t n
+    cdef list names
+    cdef dict bufs
+    cdef bytes store
+
+    def __init__(self, columns, int64_t n, int64_t topic_total, int64_t body_total, int64_t props_total, store):
+        cdef int c
+        cdef int64_t size
+        self.n, self.bufs, self.names = n, {}, list(columns)
+        self.store = str(store).encode("utf-8", "replace")
+        self.b.store, self.b.store_len = self.store, len(self.store)
+        self.b.nk = self.b.nm = 0
+        self.b.hosts[0].alen = self.b.hosts[1].alen = -1
+        memset(self.b.s, 0, sizeof(self.b.s))
+        for c in range(NCOL):
+            self.b.want[c] = COLUMNS[c] in self.names
+        sizes = {STORE: n * len(self.store), TOPIC: topic_total, MSG_ID: n * ID_MAX, TAGS: props_total,
+                 UNIQ_KEY: props_total, BODY: body_total, BORN_HOST: n * HOST_MAX, STORE_HOST: n * HOST_MAX}
+        if self.b.want[KEYS]:
+            sizes[KEY_VALUES] = props_total
+            self.b.list_off = self._offsets("keys.off", n)
+            self.b.list_valid = self._bits("keys.valid", n)
+        if self.b.want[PROPERTIES]:
+            sizes[MAP_KEYS] = sizes[MAP_VALUES] = props_total
+            self.b.map_off = self._offsets("properties.off", n)
+        for c, size in sizes.items():
+            if c >= NCOL or self.b.want[c]:
+                if size > MAX_DATA:
+                    raise InvalidArgumentError(f"{size} bytes for column {_column_name(c)} in one Arrow batch; "
+                                               f"decode smaller batches (at most {MAX_DATA} bytes)")
+                self.b.s[c].off = self._offsets(f"{c}.off", n if c < NCOL else props_total)
+                self.b.s[c].data = <char *>self._alloc(f"{c}.data", size)
+                if c in (TAGS, UNIQ_KEY):
+                    self.b.s[c].valid = self._bits(f"{c}.valid", n)
+        for c in (QUEUE_ID, STORE_SIZE, BODY_CRC, SYS_FLAG, FLAG, RECONSUME):
+            if self.b.want[c]:
+                self.b.fixed[c] = self._alloc(c, 4 * n)
+        for c in (QUEUE_OFFSET, PHY_OFFSET, BORN_TS, STORE_TS):
+            if self.b.want[c]:
+                self.b.fixed[c] = self._alloc(c, 8 * n)
+
+    cdef void *_alloc(self, key, int64_t nbytes) except NULL:
+        buf = pa.allocate_buffer(max(nbytes, 1))
+        self.bufs[key] = buf
+        return <void *><uintptr_t>buf.address
+
+    cdef int32_t *_offsets(self, key, int64_t n) except NULL:
+        cdef int32_t *off = <int32_t *>self._alloc(key, 4 * (n + 1))
+        off[0] = 0
+        return off
+
+    cdef uint8_t *_bits(self, key, int64_t n) except NULL:
+        cdef int64_t size = (n + 7) >> 3
+        cdef uint8_t *bits = <uint8_t *>self._alloc(key, size)
+        memset(bits, 0, size)
+        return bits
+
+    cdef object _strings(self, int c, int64_t n, binary=False):
+        off, data = self.bufs[f"{c}.off"], self.bufs[f"{c}.data"].slice(0, self.b.s[c].pos)
+        if self.b.s[c].bad:
+            off, data = _repair(np.frombuffer(off, np.int32, n + 1), np.frombuffer(data, np.uint8))
+            off, data = pa.py_buffer(off), pa.py_buffer(data)
+        return pa.Array.from_buffers(pa.binary() if binary else pa.string(), n,
+                                     [self.bufs.get(f"{c}.valid"), off, data])
+
+    cdef object record_batch(self):
+        """The finished columns as a ``pyarrow.RecordBatch`` (in the requested order)."""
+        cdef int64_t n = self.n
+        out = {}
+        for c in range(NCOL):
+            if not self.b.want[c]:
+                continue
+            t = SCHEMA.field(c).type
+            if c in (QUEUE_ID, STORE_SIZE, BODY_CRC, SYS_FLAG, FLAG, RECONSUME, QUEUE_OFFSET, PHY_OFFSET,
+                     BORN_TS, STORE_TS):
+                out[COLUMNS[c]] = pa.Array.from_buffers(t, n, [None, self.bufs[c]])
+            elif c == KEYS:
+                out["keys"] = pa.Array.from_buffers(t, n, [self.bufs["keys.valid"], self.bufs["keys.off"]],
+                                                    children=[self._strings(KEY_VALUES, self.b.nk)])
+            elif c == PROPERTIES:
+                entries = pa.StructArray.from_arrays(
+                    [self._strings(MAP_KEYS, self.b.nm), self._strings(MAP_VALUES, self.b.nm)],
+                    fields=[t.key_field, t.item_field])
+                out["properties"] = pa.Array.from_buffers(t, n, [None, self.bufs["properties.off"]],
+                                                          children=[entries])
+            else:
+                out[COLUMNS[c]] = self._strings(c, n, binary=c == BODY)
+        return pa.RecordBatch.from_arrays([out[k] for k in self.names],
+                                          schema=pa.schema([SCHEMA.field(k) for k in self.names]))
+
+
+def _column_name(int c):
+    return COLUMNS[c] if c < NCOL else {KEY_VALUES: "keys", MAP_KEYS: "properties", MAP_VALUES: "properties"}[c]
+
+
+def _repair(off, data):
+    """Offsets and data with each value's invalid UTF-8 replaced by U+FFFD."""
+    raw, bounds = data.tobytes(), off.tolist()
+    values = [raw[a:b].decode("utf-8", "replace").encode() for a, b in zip(bounds, bounds[1:])]
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), np.frombuffer(b"".join(values), np.uint8)
+
+
+def check_columns(columns):
+    """``columns`` (names of ``SCHEMA``) as a tuple; InvalidArgumentError names unknown ones."""
+    if columns is None:
+        return COLUMNS
+    columns = tuple(columns)
+    unknown = [c for c in columns if c not in COLUMNS]
+    if unknown:
+        raise InvalidArgumentError(f"unknown column(s) {unknown}; the columns are {list(COLUMNS)}")
+    if len(set(columns)) != len(columns):
+        raise InvalidArgumentError(f"column listed twice in {list(columns)}")
+    return columns
+
+
+# -------------------------------------------------------------------------- drivers
+
+def decode(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc, store, columns=None):
+    """The records in ``[pos, limit)`` of ``seg`` as a ``pyarrow.RecordBatch`` of ``columns``
+    (default: all of ``SCHEMA``), plus where and why decoding stopped: ``(batch, info)``,
+    info holding ``count``, ``bytes`` (record bytes), ``end_pos`` (file position), ``stop``
+    ("end", "blank" or the reason the record at ``end_pos`` is corrupt). Stops at end of data,
+    a BLANK record or the first corrupt record."""
+    cdef RecView r
+    cdef Fields f
+    cdef int code = 1
+    cdef int64_t n = 0, i, p = pos, body_total = 0, topic_total = 0, props_total = 0
+    cdef _Batch out
+    columns = check_columns(columns)
+    if limit > seg.m.size:
+        limit = seg.m.size
+    seg.check_range(pos, limit - pos)
+    seg.hold()
+    try:
+        with nogil:
+            while p < limit:
+                code = parse_record(seg.m.base + p, limit - p, check_crc, &r)
+                if code != 0:
+                    break
+                n += 1
+                body_total += r.body_len
+                topic_total += r.topic_len
+                props_total += r.props_len
+                p += r.total
+                code = 1
+        out = _Batch(columns, n, topic_total, body_total, props_total, store)
+        with nogil:
+            p = pos
+            for i in range(n):
+                parse_record(seg.m.base + p, limit - p, False, &r)
+                fields_of_record(seg.m.base + p, &r, &f)
+                add_row(&out.b, i, &f)
+                p += r.total
+    finally:
+        seg.release()
+    info = {"count": n, "bytes": p - pos, "end_pos": p + (r.total if code == 2 else 0),
+            "stop": "blank" if code == 2 else ("end" if code == 1 else _REASONS[code])}
+    return out.record_batch(), info
+
+
+def from_columns(dict cols, store, columns=None):
+    """``_codec.decode_batch`` columns as a ``pyarrow.RecordBatch`` of ``columns``."""
+    cdef Fields f
+    cdef int64_t n = cols["count"], i
+    cdef const int64_t *fx[15]
+    cdef int j
+    columns = check_columns(columns)
+    ints = [np.ascontiguousarray(cols[name][:n], np.int64) for name in BATCH_FIELDS]
+    for j in range(15):
+        fx[j] = <const int64_t *>cnp.PyArray_DATA(ints[j])
+    data = {k: np.ascontiguousarray(cols[k + "_data"], np.uint8) for k in ("topic", "body", "props")}
+    offs = {k: np.ascontiguousarray(cols[k + "_offsets"][:n + 1], np.int64) for k in ("topic", "body", "props")}
+    born, store_addr = np.ascontiguousarray(cols["born_addr"], np.uint8), np.ascontiguousarray(cols["store_addr"], np.uint8)
+    cdef const char *td = <const char *>cnp.PyArray_DATA(data["topic"])
+    cdef const char *bd = <const char *>cnp.PyArray_DATA(data["body"])
+    cdef const char *pd = <const char *>cnp.PyArray_DATA(data["props"])
+    cdef const int64_t *to = <const int64_t *>cnp.PyArray_DATA(offs["topic"])
+    cdef const int64_t *bo = <const int64_t *>cnp.PyArray_DATA(offs["body"])
+    cdef const int64_t *po = <const int64_t *>cnp.PyArray_DATA(offs["props"])
+    cdef const uint8_t *ba = <const uint8_t *>cnp.PyArray_DATA(born)
+    cdef const uint8_t *sa = <const uint8_t *>cnp.PyArray_DATA(store_addr)
+    cdef int32_t born_v6 = SYSFLAG_BORNHOST_V6, store_v6 = SYSFLAG_STOREHOST_V6
+    cdef _Batch out = _Batch(columns, n, to[n] - to[0] if n else 0, bo[n] - bo[0] if n else 0,
+                             po[n] - po[0] if n else 0, store)
+    with nogil:
+        for i in range(n):
+            f.phy, f.total, f.body_crc, f.queue_id = fx[0][i], <int32_t>fx[1][i], <int32_t>fx[3][i], <int32_t>fx[4][i]
+            f.flag, f.queue_offset, f.sys_flag, f.born_ts = <int32_t>fx[5][i], fx[6][i], <int32_t>fx[7][i], fx[8][i]
+            f.store_ts, f.reconsume = fx[9][i], <int32_t>fx[10][i]
+            f.born_port, f.store_port = <int32_t>fx[13][i], <int32_t>fx[14][i]
+            f.topic, f.topic_len = td + to[i], <int32_t>(to[i + 1] - to[i])
+            f.body, f.body_len = bd + bo[i], <int32_t>(bo[i + 1] - bo[i])
+            f.props, f.props_len = pd + po[i], <int32_t>(po[i + 1] - po[i])
+            f.born, f.born_len = ba + 16 * i, 16 if f.sys_flag & born_v6 else 4
+            f.store, f.store_len = sa + 16 * i, 16 if f.sys_flag & store_v6 else 4
+            add_row(&out.b, i, &f)
+    return out.record_batch()

@@ -1,0 +1,173 @@
+"""``df.write.format("rocketmq").save(dir)``: a DataFrame into RocketMQ stores.
+
+Each task writes its rows into a store of its own with ``MessageStore.put_batch`` (consume
+queues and index files built by the store's dispatcher, so every store is byte-compatible
+with a broker's), first under ``dir/_temporary/<job>/``; the driver's commit moves the
+stores to ``dir/part-<task>-<job>`` (``mode("overwrite")`` first removes the stores already
+in ``dir``), an abort removes them. ``mode("error")`` / ``mode("ignore")`` are
+``jobs.write``'s (Spark's Python data sources take only append and overwrite).
+
+Columns are the source's (``batch.arrow_schema()``): ``topic`` and ``body`` are required;
+``queue_id`` (default: the store's round robin per topic), ``tags``, ``keys``, ``uniq_key``,
+``properties``, ``flag``, ``sys_flag``, ``born_timestamp``, ``born_host`` and
+``reconsume_times`` are used when present; the columns a store assigns (``store``,
+``queue_offset``, ``phy_offset``, ``store_size``, ``msg_id``, ``body_crc``,
+``store_timestamp``, ``store_host``) are ignored. Options: StoreConfig fields in camelCase
+(``commitlogFileSize``, ``indexSlots``, ``messageVersion``, ``storeHost``,
+``strictTopicNames``...), RocketMQ's defaults otherwise.
+"""
+import dataclasses
+import os
+import shutil
+import uuid
+
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from rmqstore import Message, MessageStore, StoreConfig
+from rmqstore.errors import InvalidArgumentError
+
+REQUIRED = ("topic", "body")
+ASSIGNED = ("store", "queue_offset", "phy_offset", "store_size", "msg_id", "body_crc", "store_timestamp",
+            "store_host")
+HOST_BITS = 0x30   # SYSFLAG born/store host IPv6 bits: the encoder sets them from the hosts
+
+
+def store_config(options):
+    """A StoreConfig from the options naming its fields in camelCase, case-insensitively
+    (others are ignored)."""
+    defaults = StoreConfig()
+    fields = {name.replace("_", ""): name for name in StoreConfig.names()}
+    changes = {}
+    for key, value in options.items():
+        name = fields.get(key.lower())
+        if name is not None:
+            kind = type(getattr(defaults, name))
+            if kind is bool:
+                if value.lower() not in ("true", "false"):
+                    raise InvalidArgumentError(f"rocketmq writer: option {key} must be true or false, not {value!r}")
+                changes[name] = value.lower() == "true"
+            else:
+                try:
+                    changes[name] = kind(value)
+                except ValueError:
+                    raise InvalidArgumentError(f"rocketmq writer: option {key}={value!r} is not {kind.__name__}") \
+                        from None
+    return defaults.with_(**changes)
+
+
+def check_schema(schema, source_schema):
+    """The writable columns of Spark ``schema``: every field one of the source's, with its
+    type; topic and body present. InvalidArgumentError names the column at fault."""
+    full = {f.name: f.dataType for f in source_schema.fields}
+    for f in schema.fields:
+        if f.name not in full:
+            raise InvalidArgumentError(f"rocketmq writer: unknown column {f.name!r}; the columns are {list(full)}")
+        if f.dataType != full[f.name]:
+            raise InvalidArgumentError(f"rocketmq writer: column {f.name!r} must be {full[f.name].simpleString()}, "
+                                       f"not {f.dataType.simpleString()}")
+    missing = [c for c in REQUIRED if c not in schema.fieldNames()]
+    if missing:
+        raise InvalidArgumentError(f"rocketmq writer: column(s) {missing} are required")
+    return tuple(c for c in schema.fieldNames() if c not in ASSIGNED)
+
+
+def _values(rb, name, default):
+    """Column ``name`` of ``rb`` as a list (timestamps as µs since the epoch), or ``default``."""
+    if name not in rb.schema.names:
+        return default
+    col = rb.column(name)
+    return (col.cast("int64") if name == "born_timestamp" else col).to_pylist()
+
+
+def messages(rb):
+    """(queue_id or None, Message) for each row of Arrow batch ``rb``."""
+    n = rb.num_rows
+    none, zero = [None] * n, [0] * n
+    topics, bodies = _values(rb, "topic", none), _values(rb, "body", none)
+    queue_ids, props = _values(rb, "queue_id", none), _values(rb, "properties", none)
+    uniq = _values(rb, "uniq_key", none)
+    tags, keys, born_ts = _values(rb, "tags", none), _values(rb, "keys", none), _values(rb, "born_timestamp", none)
+    flag, sys_flag = _values(rb, "flag", zero), _values(rb, "sys_flag", zero)
+    born_host, reconsume = _values(rb, "born_host", none), _values(rb, "reconsume_times", zero)
+    packed = {None: None}   # born host -> packed bytes: hosts repeat, parsing them is costly
+    for i, (topic, body) in enumerate(zip(topics, bodies, strict=True)):
+        if topic is None or body is None:
+            raise InvalidArgumentError(f"rocketmq writer: row {i} has no {'topic' if topic is None else 'body'}")
+        p = dict(props[i]) if props[i] else {}
+        if uniq[i] is not None:
+            p["UNIQ_KEY"] = uniq[i]
+        m = Message(topic, body, tags=tags[i], keys=keys[i], properties=p, flag=flag[i] or 0,
+                    sys_flag=(sys_flag[i] or 0) & ~HOST_BITS,
+                    born_timestamp=0 if born_ts[i] is None else born_ts[i] // 1000, reconsume_times=reconsume[i] or 0)
+        host = born_host[i]
+        if host not in packed:
+            packed[host] = Message(topic, born_host=host).born_host_packed
+        m.born_host_packed = packed[host]
+        yield queue_ids[i], m
+
+
+@dataclasses.dataclass
+class Written(WriterCommitMessage):
+    store: str
+    messages: int
+
+
+def write_store(path, config, batches):
+    """Write the rows of Arrow ``batches`` into a new store at ``path``: each batch's rows
+    grouped by queue id (order kept within a queue), one ``put_batch`` per group; waits for
+    its consume queues and index."""
+    count = 0
+    with MessageStore(path, config) as store:
+        for rb in batches:
+            groups = {}
+            for q, m in messages(rb):
+                groups.setdefault(q, []).append(m)
+            for q, msgs in groups.items():
+                store.put_batch(msgs, q)
+            count += rb.num_rows
+        store.wait_dispatched()
+    return count
+
+
+def stores_in(path):
+    """The store directories directly under ``path``."""
+    return [os.path.join(path, d) for d in sorted(os.listdir(path))
+            if os.path.isdir(os.path.join(path, d, "commitlog"))]
+
+
+class StoreWriter(DataSourceArrowWriter):
+    """One store per task under ``path``; see the module doc."""
+
+    def __init__(self, path, options, overwrite):
+        self.path = os.path.abspath(path)
+        self.config = store_config(options)
+        self.overwrite = overwrite
+        self.job = uuid.uuid4().hex[:12]
+        self.temp = os.path.join(self.path, "_temporary", self.job)
+
+    def write(self, iterator):
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        name = f"part-{ctx.partitionId() if ctx else 0:05d}-{self.job}-{uuid.uuid4().hex[:6]}"
+        os.makedirs(self.temp, exist_ok=True)
+        path = os.path.join(self.temp, name)
+        return Written(path, write_store(path, self.config, iterator))
+
+    def commit(self, messages):
+        if self.overwrite:
+            for old in stores_in(self.path):
+                shutil.rmtree(old)
+        for m in messages:
+            if m is not None and m.messages:
+                os.replace(m.store, os.path.join(self.path, os.path.basename(m.store)))
+        self._clean()
+
+    def abort(self, messages):
+        self._clean()
+
+    def _clean(self):
+        shutil.rmtree(self.temp, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(self.temp))
+        except OSError:
+            pass

@@ -1,0 +1,192 @@
+"""Spark, round 2: projection (a user schema or the columns option), the "rocketmq" writer and
+its save modes, export options, and micro-batches bounded by maxBytesPerTrigger."""
+import os
+import shutil
+from datetime import datetime, timezone
+
+import pytest
+
+from rmqstore import Message, MessageStore, StoreConfig, batch
+
+from conftest import SMALL_INDEX
+
+pytestmark = pytest.mark.spark
+pa = pytest.importorskip("pyarrow")
+CONTENT = ("topic", "queue_id", "tags", "keys", "uniq_key", "properties", "body", "body_crc", "flag", "sys_flag",
+           "born_timestamp", "born_host", "reconsume_times")
+WRITE_OPTIONS = dict(indexSlots=1000, indexEntries=4000, commitlogFileSize=1 << 20, strictTopicNames="false")
+
+
+def _varied_store(path, n=300):
+    """A store whose messages vary in every field the writer takes."""
+    cfg = StoreConfig(commitlog_file_size=64 * 1024, consume_queue_entries=50, **SMALL_INDEX)
+    with MessageStore(path, cfg) as st:
+        for i in range(n):
+            st.put(Message(("TopicA", "TopicB", "%RETRY%g")[i % 3], bytes([i % 251]) * (i % 40),
+                           tags=None if i % 5 == 0 else f"t{i % 4}", keys=None if i % 3 else [f"k{i}", "hot"],
+                           properties={"UNIQ_KEY": f"U{i:08d}", "p": "v" * (i % 3 + 1)}, flag=i % 7,
+                           sys_flag=0x1 if i % 11 == 0 else 0, born_timestamp=1_700_000_000_000 + i,
+                           born_host="[fe80::1]:9" if i % 13 == 0 else f"10.0.0.{i % 9}:{1000 + i}",
+                           reconsume_times=i % 2), queue_id=i % 4)
+        st.wait_dispatched(10)
+    return path
+
+
+def _content(rows):
+    out = [{c: (dict(r[c]) if c == "properties" else r[c]) for c in CONTENT} for r in rows]
+    return sorted(out, key=lambda r: (r["topic"], r["uniq_key"] or "", r["body"]))
+
+
+def _exception_text(excinfo):
+    return str(excinfo.value)
+
+
+def test_user_schema_and_columns_option_project(spark, clean_498):
+    store, manifest = clean_498
+    df = spark.read.format("rocketmq").schema("topic string, queue_id int, body binary").load(str(store))
+    assert df.columns == ["topic", "queue_id", "body"]
+    got = sorted((r.topic, r.queue_id, bytes(r.body)) for r in df.collect())
+    full = spark.read.format("rocketmq").load(str(store)).select("topic", "queue_id", "body").collect()
+    assert got == sorted((r.topic, r.queue_id, bytes(r.body)) for r in full) and len(got) == len(manifest["messages"])
+    df = spark.read.format("rocketmq").option("columns", "msg_id, phy_offset").load(str(store))
+    assert df.columns == ["msg_id", "phy_offset"]
+    assert {r.phy_offset: r.msg_id for r in df.collect()} == \
+        {m["commitLogOffset"]: m["msgId"] for m in manifest["messages"]}
+    # a filter on a column outside the projection is still applied by the reader
+    m = next(m for m in manifest["messages"] if m["uniqKey"])
+    assert spark.read.format("rocketmq").option("columns", "phy_offset").option("uniqKey", m["uniqKey"]) \
+        .load(str(store)).collect()[0].phy_offset == m["commitLogOffset"]
+
+
+@pytest.mark.parametrize("reader,message", [
+    (lambda r: r.schema("topic string, nope int"), "unknown column 'nope'"),
+    (lambda r: r.schema("topic string, queue_id string"), "column 'queue_id' is int, not string"),
+    (lambda r: r.option("columns", "topic,zzz"), "unknown column(s) ['zzz']"),
+])
+def test_projection_errors(spark, clean_498, reader, message):
+    store, _ = clean_498
+    with pytest.raises(Exception) as e:
+        reader(spark.read.format("rocketmq")).load(str(store)).count()
+    assert message in _exception_text(e)
+
+
+def test_writer_round_trip_and_save_modes(spark, tmp_path):
+    from rmqstore.spark import jobs
+    src = _varied_store(tmp_path / "src")
+    df = spark.read.format("rocketmq").load(str(src)).repartition(3)
+    out = tmp_path / "out"
+    summary = jobs.write(df, out, **WRITE_OPTIONS)
+    stores = sorted(p for p in os.listdir(out) if not p.startswith("_"))
+    assert summary["messages"] == 300 and summary["stores"] == len(stores) == 3
+    back = spark.read.format("rocketmq").load(str(out))
+    assert _content(back.collect()) == _content(df.collect())
+    for name in stores:   # consume queues and index built, as the store's own dispatch would
+        with MessageStore(out / name, StoreConfig(**{**SMALL_INDEX, "commitlog_file_size": 1 << 20}),
+                          read_only=True) as st:
+            queued = sum(len(st.consume_queue_entries(t, q)) for t in st.topics() for q in st.queue_ids(t))
+            hot = st.query_by_key("TopicA", "hot", max_num=1000)
+        rows = back.filter(back.store == str(out / name)).collect()
+        assert len([r for r in rows if r.topic == "TopicA" and r.keys and "hot" in r.keys]) == len(hot) > 0
+        assert queued == len(rows)
+    with pytest.raises(Exception, match="already holds 3 RocketMQ store"):
+        jobs.write(df, out, mode="error", **WRITE_OPTIONS)
+    assert jobs.write(df, out, mode="ignore", **WRITE_OPTIONS)["messages"] == 0
+    jobs.write(df.limit(10), out, mode="append", **WRITE_OPTIONS)
+    assert spark.read.format("rocketmq").load(str(out)).count() == 310
+    jobs.write(df.limit(7), out, mode="overwrite", **WRITE_OPTIONS)
+    assert spark.read.format("rocketmq").load(str(out)).count() == 7
+    assert not os.path.exists(out / "_temporary")
+
+
+def test_written_stores_rebuild_to_the_same_queues(spark, tmp_path):
+    """A written store's consume queues are what rebuilding them from its commitlog gives."""
+    from rmqstore.spark import jobs
+    src = _varied_store(tmp_path / "src", 120)
+    spark.read.format("rocketmq").load(str(src)).coalesce(1).write.format("rocketmq").mode("append") \
+        .options(**{k: str(v) for k, v in WRITE_OPTIONS.items()}).option("consumeQueueEntries", "50") \
+        .save(str(tmp_path / "out"))
+    (store,) = [tmp_path / "out" / p for p in os.listdir(tmp_path / "out")]
+    cfg = StoreConfig(consume_queue_entries=50, commitlog_file_size=1 << 20, **SMALL_INDEX)
+    jobs.rebuild(spark, str(store), str(tmp_path / "rebuilt"), cfg)
+    for sub, at_least in (("consumequeue", 12), ("index", 1)):
+        want, got = _files(store / sub), _files(tmp_path / "rebuilt" / sub)
+        assert len(want) >= at_least and got == want, sub
+
+
+def _files(top):
+    """{relative path: bytes} of the files under ``top``; index files (named by creation
+    time) by their rank instead."""
+    paths = sorted(os.path.relpath(os.path.join(d, f), top) for d, _, fs in os.walk(top) for f in fs)
+    return {(i if top.name == "index" else p): open(top / p, "rb").read() for i, p in enumerate(paths)}
+
+
+def test_writer_rejects_bad_schema(spark, tmp_path):
+    df = spark.createDataFrame([("T", 1)], "topic string, queue_id int")
+    with pytest.raises(Exception, match=r"column\(s\) \['body'\] are required"):
+        df.write.format("rocketmq").mode("append").save(str(tmp_path / "o"))
+    df = spark.createDataFrame([("T", b"x", "y")], "topic string, body binary, colour string")
+    with pytest.raises(Exception, match="unknown column 'colour'"):
+        df.write.format("rocketmq").mode("append").save(str(tmp_path / "o"))
+
+
+def test_export_row_groups_sorting_and_success_marker(spark, tmp_path):
+    import pyarrow.parquet as pq
+
+    from rmqstore.spark import jobs
+    src = _varied_store(tmp_path / "src", 600)
+    jobs.export(spark, [str(src)], tmp_path / "pq", row_group_rows=40, sort_by=["queue_id", "born_timestamp"])
+    assert os.path.getsize(tmp_path / "pq" / "_SUCCESS") == 0
+    files = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "pq") for f in fs if f.endswith(".parquet")]
+    rows = 0
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        assert all(s == 40 for s in sizes[:-1]) and 0 < sizes[-1] <= 40
+        t = pq.read_table(f, columns=["queue_id", "born_timestamp"]).to_pylist()
+        assert t == sorted(t, key=lambda r: (r["queue_id"], r["born_timestamp"]))
+        rows += meta.num_rows
+    assert rows == 600
+    with pytest.raises(Exception, match="unknown column"):
+        jobs.export(spark, [str(src)], tmp_path / "pq2", sort_by=["nope"])
+
+
+def test_max_bytes_per_trigger_bounds_micro_batches(spark, tmp_path):
+    store = tmp_path / "backlog"
+    with MessageStore(store, StoreConfig(commitlog_file_size=64 * 1024, **SMALL_INDEX)) as st:
+        st.put_batch([Message("TopicA", b"m%04d" % i + b"." * 100) for i in range(1500)])
+        size = batch.count_records(store)[1] // 1500
+        q = spark.readStream.format("rocketmq").option("maxBytesPerTrigger", str(20 * size)) \
+            .option("columns", "phy_offset,body").load(str(store)) \
+            .writeStream.format("memory").queryName("bounded").start()
+        try:
+            q.processAllAvailable()
+            progress = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+            got = [bytes(r.body)[:5] for r in spark.table("bounded").orderBy("phy_offset").collect()]
+        finally:
+            q.stop()
+    assert got == [b"m%04d" % i for i in range(1500)]
+    assert max(progress) <= 20 and len(progress) >= 1500 // 20
+
+
+def test_advance_stops_on_record_boundaries(tmp_path):
+    store = tmp_path / "s"
+    with MessageStore(store, StoreConfig(commitlog_file_size=8192, **SMALL_INDEX)) as st:
+        res = st.put_batch([Message("T", b"x" * 300) for _ in range(60)])
+    starts = [r.phy_offset for r in res]
+    ends = set(starts) | {r.phy_offset + r.size for r in res} | {p for p, _, _ in
+                                                                 [(b, 0, 0) for _, b, _ in batch.segment_files(store)]}
+    pos, steps = starts[0], 0
+    while pos < res[-1].phy_offset + res[-1].size:
+        nxt = batch.advance(store, pos, 1000)
+        assert nxt > pos and nxt in ends
+        assert nxt - pos <= 1000 or nxt == min(e for e in ends if e > pos)
+        pos, steps = nxt, steps + 1
+    assert pos == res[-1].phy_offset + res[-1].size and steps >= 60 * 300 // 1000
+
+
+def test_born_timestamps_survive(spark, tmp_path):
+    src = _varied_store(tmp_path / "src", 5)
+    rows = spark.read.format("rocketmq").option("columns", "born_timestamp").load(str(src)).collect()
+    assert sorted(r.born_timestamp for r in rows) == \
+        [datetime.fromtimestamp((1_700_000_000_000 + i) / 1000, timezone.utc).replace(tzinfo=None) for i in range(5)]
+    shutil.rmtree(src)
