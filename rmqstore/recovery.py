@@ -109,7 +109,8 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
         rep.commitlog_bytes_truncated = commitlog.segments.truncate(end)
         if not clean:
             rep.commitlog_bytes_truncated += _zero_stale_tail(commitlog.segments.find(end), end)
-    else:
+    else:   # what the writer's recovery would cut, reported; the files are left alone
+        rep.commitlog_bytes_truncated = commitlog.segments.bytes_after(end)
         _set_positions_readonly(commitlog.segments, end)
     commitlog.segments.flushed_where = end
     rep.seconds = time.monotonic() - t0

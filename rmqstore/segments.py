@@ -179,22 +179,34 @@ class SegmentQueue:
         dropped = 0
         keep = []
         for seg in self.segments:
-            if seg.base_offset > offset or (seg.base_offset == offset and seg is not self.segments[0]):
-                dropped += seg.size if _has_data(seg, 0) else 0
+            doomed = self._bytes_after(seg, offset)
+            dropped += doomed
+            if self._wholly_after(seg, offset):
                 self._delete(seg)
                 continue
             pos = offset - seg.base_offset
             if pos < seg.size:
-                if _has_data(seg, pos):
-                    dropped += seg.size - pos
-                    if not self.readonly:
-                        seg.zero(pos, seg.size - pos)
-                        seg.sync_all()
+                if doomed and not self.readonly:
+                    seg.zero(pos, seg.size - pos)
+                    seg.sync_all()
                 seg.wrote_pos = seg.flushed_pos = pos
             keep.append(seg)
         self._publish(keep)
         self.flushed_where = min(self.flushed_where, offset)
         return dropped
+
+    def bytes_after(self, offset):
+        """The bytes of old data ``truncate(offset)`` would discard; changes nothing."""
+        return sum(self._bytes_after(seg, offset) for seg in self.segments)
+
+    def _wholly_after(self, seg, offset):
+        return seg.base_offset > offset or (seg.base_offset == offset and seg is not self.segments[0])
+
+    def _bytes_after(self, seg, offset):
+        if self._wholly_after(seg, offset):
+            return seg.size if _has_data(seg, 0) else 0
+        pos = offset - seg.base_offset
+        return seg.size - pos if pos < seg.size and _has_data(seg, pos) else 0
 
     def delete_segments(self, segs):
         """Remove these (old) segments from the queue and the disk."""

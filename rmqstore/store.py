@@ -416,10 +416,15 @@ class MessageStore:
         raise MessageNotFoundError(f"{topic}: no message with UNIQ_KEY {uniq_key!r}")
 
     # -- maintenance ----------------------------------------------------------------------
-    def clean_expired(self, now: float | None = None) -> RetentionReport:
+    def clean_expired(self, now: float | None = None, dry_run: bool = False) -> RetentionReport:
         """Delete expired commitlog segments and the CQ/index files below the new minimum
         (rules in maintenance/retention.py); ``now`` in seconds since the epoch. Returns a
-        report."""
+        RetentionReport. ``dry_run=True`` deletes nothing (and works read-only): the report
+        names what would be deleted and why. Raises StoreReadOnlyError on a read-only store
+        unless ``dry_run``."""
+        if dry_run:
+            self._check_open()
+            return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now, True)
         self._check_writable()
         with self.commitlog.lock:
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now)

@@ -232,8 +232,8 @@ def test_locked_store(small_store):
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
     try:
         assert holder.stdout.readline().strip() == "ready"
-        for cmd in (["put"], ["recover"]):
-            assert "another process" in error_line(run(cmd[0], small_store, stdin="", expect=1))
+        for cmd in (["put"], ["recover", "--yes"]):
+            assert "another process" in error_line(run(cmd[0], small_store, *cmd[1:], stdin="", expect=1))
         assert run_json("stats", small_store)["commitlog"]["maxOffset"] > 0
         assert len(run("dump", small_store).stdout.splitlines()) == 6
         run("get", small_store, "--topic", "T1", "--queue", "0", "--offset", "0")
@@ -300,7 +300,7 @@ def test_recover_crashed_copy(tmp_path):
         pytest.skip("crashed fixture not available")
     info = load_jsonl_gz(str(CRASHED_498 / "reader_recovered.jsonl.gz"))[0]
     store = copy_store(CRASHED_498 / "store", tmp_path)
-    rep = run_json("recover", store)
+    rep = run_json("recover", store, "--yes")
     assert rep["clean_shutdown"] is False and rep["end_offset"] == info["maxPhyOffset"]
     st = run_json("stats", store)
     assert st["cleanShutdown"] is True and st["commitlog"]["maxOffset"] == info["maxPhyOffset"]

@@ -102,7 +102,7 @@ def test_clean_deletes_expired_segments_with_force(tmp_path):
     if disk_used_ratio(tmp_path) < StoreConfig().disk_max_used_space_ratio:
         rep = json.loads(run("clean", store, "--now", NOON, "--json").stdout)
         assert (rep["reason"], rep["segments_deleted"]) == ("", 0)      # not a deleteWhen hour
-    rep = json.loads(run("clean", store, "--now", NOON, "--force", "--json").stdout)
+    rep = json.loads(run("clean", store, "--now", NOON, "--force", "--yes", "--json").stdout)
     assert rep["segments_deleted"] == min(10, n - 1) and rep["bytes_freed"] == rep["segments_deleted"] * size
     assert rep["min_phy_offset"] == rep["segments_deleted"] * size
     assert len(os.listdir(store / "commitlog")) == n - rep["segments_deleted"]
@@ -112,7 +112,7 @@ def test_clean_deletes_expired_segments_with_force(tmp_path):
 def test_clean_keeps_what_is_younger_than_the_reserved_time(tmp_path):
     store = tmp_path / "own"
     _own_store(store)
-    rep = json.loads(run("clean", store, "--now", NOON, "--force", "--reserved-hours", "200", "--json").stdout)
+    rep = json.loads(run("clean", store, "--now", NOON, "--force", "--reserved-hours", "200", "--yes", "--json").stdout)
     if rep["reason"] == "time":
         assert rep["segments_deleted"] == 0
 
@@ -121,7 +121,7 @@ def test_clean_refuses_a_locked_store(tmp_path):
     store = tmp_path / "own"
     _own_store(store)
     with MessageStore(store):
-        assert "another process" in error_line(run("clean", store, "--force", expect=1))
+        assert "another process" in error_line(run("clean", store, "--force", "--yes", expect=1))
 
 
 @pytest.mark.parametrize("cq", ["zeroed", "removed"])
@@ -131,7 +131,8 @@ def test_rebuild_fixture_copy_gives_rocketmqs_files(tmp_path, fixture_store, cq)
         f.write_bytes(b"\0" * f.stat().st_size)        # emptied: rebuild must not care
     if cq == "removed":                                 # nothing to measure the CQ file size on
         shutil.rmtree(store / "consumequeue")
-    rep = json.loads(run("rebuild", store, "--json", *(["--cq-entries", "100"] if cq == "removed" else [])).stdout)
+    extra = ["--cq-entries", "100"] if cq == "removed" else []
+    rep = json.loads(run("rebuild", store, "--yes", "--json", *extra).stdout)
     assert rep["consumeQueueEntries"] == 4980 and rep["indexEntries"] == 14902
     assert rep["bytesDispatched"] == 9106243
     assert _files(store, "consumequeue") == _files(fixture_store, "consumequeue")
@@ -147,7 +148,7 @@ def test_recover_damaged_copy_then_verify(tmp_path, fixture_store):
     store = copy_store(fixture_store, tmp_path)
     _flip_body_byte(store, last)
     assert run("verify", store, expect=3)
-    rep = json.loads(run("recover", store, "--json").stdout)
+    rep = json.loads(run("recover", store, "--yes", "--json").stdout)
     assert rep["end_offset"] == last and rep["commitlog_bytes_truncated"] > 0
     # the commitlog, CQs and index agree again; the checkpoint still counts the cut
     # messages as flushed (recovery never lowers it, as RocketMQ), and verify says so: the
@@ -157,3 +158,56 @@ def test_recover_damaged_copy_then_verify(tmp_path, fixture_store):
     assert {(p["kind"], p["offset"]) for p in rep["problems"]} <= {("checkpoint", 0), ("checkpoint", 8),
                                                                     ("checkpoint", 16)}
     assert ("checkpoint", 8) in {(p["kind"], p["offset"]) for p in rep["problems"]}
+
+
+def test_clean_is_a_dry_run_unless_told(tmp_path):
+    """Plain ``clean`` changes no byte and names what it would delete; ``--yes`` then deletes
+    exactly those segments."""
+    store = tmp_path / "own"
+    _own_store(store)
+    before = tree_state(store)
+    plan = json.loads(run("clean", store, "--now", NOON, "--force", "--json").stdout)
+    assert plan["dry_run"] and plan["segments_deleted"] == len(plan["segments"]) > 0
+    assert tree_state(store) == before
+    text = run("clean", store, "--now", NOON, "--force").stdout
+    assert "--yes" in text and all(f"would delete {p}" in text for p in plan["segments"])
+    done = json.loads(run("clean", store, "--now", NOON, "--force", "--yes", "--json").stdout)
+    assert not done["dry_run"] and done["segments"] == plan["segments"]
+    assert done["min_phy_offset"] == plan["min_phy_offset"]
+    assert not any(os.path.exists(p) for p in plan["segments"])
+
+
+def test_rebuild_and_recover_are_dry_runs_unless_told(tmp_path, fixture_store):
+    from conftest import load_manifest
+    last = load_manifest(str(CLEAN_498))["messages"][-2]["commitLogOffset"]
+    store = copy_store(fixture_store, tmp_path)
+    _flip_body_byte(store, last)
+    (store / "abort").write_bytes(b"")                       # as a crashed broker leaves it
+    before = tree_state(store)
+    plan = json.loads(run("rebuild", store, "--json").stdout)
+    assert plan["dryRun"] and plan["bytesToDispatch"] == last and plan["consumeQueueEntries"] > 4900
+    assert "--yes" in run("rebuild", store).stdout
+    predicted = json.loads(run("recover", store, "--json").stdout)
+    assert predicted["dry_run"] and predicted["end_offset"] == last
+    assert "--yes" in run("recover", store).stdout
+    assert tree_state(store) == before
+    done = json.loads(run("recover", store, "--yes", "--json").stdout)
+    assert not done["dry_run"] and done["end_offset"] == predicted["end_offset"]
+    assert done["commitlog_bytes_truncated"] == predicted["commitlog_bytes_truncated"] > 0
+
+
+def test_disk_ratio_is_computed_as_df_does(tmp_path, monkeypatch):
+    """Root-reserved blocks are neither used nor available: 700 used, 250 available to users
+    (50 more free only for root) is 700 / 950 = 73.7%, not 70% or 75%."""
+    import subprocess
+    from types import SimpleNamespace
+
+    import rmqstore.maintenance.retention as retention
+    real = retention.disk_used_ratio(str(tmp_path))
+    df = subprocess.run(["df", "--output=pcent", str(tmp_path)], capture_output=True, text=True)
+    if df.returncode == 0:                              # df rounds up to a whole percent
+        pcent = int(df.stdout.split()[-1].rstrip("%"))
+        assert pcent - 1 <= real <= pcent + 0.5
+    fake = SimpleNamespace(f_blocks=1000, f_bfree=300, f_bavail=250, f_frsize=4096)
+    monkeypatch.setattr(retention.os, "statvfs", lambda path: fake)
+    assert abs(retention.disk_used_ratio("/x") - 100 * 700 / 950) < 1e-9

@@ -83,11 +83,13 @@ def cmd_put(args):
 def cmd_recover(args):
     files = segment_files(args.store)
     with progress(sum(n for _, _, n in files), "recover") as bar, \
-            MessageStore(args.store, store_config(args), progress=bar.update) as s:
-        rep = dataclasses.asdict(s.recovery)
+            MessageStore(args.store, store_config(args), read_only=not args.yes, progress=bar.update) as s:
+        rep = {"dry_run": not args.yes, **dataclasses.asdict(s.recovery)}
     if args.json:
         return print_json(rep)
-    print_fields(list(rep.items()), title="recovery")
+    print_fields(list(rep.items()), title="recovery (dry run: what it would do)" if not args.yes else "recovery")
+    if not args.yes:
+        print("dry run: nothing changed. Run again with --yes to recover (back the store up first).")
 
 
 # -- digests ---------------------------------------------------------------------------------
@@ -206,9 +208,12 @@ def register(sub, json_only, store_opts):
                    help="entries per consume-queue file of a new store (default 300000)")
     p.set_defaults(func=cmd_put)
     p = sub.add_parser("recover", parents=[store_opts], help="run crash recovery and report what it did",
-                       description="Open the store for writing, which recovers it (truncating a torn tail "
-                       "and rebuilding consume-queue entries), close it cleanly, and print the report.")
+                       description="With --yes: open the store for writing, which recovers it (truncating a "
+                       "torn tail and rebuilding consume-queue entries), close it cleanly, and print the "
+                       "report. Without --yes a dry run: the store is opened read-only and the report says "
+                       "what recovery would cut; nothing changes.")
     p.add_argument("store")
+    p.add_argument("--yes", action="store_true", help="recover (opens the store for writing); default: a dry run")
     p.set_defaults(func=cmd_recover)
     p = sub.add_parser("digest", parents=[json_only], help="CRC32C of every commitlog segment",
                        description="CRC32C of every commitlog segment file, for backup and replica checks.")

@@ -55,19 +55,45 @@ def cmd_clean(args):
         cfg = cfg.with_(delete_when=_EVERY_HOUR)
     if args.reserved_hours is not None:
         cfg = cfg.with_(file_reserved_time=args.reserved_hours)
-    with MessageStore(args.store, cfg) as s:
-        rep = dataclasses.asdict(s.clean_expired(args.now))
+    with MessageStore(args.store, cfg, read_only=not args.yes) as s:
+        rep = dataclasses.asdict(s.clean_expired(args.now, dry_run=not args.yes))
     if args.json:
         return print_json(rep)
-    print_fields(list(rep.items()), title="clean")
+    title = "clean (dry run)" if rep["dry_run"] else "clean"
+    print_fields([(k, v) for k, v in rep.items() if k != "segments"], title=title)
+    for path in rep["segments"]:
+        print(("would delete " if rep["dry_run"] else "deleted ") + path)
+    if rep["dry_run"]:
+        print(_dry_run_note("deleted", "delete"))
+
+
+def _dry_run_note(done, verb):
+    return f"dry run: nothing {done}. Run again with --yes to {verb}."
+
+
+def _rebuild_plan(s):
+    """What a rebuild of store ``s`` would remove and dispatch again."""
+    return {"dryRun": True, "consumeQueues": len(s.consume_queues.queues),
+            "consumeQueueEntries": sum(cq.max_offset - cq.min_offset for cq in s.consume_queues.queues.values()),
+            "indexFiles": len(s.index.files) if s.index is not None else 0,
+            "bytesToDispatch": s.max_phy_offset - s.min_phy_offset}
 
 
 def cmd_rebuild(args):
     t0 = time.monotonic()
+    if not args.yes:
+        with open_store(args) as s:
+            out = _rebuild_plan(s)
+        if args.json:
+            return print_json(out)
+        print_fields(list(out.items()), title="rebuild (dry run): would remove consumequeue/ and index/ and "
+                     "dispatch the commitlog again")
+        print(_dry_run_note("changed", "rebuild"))
+        return None
     with open_store(args, read_only=False) as s:
         with progress(s.max_phy_offset - s.min_phy_offset, "rebuild") as bar:
             n = s.rebuild(progress=bar.update)
-        out = {"bytesDispatched": n, "consumeQueues": len(s.consume_queues.queues),
+        out = {"dryRun": False, "bytesDispatched": n, "consumeQueues": len(s.consume_queues.queues),
                "consumeQueueEntries": sum(cq.max_offset - cq.min_offset for cq in s.consume_queues.queues.values()),
                "indexFiles": len(s.index.files) if s.index is not None else 0,
                "indexEntries": sum(f.count - 1 for f in s.index.files) if s.index is not None else 0}
@@ -99,17 +125,21 @@ def register(sub, json_only, store_opts):
                        description="Delete expired commitlog segments (older than the reserved time, at a "
                        "deleteWhen hour, or at once when the disk is fuller than diskMaxUsedSpaceRatio) and "
                        "the consume-queue and index files below the new minimum; never the segment being "
-                       "written. Opens the store for writing.")
+                       "written. Without --yes it is a dry run: the store is opened read-only and the "
+                       "command lists what it would delete and why.")
     p.add_argument("store")
     p.add_argument("--now", type=_seconds, metavar="SECONDS", help="the time to apply the rules at (epoch seconds)")
     p.add_argument("--force", action="store_true", help="whatever the hour (deleteWhen), delete what has expired")
     p.add_argument("--reserved-hours", type=nonneg_int, metavar="H",
                    help="keep segments written in the last H hours (default RocketMQ's 72)")
+    p.add_argument("--yes", action="store_true", help="delete (opens the store for writing); default: a dry run")
     p.set_defaults(func=cmd_clean)
     p = sub.add_parser("rebuild", parents=[store_opts], help="rebuild consume queues and index from the commitlog",
                        description="Remove consumequeue/ and index/ and dispatch the whole commitlog again, "
-                       "writing the files incremental dispatch writes. Opens the store for writing.")
+                       "writing the files incremental dispatch writes. Without --yes it is a dry run that "
+                       "says what would be removed and dispatched, and changes nothing.")
     p.add_argument("store")
     p.add_argument("--cq-entries", dest="consume_queue_entries", type=positive_int, metavar="N",
                    help="entries per consume-queue file when the store has none to measure (default 300000)")
+    p.add_argument("--yes", action="store_true", help="rebuild (opens the store for writing); default: a dry run")
     p.set_defaults(func=cmd_rebuild)

@@ -5,15 +5,16 @@ A segment's age is its file's mtime, as RocketMQ's ``deleteExpiredFileByTime``: 
 write to it, i.e. about its newest message's store time. Segments go oldest first, at
 most ``BATCH`` per call, never the one being written; they go when it is a ``delete_when``
 hour and they are older than ``file_reserved_time`` hours, or at once (whatever their age)
-while disk use is at or above ``disk_max_used_space_ratio`` percent.
+while disk use is at or above ``disk_max_used_space_ratio`` percent. Disk use is counted
+as ``df`` counts it, so blocks reserved for root make no disk look fuller than it is.
+A dry run (``dry_run=True``) works out the same plan and deletes nothing.
 """
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,8 +29,10 @@ BATCH = 10   # RocketMQ deleteCommitLogFilesInterval batch: DELETE_FILES_BATCH_M
 
 @dataclass
 class RetentionReport:
-    """What one ``clean_expired`` call did."""
+    """What one ``clean_expired`` call did (or, in a dry run, would do)."""
     reason: str = ""              # "", "time" or "disk"
+    dry_run: bool = False
+    segments: list[str] = field(default_factory=list)     # paths of the segments deleted
     segments_deleted: int = 0
     bytes_freed: int = 0
     consume_queue_files_deleted: int = 0
@@ -45,16 +48,21 @@ def is_delete_hour(delete_when: str, now: float) -> bool:
 
 
 def disk_used_ratio(path: str) -> float:
-    u = shutil.disk_usage(path)
-    return 100.0 * (u.total - u.free) / u.total if u.total else 0.0
+    """Percent of the file system holding ``path`` in use, as ``df`` shows it: used blocks
+    over used plus those available to unprivileged users (root's reserve counts as neither)."""
+    st = os.statvfs(path)
+    used = st.f_blocks - st.f_bfree
+    return 100.0 * used / (used + st.f_bavail) if used + st.f_bavail else 0.0
 
 
 def clean_expired(config: StoreConfig, commitlog: SegmentQueue, consume_queues: ConsumeQueueTable,
-                  index: IndexService | None, now: float | None = None) -> RetentionReport:
+                  index: IndexService | None, now: float | None = None, dry_run: bool = False) -> RetentionReport:
     """Apply the rules once to a store's commitlog segments, consume queues and index (the
-    caller holds the write lock); returns a RetentionReport."""
+    caller holds the write lock); returns a RetentionReport. With ``dry_run`` nothing is
+    deleted: the report names the segments that would go (and the consume-queue and index
+    files below the new minimum offset would follow them)."""
     now = time.time() if now is None else now
-    rep = RetentionReport(disk_used_ratio=disk_used_ratio(commitlog.directory))
+    rep = RetentionReport(dry_run=dry_run, disk_used_ratio=disk_used_ratio(commitlog.directory))
     if rep.disk_used_ratio >= config.disk_max_used_space_ratio:
         rep.reason = "disk"
     elif is_delete_hour(config.delete_when, now):
@@ -65,9 +73,13 @@ def clean_expired(config: StoreConfig, commitlog: SegmentQueue, consume_queues: 
             if rep.reason == "time" and os.path.getmtime(seg.path) + config.file_reserved_time * 3600 > now:
                 break
             doomed.append(seg)
+    rep.segments = [s.path for s in doomed]
+    rep.segments_deleted = len(doomed)
+    rep.bytes_freed = sum(s.size for s in doomed)
+    if dry_run:
+        rep.min_phy_offset = doomed[-1].base_offset + doomed[-1].size if doomed else max(commitlog.min_offset, 0)
+        return rep
     if doomed:
-        rep.segments_deleted = len(doomed)
-        rep.bytes_freed = sum(s.size for s in doomed)
         commitlog.delete_segments(doomed)
         log.info("retention (%s): deleted %d commitlog segments, min offset now %d", rep.reason,
                  len(doomed), commitlog.min_offset)
