@@ -1,6 +1,7 @@
 """ConsumeQueue: a topic/queue's index of commitlog positions, and the table of all of them."""
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -9,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from rmqstore import _cq
-from rmqstore.errors import CorruptStoreError
+from rmqstore.errors import CorruptStoreError, InvalidArgumentError
 from rmqstore.files import refuse_symlink
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import is_safe_dirname
@@ -17,6 +18,13 @@ from rmqstore.topics import is_safe_dirname
 log = logging.getLogger(__name__)
 ENTRY = _cq.ENTRY_SIZE
 HOLE_SIZE = 0x7FFFFFFF   # RocketMQ fillPreBlank entries: (0, Integer.MAX_VALUE, 0)
+
+
+def check_boundary(boundary: str) -> str:
+    """``boundary`` if it names an offset_by_time rule, else InvalidArgumentError."""
+    if boundary not in ("lower", "upper", "nearest"):
+        raise InvalidArgumentError(f"boundary must be 'lower', 'upper' or 'nearest', not {boundary!r}")
+    return boundary
 
 
 class ConsumeQueue:
@@ -203,11 +211,36 @@ class ConsumeQueue:
             return np.empty(0, _cq.ENTRY_DTYPE)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def offset_by_time(self, timestamp: int, store_timestamp_at: Callable[[int], int], min_phy_offset: int) -> int:
-        """RocketMQ getOffsetInQueueByTime: binary search of store times (``store_timestamp_at``
-        of a commitlog offset, negative when unreadable) in the file chosen for ``timestamp``;
-        returns the nearest queue offset (0 when unknown). Entries pointing below
-        ``min_phy_offset`` (deleted by retention) count as older than any time."""
+    def offset_by_time(self, timestamp: int, store_timestamp_at: Callable[[int], int], min_phy_offset: int,
+                       boundary: str = "lower") -> int:
+        """The queue offset for ``timestamp`` (ms), by store times (``store_timestamp_at`` of a
+        commitlog offset, negative when unreadable; entries pointing below ``min_phy_offset``,
+        deleted by retention, count as older than any time). ``boundary``:
+
+        - ``"lower"`` (RocketMQ 5.x BoundaryType.LOWER): the first offset stored at or after
+          ``timestamp``; ``max_offset`` when every message is older. A consumer reset there
+          skips nothing stored at or after the time, however many share its millisecond.
+        - ``"upper"`` (BoundaryType.UPPER): the last offset stored at or before ``timestamp``;
+          ``min_offset`` when every message is newer.
+        - ``"nearest"``: RocketMQ 4.9's getOffsetInQueueByTime, exactly: the file chosen by
+          time, then the exact hit or the nearer neighbour inside it (0 when unknown). It can
+          land after messages stored at ``timestamp`` itself; kept for compatibility.
+        """
+        if check_boundary(boundary) == "nearest":
+            return self._offset_by_time_49(timestamp, store_timestamp_at, min_phy_offset)
+
+        def time_at(offset: int) -> int:
+            e = self.read(offset, 1)
+            phy = int(e[0]["phy_offset"]) if len(e) else -1
+            return store_timestamp_at(phy) if phy >= min_phy_offset else -1
+
+        lo, hi = self.min_offset, self.max_offset
+        if boundary == "lower":
+            return bisect.bisect_left(range(lo, hi), True, key=lambda o: time_at(o) >= timestamp) + lo
+        return max(lo, bisect.bisect_left(range(lo, hi), True, key=lambda o: time_at(o) > timestamp) + lo - 1)
+
+    def _offset_by_time_49(self, timestamp: int, store_timestamp_at: Callable[[int], int],
+                           min_phy_offset: int) -> int:
         segs = self.segments.segments
         if not segs:
             return 0

@@ -16,7 +16,7 @@ from rmqstore._cq import ENTRY_DTYPE
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import CommitLog
 from rmqstore.config import StoreConfig
-from rmqstore.consume_queue import ConsumeQueueTable
+from rmqstore.consume_queue import ConsumeQueueTable, check_boundary
 from rmqstore.consumer import GetMessageResult, get_message
 from rmqstore.dispatch import ConsumeQueueBuilder, Dispatcher, new_dispatcher
 from rmqstore.errors import (
@@ -360,14 +360,19 @@ class MessageStore:
         self._check_open()
         return get_message(self.consume_queues, self.commitlog, self.config, topic, queue_id, offset, max_count, tags)
 
-    def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
-        """RocketMQ getOffsetInQueueByTime (ConsumeQueue.offset_by_time): the queue offset
-        whose store time is nearest ``timestamp`` (0 when unknown)."""
+    def offset_by_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
+        """RocketMQ getOffsetInQueueByTime: the queue offset for ``timestamp`` (ms since the
+        epoch). ``boundary="lower"`` (default): the first message stored at or after it (the
+        max offset when there is none); ``"upper"``: the last one stored at or before it (the
+        min offset when there is none); ``"nearest"``: RocketMQ 4.9's rule, exactly (see
+        ConsumeQueue.offset_by_time). 0 for a queue that does not exist. Raises
+        InvalidArgumentError for an unknown ``boundary``."""
         self._check_open()
+        check_boundary(boundary)
         cq = self.consume_queues.get(topic, queue_id)
         if cq is None:
             return 0
-        return cq.offset_by_time(timestamp, self.commitlog.store_timestamp_at, self.commitlog.min_offset)
+        return cq.offset_by_time(timestamp, self.commitlog.store_timestamp_at, self.commitlog.min_offset, boundary)
 
     # -- consumer offsets -----------------------------------------------------------------
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:

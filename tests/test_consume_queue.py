@@ -198,22 +198,26 @@ def test_offset_by_time(tmp_path, per_file):
                 time.sleep(0.001)
         s.wait_dispatched()
         ts = [r.store_timestamp for r in rs]
+
+        def nearest(topic, t):
+            return s.offset_by_time(topic, 0, t, boundary="nearest")
+
         assert ts == sorted(set(ts))
-        assert s.offset_by_time("T", 0, 0) == 0
-        assert s.offset_by_time("T", 0, ts[0]) == 0
+        assert nearest("T", 0) == 0
+        assert nearest("T", ts[0]) == 0
         for i, t in enumerate(ts):
-            assert s.offset_by_time("T", 0, t) == i                 # exact hit
+            assert nearest("T", t) == i                 # exact hit
         for i in range(len(ts) - 1):      # between two: the nearer one, the left one on a tie
             gap = ts[i + 1] - ts[i]
             assert gap >= 2
             if (i + 1) % per_file == 0:   # the next file is chosen; its entries are all later
-                assert s.offset_by_time("T", 0, ts[i] + 1) == i + 1
-                assert s.offset_by_time("T", 0, ts[i + 1] - 1) == i + 1
+                assert nearest("T", ts[i] + 1) == i + 1
+                assert nearest("T", ts[i + 1] - 1) == i + 1
                 continue
-            assert s.offset_by_time("T", 0, ts[i] + 1) == i
-            assert s.offset_by_time("T", 0, ts[i + 1] - 1) == (i + 1 if gap > 2 else i)
-        assert s.offset_by_time("T", 0, ts[-1] + 3_600_000) == len(ts) - 1   # 4.9: last entry
-        assert s.offset_by_time("Nope", 0, ts[0]) == 0
+            assert nearest("T", ts[i] + 1) == i
+            assert nearest("T", ts[i + 1] - 1) == (i + 1 if gap > 2 else i)
+        assert nearest("T", ts[-1] + 3_600_000) == len(ts) - 1   # 4.9: last entry
+        assert nearest("Nope", ts[0]) == 0
 
 
 def test_cq_entries_past_commitlog_end_are_not_followed(tmp_path):
@@ -273,3 +277,31 @@ def test_read_queue_columns_match_get_messages(tmp_path):
         assert part["queue_offset"].tolist() == [10, 11, 12, 13] and part["count"] == 4
         assert s.read_queue_columns("T", 0, 24)["count"] == 0
         assert s.read_queue_columns("Nope", 0)["count"] == 0
+
+
+
+@pytest.mark.parametrize("per_file", [100, 3])
+def test_offset_by_time_boundaries_with_ties(tmp_path, per_file):
+    """boundary="lower" / "upper" against a brute-force oracle over every stored time: batches
+    share one store timestamp (ties, straddling CQ files when per_file is 3), times before,
+    between, at and after the queue's range."""
+    with MessageStore(tmp_path / "s", _cfg(consume_queue_entries=per_file)) as s:
+        for n in (4, 1, 5, 2, 3):
+            rs = s.put_batch([Message("T", b"x")] * n, queue_id=0)
+            while time.time_ns() // 1_000_000 <= rs[-1].store_timestamp + 2:
+                time.sleep(0.001)
+        s.wait_dispatched()
+        times = [s.get_messages("T", 0, o, 1).messages[0].store_timestamp for o in range(s.max_offset("T", 0))]
+        assert len(set(times)) == 5 and times == sorted(times)
+        probes = sorted({t + d for t in times for d in (-1, 0, 1)} | {0, times[-1] + 10**6})
+        for t in probes:
+            lower = next((i for i, x in enumerate(times) if x >= t), len(times))
+            upper = max([i for i, x in enumerate(times) if x <= t], default=0)
+            assert s.offset_by_time("T", 0, t) == lower, t
+            assert s.offset_by_time("T", 0, t, boundary="lower") == lower, t
+            assert s.offset_by_time("T", 0, t, boundary="upper") == upper, t
+            # a consumer reset to t sees every message stored at or after t
+            assert all(x < t for x in times[:lower]) and all(x >= t for x in times[lower:])
+        assert s.offset_by_time("Nope", 0, times[0]) == 0
+        with pytest.raises(InvalidArgumentError):
+            s.offset_by_time("T", 0, times[0], boundary="middle")
