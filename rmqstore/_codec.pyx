@@ -61,7 +61,10 @@ cdef enum:
     REC_PLACE = -6       # a valid record that says it is at another offset (read path only)
 
 _REASONS = {REC_SHORT: "truncated record", REC_MAGIC: "bad magic code", REC_SIZE: "bad total size",
-            REC_FIELDS: "field lengths do not add up to the total size", REC_CRC: "body CRC mismatch"}
+            REC_FIELDS: "field lengths do not add up to the total size", REC_CRC: "body CRC mismatch",
+            REC_PLACE: "PHYSICALOFFSET field names another offset"}
+STATUS_CRC = _REASONS[REC_CRC]          # scan statuses that name one bad record, which can be stepped over
+STATUS_PLACE = _REASONS[REC_PLACE]
 
 cdef int parse_record(const char *p, int64_t avail, bint check_crc, RecView *r) noexcept nogil:
     """Validate and index the record at p (avail bytes readable). Pure C, no allocation."""
@@ -732,13 +735,15 @@ def decode_bytes(const unsigned char[:] data, int64_t offset=0, bint check_crc=F
     record_error(code, offset)
 
 
-def scan_segment(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc):
+def scan_segment(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc, bint check_place=False):
     """Walk records from ``pos`` with the GIL released. Returns (end_pos, count, status)
     where status is "end" (zero TOTALSIZE / limit), "blank" (BLANK record: end_pos is the
-    file end) or the reason the record at end_pos is invalid."""
+    file end) or the reason the record at end_pos is invalid. ``check_place`` also stops at
+    a record whose PHYSICALOFFSET field is not where it lies (verify; recovery, like
+    RocketMQ's, does not look at that field)."""
     cdef RecView r
     cdef int code = REC_END
-    cdef int64_t count = 0
+    cdef int64_t count = 0, base_offset = seg.base_offset
     cdef const char *base
     if limit > seg.m.size:
         limit = seg.m.size
@@ -750,6 +755,9 @@ def scan_segment(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc):
             while pos < limit:
                 code = parse_record(base + pos, limit - pos, check_crc, &r)
                 if code != REC_OK:
+                    break
+                if check_place and r.phy_offset != base_offset + pos:
+                    code = REC_PLACE
                     break
                 pos += r.total
                 count += 1

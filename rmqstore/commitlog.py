@@ -156,6 +156,9 @@ class CommitLog:
                 return
             r = _codec.decode_record(seg, pos - seg.base_offset, seg.wrote_pos, check_crc)
             if isinstance(r, MessageExt):
+                if r.phy_offset != pos:     # its msgId would name another message
+                    raise CorruptRecordError(f"record at commitlog offset {pos}: its PHYSICALOFFSET field says "
+                                             f"{r.phy_offset}", pos)
                 yield r
                 pos += r.store_size
             else:   # BLANK record or end of this segment's data

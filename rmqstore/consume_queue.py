@@ -44,6 +44,8 @@ class ConsumeQueue:
 
     def __init__(self, root: str, topic: str, queue_id: int, entries_per_file: int, readonly: bool = False,
                  file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
+        if not is_safe_dirname(topic):      # never a path outside consumequeue/
+            raise CorruptStoreError(f"topic {topic!r} cannot name a consume-queue directory")
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(root, topic, str(queue_id))

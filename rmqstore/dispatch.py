@@ -10,7 +10,7 @@ import numpy as np
 
 from rmqstore import _codec, _cq
 from rmqstore.errors import CorruptRecordError, StoreIOError
-from rmqstore.topics import SCHEDULE_TOPIC
+from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 
 if TYPE_CHECKING:
     from rmqstore.commitlog import CommitLog
@@ -191,7 +191,7 @@ def cq_tags(batch: DispatchBatch, delays: Sequence[int]) -> np.ndarray:
 
 def gets_cq_entry(sys_flag: np.ndarray) -> np.ndarray:
     """Which rows get a consume-queue entry: all but PREPARED and ROLLBACK transaction messages."""
-    tran = sys_flag & 0xC
+    tran = sys_flag & _codec.TRANSACTION_TYPE_MASK
     return (tran != _codec.TRANSACTION_PREPARED) & (tran != _codec.TRANSACTION_ROLLBACK)
 
 
@@ -199,16 +199,31 @@ class ConsumeQueueBuilder:
     """CommitLogDispatcherBuildConsumeQueue: one CQ entry per message, except PREPARED and
     ROLLBACK; delayed messages carry their delivery time as tags code. Rows are grouped by
     topic/queue and each run is written by the CQ kernel. ``last_timestamp`` is the store
-    time of the newest message given an entry (the checkpoint's logicsMsgTimestamp)."""
+    time of the newest message given an entry (the checkpoint's logicsMsgTimestamp).
+
+    A record whose topic cannot be a directory name (``topics.is_safe_dirname``: topic bytes
+    are not under the body CRC, so a damaged or crafted record can hold ``../x``) gets no
+    entry and creates nothing: it is logged and its offset kept in ``unsafe_topics`` (verify
+    reports such records as corrupt), and dispatch goes on behind it."""
 
     def __init__(self, table: ConsumeQueueTable, delays: Sequence[int]) -> None:
         self.table = table
         self.delays = delays
         self.last_timestamp = 0
+        self.unsafe_topics: list[int] = []     # commitlog offsets of records skipped for their topic
 
     def __call__(self, batch: DispatchBatch) -> None:
         rows = batch.rows
-        keep = np.nonzero(gets_cq_entry(rows["sys_flag"]))[0]
+        wanted = gets_cq_entry(rows["sys_flag"])
+        unsafe = [i for i, name in enumerate(batch.topic_names) if not is_safe_dirname(name)]
+        if unsafe:
+            bad = wanted & np.isin(batch.topic_ids, unsafe)
+            for phy in rows["phy_offset"][bad].tolist():
+                log.error("dispatch: record at commitlog offset %d has a topic that cannot be a directory "
+                          "name; no consume-queue entry", phy)
+                self.unsafe_topics.append(phy)
+            wanted &= ~bad
+        keep = np.nonzero(wanted)[0]
         if not len(keep):
             return
         tags = cq_tags(batch, self.delays)

@@ -32,5 +32,12 @@ def validate_topic(topic, version=1, strict=True):
 
 
 def is_safe_dirname(name):
-    """A directory entry found on disk that may be opened as a topic's queue directory."""
-    return bool(name) and name not in (".", "..") and "/" not in name and "\x00" not in name
+    """Whether topic ``name`` (read from disk: any bytes a record holds) may become a path:
+    one component that cannot leave its parent (no ``/``, NUL, ``.`` or ``..``), encodable,
+    and short enough for a directory entry (255 bytes)."""
+    if not name or name in (".", "..") or "/" in name or "\x00" in name:
+        return False
+    try:
+        return len(name.encode()) <= 255
+    except UnicodeEncodeError:
+        return False

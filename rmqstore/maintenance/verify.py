@@ -35,6 +35,7 @@ import rmqstore._index as _index
 from rmqstore import _codec
 from rmqstore.consume_queue import HOLE_SIZE
 from rmqstore.dispatch import DispatchBatch, cq_tags, gets_cq_entry
+from rmqstore.topics import is_safe_dirname
 
 if TYPE_CHECKING:
     from rmqstore.checkpoint import Checkpoint
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
     from rmqstore.segments import SegmentQueue
     from rmqstore.store import MessageStore
 
-_CRC = "body CRC mismatch"
+_CRC = _codec.STATUS_CRC
+_STEP_OVER = (_codec.STATUS_CRC, _codec.STATUS_PLACE)
 _CHUNK_BYTES = 1 << 20       # record bytes per dispatch-scan call
 _WORKERS = min(4, len(os.sched_getaffinity(0)))
 _COLUMNS = {"phy": np.int64, "size": np.int32, "queue_id": np.int32, "queue_offset": np.int64, "tags": np.int64,
@@ -106,17 +108,20 @@ class _Segment:
         self.problems.append(("commitlog", self.seg.path, offset, message))
 
     def _scan(self, limit):
-        """Structure and CRC of every record; returns (end of records, scan status)."""
+        """Structure, CRC and PHYSICALOFFSET field of every record; returns (end of
+        records, scan status). A bad CRC or offset field is reported and stepped over."""
         seg, pos = self.seg, 0
         while True:
-            end, n, status = _codec.scan_segment(seg, pos, limit, True)
+            end, n, status = _codec.scan_segment(seg, pos, limit, True, True)
             self.records += n
-            if status != _CRC:
+            if status not in _STEP_OVER:
                 break
             off = seg.base_offset + end
-            self.problem(off, f"record at commitlog offset {off}: body CRC mismatch")
+            rec = _codec.decode_record(seg, end, limit, False)
+            why = "body CRC mismatch" if status == _CRC else f"its PHYSICALOFFSET field says {rec.phy_offset}"
+            self.problem(off, f"record at commitlog offset {off}: {why}")
             self.records += 1
-            pos = end + _codec.decode_record(seg, end, limit, False).store_size
+            pos = end + rec.store_size
         if status not in ("end", "blank"):
             off = seg.base_offset + end
             self.problem(off, f"record at commitlog offset {off}: {status}; the {seg.size - end} bytes after "
@@ -145,7 +150,15 @@ class _Segment:
         p["queue_offset"].append(rows["queue_offset"])
         p["tags"].append(cq_tags(batch, self.delays))
         p["topic"].append(batch.topic_ids)
-        p["cq"].append(gets_cq_entry(rows["sys_flag"]))
+        cq = gets_cq_entry(rows["sys_flag"])
+        unsafe = [i for i, name in enumerate(batch.topic_names) if not is_safe_dirname(name)]
+        if unsafe:          # dispatch gives these no entry (dispatch.ConsumeQueueBuilder)
+            bad = np.isin(batch.topic_ids, unsafe)
+            for phy, t in zip(rows["phy_offset"][bad].tolist(), batch.topic_ids[bad].tolist(), strict=True):
+                self.problem(phy, f"record at commitlog offset {phy}: topic {batch.topic_names[t]!r} cannot "
+                             "name a consume-queue directory")
+            cq &= ~bad
+        p["cq"].append(cq)
         if self.with_keys:
             hashes, phys, _ = _index.extract_keys(raw, rows)
             p["key_hash"].append(hashes)
