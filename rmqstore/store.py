@@ -4,10 +4,11 @@ names (dispatch.py, consume_queue.py, consumer.py, maintenance/)."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import threading
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -42,6 +43,20 @@ from rmqstore.segments import detect_file_size
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], object]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _gated(method: F) -> F:
+    """Run ``method`` as an in-flight operation: close() waits for it to end, and once
+    close() has begun it raises StoreClosedError instead of starting."""
+    @functools.wraps(method)
+    def run(self: MessageStore, *args: Any, **kwargs: Any) -> Any:
+        self._enter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._leave()
+    return run  # type: ignore[return-value]
 
 
 def _detect_cq_entries(root: str) -> int | None:
@@ -81,6 +96,10 @@ class MessageStore:
         self._lock_fd: int | None = None
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
+        self._gate = threading.Condition()   # guards _closing and _in_flight
+        self._closing = False
+        self._in_flight = 0
+        self._mine = threading.local()       # this thread's share of _in_flight
         self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
         store_dir(self.path, not read_only, cfg.dir_mode)
         if not read_only:
@@ -192,6 +211,26 @@ class MessageStore:
             ownership.check_owner(self)
             raise StoreClosedError(f"{self.path}: store is closed")
 
+    def _enter(self) -> None:
+        with self._gate:
+            if self._closing:
+                self._check_open()
+                raise StoreClosedError(f"{self.path}: store is closing")
+            self._in_flight += 1
+            self._mine.n = getattr(self._mine, "n", 0) + 1
+
+    def _leave(self) -> None:
+        with self._gate:
+            self._in_flight -= 1
+            self._mine.n -= 1
+            if not self._in_flight:
+                self._gate.notify_all()
+
+    def _stop_if_closing(self) -> None:
+        """The safe point long operations (verify) pass between steps."""
+        if self._closing:
+            raise StoreClosedError(f"{self.path}: store closed during the operation")
+
     def _check_writable(self) -> None:
         self._check_open()
         if self.read_only:
@@ -199,10 +238,16 @@ class MessageStore:
 
     def close(self) -> None:
         """Dispatch what is left, flush everything, write the checkpoint, remove ``abort``
-        and release the lock. Idempotent."""
+        and release the lock. Idempotent. Operations already running (put, get, query,
+        verify, rebuild, clean) end first: verify stops at its next segment with
+        StoreClosedError, the others finish; later calls raise StoreClosedError."""
         with self._close_lock:
             if self._closed:
                 return
+            with self._gate:
+                self._closing = True
+                while self._in_flight > getattr(self._mine, "n", 0):   # not this thread's own (a callback)
+                    self._gate.wait()
             self._closed = True
             try:
                 if not self.read_only and self.commitlog.failed is None:
@@ -244,6 +289,7 @@ class MessageStore:
             pass   # a finaliser cannot raise; close() has released everything regardless
 
     # -- writing --------------------------------------------------------------------------
+    @_gated
     def put(self, msg: _codec.Message, queue_id: int | None = None) -> _codec.PutResult:
         """Append one message; returns a PutResult. In SYNC mode it is durable on return."""
         self._check_open()
@@ -252,6 +298,7 @@ class MessageStore:
             self.flusher.wait_flushed(res.phy_offset + res.size)
         return res
 
+    @_gated
     def put_batch(self, msgs: Iterable[_codec.Message], queue_id: int | None = None) -> list[_codec.PutResult]:
         """Append many messages under one lock and (SYNC) one flush; list of PutResult."""
         self._check_open()
@@ -260,6 +307,7 @@ class MessageStore:
             self.flusher.wait_flushed(res[-1].phy_offset + res[-1].size)
         return res
 
+    @_gated
     def flush(self) -> None:
         """Make everything written so far durable, consume queues and checkpoint included."""
         self._check_open()
@@ -269,10 +317,12 @@ class MessageStore:
         self.flusher.flush_logics_now(0)
 
     # -- reading the commitlog ------------------------------------------------------------
+    @_gated
     def get_by_offset(self, phy_offset: int) -> _codec.MessageExt:
         self._check_open()
         return self.commitlog.get(phy_offset)
 
+    @_gated
     def get_by_msg_id(self, msg_id: str) -> _codec.MessageExt:
         """The message a msgId names (it encodes the store host and commitlog offset)."""
         self._check_open()
@@ -310,24 +360,29 @@ class MessageStore:
         return self.dispatcher.lag if not self.read_only else 0
 
     # -- consume queues -------------------------------------------------------------------
+    @_gated
     def topics(self) -> list[str]:
         self._check_open()
         return self.consume_queues.topics()
 
+    @_gated
     def queue_ids(self, topic: str) -> list[int]:
         self._check_open()
         return self.consume_queues.queue_ids(topic)
 
+    @_gated
     def min_offset(self, topic: str, queue_id: int) -> int:
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
+    @_gated
     def max_offset(self, topic: str, queue_id: int) -> int:
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.max_offset if cq is not None else 0
 
+    @_gated
     def consume_queue_entries(self, topic: str, queue_id: int, offset: int = 0,
                               count: int | None = None) -> np.ndarray:
         """Raw CQ entries as a numpy structured array (phy_offset, size, tags_code)."""
@@ -339,6 +394,7 @@ class MessageStore:
             count = max(0, cq.max_offset - offset)
         return cq.read(max(offset, cq.min_offset), count)
 
+    @_gated
     def read_queue_columns(self, topic: str, queue_id: int, offset: int = 0, count: int | None = None,
                            check_crc: bool = False) -> dict[str, np.ndarray]:
         """The messages of one queue from ``offset`` (``count`` consume-queue entries, default
@@ -353,6 +409,7 @@ class MessageStore:
         cols["missing"] += start
         return cols
 
+    @_gated
     def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
                      tags: str | None = None) -> GetMessageResult:
         """RocketMQ DefaultMessageStore.getMessage (consumer.get_message): up to
@@ -360,6 +417,7 @@ class MessageStore:
         self._check_open()
         return get_message(self.consume_queues, self.commitlog, self.config, topic, queue_id, offset, max_count, tags)
 
+    @_gated
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
         """RocketMQ getOffsetInQueueByTime: the queue offset for ``timestamp`` (ms since the
         epoch). ``boundary="lower"`` (default): the first message stored at or after it (the
@@ -375,10 +433,12 @@ class MessageStore:
         return cq.offset_by_time(timestamp, self.commitlog.store_timestamp_at, self.commitlog.min_offset, boundary)
 
     # -- consumer offsets -----------------------------------------------------------------
+    @_gated
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self._check_writable()
         self.offsets.commit(group, topic, queue_id, offset)
 
+    @_gated
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed one."""
         self._check_open()
@@ -391,6 +451,7 @@ class MessageStore:
             raise InvalidArgumentError(f"{self.path}: message_index_enable is off")
         return self.index
 
+    @_gated
     def query_offsets(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
                       end: int | None = None) -> list[int]:
         """What RocketMQ's DefaultMessageStore.queryMessage finds for ``key`` in ``topic``
@@ -398,6 +459,7 @@ class MessageStore:
         max_msgs_num_batch) index entries whose key *hash* matches, sorted ascending."""
         return self._index_or_raise().query_offsets(topic, key, max_num, begin, end)
 
+    @_gated
     def query_by_key(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
                      end: int | None = None) -> list[_codec.MessageExt]:
         """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest
@@ -406,12 +468,14 @@ class MessageStore:
         return self._index_or_raise().view.query_messages(self.commitlog.segments.segments, topic, key, max_num,
                                                           begin, end, self.config.max_msgs_num_batch)
 
+    @_gated
     def query_keys(self, topic: str, keys: Sequence[str], max_num: int = 64, begin: int = 0,
                    end: int | None = None) -> list[list[_codec.MessageExt]]:
         """query_by_key for many keys in one index pass; a list per key, in ``keys`` order."""
         return self._index_or_raise().view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch,
                                                       self.commitlog.segments.segments)
 
+    @_gated
     def query_by_uniq_key(self, topic: str, uniq_key: str) -> _codec.MessageExt:
         """The newest message of ``topic`` whose UNIQ_KEY is ``uniq_key``."""
         self._check_open()
@@ -421,6 +485,7 @@ class MessageStore:
         raise MessageNotFoundError(f"{topic}: no message with UNIQ_KEY {uniq_key!r}")
 
     # -- maintenance ----------------------------------------------------------------------
+    @_gated
     def clean_expired(self, now: float | None = None, dry_run: bool = False) -> RetentionReport:
         """Delete expired commitlog segments and the CQ/index files below the new minimum
         (rules in maintenance/retention.py); ``now`` in seconds since the epoch. Returns a
@@ -434,6 +499,7 @@ class MessageStore:
         with self.commitlog.lock:
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now)
 
+    @_gated
     def verify(self, progress: Progress | None = None, max_problems: int = 1000) -> VerifyReport:
         """Check the whole store (rules in maintenance/verify.py): records and CRCs, consume
         queues and index against the commitlog, checkpoint times. Changes nothing; returns
@@ -442,10 +508,16 @@ class MessageStore:
         self._check_open()
         if not self.read_only:
             self.dispatcher.wait_dispatched()
+
+        def step(nbytes: int) -> None:
+            self._stop_if_closing()
+            if progress is not None:
+                progress(nbytes)
         return verify_components(self.commitlog.segments, self.consume_queues, self.index, self.checkpoint,
                                  self.config.delay_levels_ms(), read_only=self.read_only,
-                                 clean_shutdown=self.clean_shutdown, progress=progress, max_problems=max_problems)
+                                 clean_shutdown=self.clean_shutdown, progress=step, max_problems=max_problems)
 
+    @_gated
     def rebuild(self, progress: Progress | None = None) -> int:
         """Rebuild every consume queue and index file from the commitlog (rules in
         maintenance/rebuild.py). Appends wait meanwhile; readers see the queues grow back.
