@@ -149,7 +149,7 @@ class Dispatcher:
         target = self.commitlog.max_offset
         self._wake.set()
         with self._cond:
-            ok = self._cond.wait_for(lambda: self.reput_from >= target or self.error is not None
+            self._cond.wait_for(lambda: self.reput_from >= target or self.error is not None or self._stop
                                      or (timeout is None and self.stalled is not None), timeout)
         if self.reput_from < target:
             if self.error is not None:
@@ -157,11 +157,14 @@ class Dispatcher:
             if timeout is None and self.stalled is not None:
                 e = self.stalled
                 raise StoreIOError(e.errno, f"dispatch stalled: {e.strerror or e}", e.filename) from e
-        return ok
+        return self.reput_from >= target
 
     def stop(self) -> None:
+        """Stop the reput thread; waiters in wait_dispatched return (False if not reached)."""
         self._stop = True
         self._wake.set()
+        with self._cond:
+            self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
