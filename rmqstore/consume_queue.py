@@ -344,7 +344,7 @@ class ConsumeQueueTable:
                 continue
             refuse_symlink(tdir)
             for qname in sorted(os.listdir(tdir)):
-                if not qname.isdigit():
+                if not qname.isdigit() or not os.path.isdir(os.path.join(tdir, qname)):
                     continue
                 cq = ConsumeQueue(self.root, topic, int(qname), self.entries_per_file, self.readonly,
                                   self.file_mode, self.dir_mode)

@@ -1,11 +1,15 @@
-"""Corruption: seeded loops that flip bytes, truncate files, remove a middle segment and
-write garbage into CQ entries and index slots of a copied store. Opening and reading must
-give CorruptStoreError / CorruptRecordError / MessageNotFoundError or a recovered store:
-never another exception, a segfault, SIGBUS or a hang (each loop runs in a subprocess with
-a timeout). Hypothesis fuzzes the record decoder and the segment scanner."""
+"""Corruption: a seeded fuzzer over every file kind of a copied store. Commitlog records
+(each header field, the topic bytes, length fields, PHYSICALOFFSET), BLANK end-of-file
+records, consume-queue entries, index headers, slots and entries, the checkpoint,
+``config/consumerOffset.json``, ``abort`` and ``lock``, and missing, extra, truncated and
+zero-length files. Opening (writer, then read-only), reading, putting and verifying must
+give a StoreError subclass or a working store: never another exception, a segfault, SIGBUS
+or a hang (each batch runs in a subprocess with a timeout). Hypothesis fuzzes the record
+decoder and the segment scanner."""
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -21,12 +25,16 @@ from reference_codec import encode_record
 
 CFG = dict(commitlog_file_size=8192, consume_queue_entries=8, index_slots=16, index_entries=64,
            warm_mapped_file=False)
+BLANK_MAGIC = 0xCBD43194
+INDEX_HEADER = 40
+PER_BATCH = 35
 
 # The child opens and reads every mutated store named on its command line; it prints the
-# case before touching it, so a crash names the case that caused it.
+# case before touching it, so a crash names the case that caused it. A StoreError is a
+# clean refusal; any other exception escapes and fails the batch.
 READER = r"""
 import os, sys
-from rmqstore import (CorruptStoreError, MessageNotFoundError, MessageStore, StoreConfig)
+from rmqstore import Message, MessageStore, StoreConfig, StoreError
 cfg = StoreConfig(commitlog_file_size=8192, consume_queue_entries=8, index_slots=16, index_entries=64,
                   warm_mapped_file=False)
 def read_all(s):
@@ -46,20 +54,25 @@ def read_all(s):
                 continue
             try:
                 s.get_by_offset(int(e["phy_offset"]))
-            except MessageNotFoundError:
+            except StoreError:
                 pass
+        s.offset_by_time(t, q, 0)
     if s.index is not None:
-        for k in ("k0", "k7", "k33"):
+        for k in ("k0", "k7", "k33", "hot"):
             s.query_by_key("CorA", k)
+    s.committed_offset("G", "CorA", 0)
+    s.verify()
 for case in sys.argv[1:]:
     print("case", case, flush=True)
-    try:
-        with MessageStore(case, cfg) as s:
-            read_all(s)
-        with MessageStore(case, cfg, read_only=True) as s:
-            read_all(s)
-    except (CorruptStoreError, MessageNotFoundError) as e:
-        print("refused", type(e).__name__, e, flush=True)
+    for read_only in (False, True):
+        try:
+            with MessageStore(case, cfg, read_only=read_only) as s:
+                read_all(s)
+                if not read_only:
+                    s.put(Message("CorA", b"after", keys="k0"), 0)
+                    s.commit_offset("G", "CorA", 0, 1)
+        except StoreError as e:
+            print("refused", type(e).__name__, str(e)[:200].replace("\n", " "), flush=True)
 print("done", flush=True)
 """
 
@@ -71,6 +84,8 @@ def base_store(tmp_path_factory):
         for i in range(150):
             s.put(Message("CorA" if i % 3 else "CorB", b"%d:" % i * (i % 40 + 1), tags=f"t{i % 4}",
                           keys=[f"k{i}", "hot"]), queue_id=i % 3)
+        s.commit_offset("G", "CorA", 0, 5)
+        s.commit_offset("G", "CorB", 1, 2)
     return path
 
 
@@ -82,77 +97,243 @@ def _segments(root, sub):
     return sorted(os.path.join(root, sub, n) for n in os.listdir(os.path.join(root, sub)))
 
 
-def _mutate(root, rng):
-    """One seeded corruption of the store at ``root``; returns what was done."""
-    kind = rng.choice(["flip", "flip", "truncate", "drop_middle", "cq_garbage", "length", "index_garbage"])
+def _under(root, sub):
+    return [f for f in _files(root) if f.startswith(os.path.join(root, sub) + os.sep)]
+
+
+def _patch(f, pos, data):
+    with open(f, "r+b") as fh:
+        fh.seek(pos)
+        fh.write(data)
+
+
+def _records(seg):
+    """(position, total size, magic) of each record of a commitlog segment, BLANK included."""
+    data = open(seg, "rb").read()
+    out, pos = [], 0
+    while pos + 8 <= len(data):
+        total, magic = struct.unpack_from(">iI", data, pos)
+        if total <= 0:
+            break
+        out.append((pos, total, magic))
+        if magic == BLANK_MAGIC or total < 8:
+            break
+        pos += total
+    return out, data
+
+
+def _int(rng, width):
+    lim = 1 << (8 * width - 1)
+    return rng.choice([-1, 0, 1, lim - 1, -lim, rng.randrange(-lim, lim), 91, 8192]).to_bytes(width, "big", signed=True)
+
+
+def m_flip(root, rng):
+    f = rng.choice(_files(root))
+    data = bytearray(open(f, "rb").read())
+    if not data:
+        return "flip empty " + f
+    hot = len(data.rstrip(b"\0")) or len(data)
+    for _ in range(rng.randint(1, 8)):
+        data[rng.randrange(hot)] ^= 1 << rng.randrange(8)
+    open(f, "wb").write(data)
+    return "flip " + f
+
+
+def _record_field(root, rng, fields):
+    """Overwrite one of ``fields`` of a random record of a random commitlog segment."""
+    seg = rng.choice(_segments(root, "commitlog"))
+    recs, data = _records(seg)
+    msgs = [r for r in recs if r[2] != BLANK_MAGIC]
+    if not msgs:
+        return "no record in " + seg
+    pos, total, _ = rng.choice(msgs)
+    body_len = struct.unpack_from(">i", data, pos + 84)[0]
+    topic_at = pos + 88 + body_len
+    if not 0 <= topic_at < len(data):
+        return "record too short " + seg
+    field = rng.choice(fields)
+    at, junk = {
+        "total": (0, _int(rng, 4)), "magic": (4, _int(rng, 4)), "queue_id": (12, _int(rng, 4)),
+        "queue_offset": (20, _int(rng, 8)), "phy_offset": (28, (pos + rng.choice([1, -1, 8192, 1 << 40]))
+                                                            .to_bytes(8, "big", signed=True)),
+        "sys_flag": (36, _int(rng, 4)), "body_len": (84, _int(rng, 4)),
+        "topic_len": (88 + body_len, bytes([rng.randrange(256)])),
+        "topic": (89 + body_len, rng.choice([b"../../x", b"..", b"/etc", b"a/b", b"\0\0", b"%%", b"\xff\xfe"])),
+        "props_len": (89 + body_len + data[topic_at], _int(rng, 2)),
+    }[field]
+    if pos + at + len(junk) > len(data):
+        return "record too short " + seg
+    _patch(seg, pos + at, junk)
+    return f"record {field} @{pos} {seg}"
+
+
+def m_record_field(root, rng):
+    """A header or length field of one commitlog record: size, magic, queue id, queue offset,
+    PHYSICALOFFSET, sysflag, body length, properties length."""
+    return _record_field(root, rng, ["total", "magic", "queue_id", "queue_offset", "phy_offset", "phy_offset",
+                                     "sys_flag", "body_len", "props_len"])
+
+
+def m_topic_bytes(root, rng):
+    """The topic bytes or topic length of one record (not under the body CRC; issue 11 item 3)."""
+    return _record_field(root, rng, ["topic_len", "topic", "topic"])
+
+
+def m_blank(root, rng):
+    """The BLANK record that ends a full segment: its size or magic."""
+    for seg in rng.sample(_segments(root, "commitlog"), len(_segments(root, "commitlog"))):
+        recs, _ = _records(seg)
+        if recs and recs[-1][2] == BLANK_MAGIC:
+            pos = recs[-1][0]
+            at, junk = rng.choice([(0, _int(rng, 4)), (4, _int(rng, 4)), (0, b"\0" * 8)])
+            _patch(seg, pos + at, junk)
+            return f"blank +{at} @{pos} {seg}"
+    return "no blank"
+
+
+def m_consume_queue(root, rng):
+    f = rng.choice(_under(root, "consumequeue"))
+    pos = rng.randrange(max(1, os.path.getsize(f) // 20)) * 20
+    junk = rng.choice([rng.randbytes(20), _int(rng, 8) + rng.randbytes(12),
+                       (0).to_bytes(8, "big") + _int(rng, 4) + _int(rng, 8), b"\0" * 20])
+    _patch(f, pos, junk)
+    return f"cq @{pos} {f}"
+
+
+def m_index(root, rng):
+    """An index file's header (timestamps, offsets, counts), a hash slot or an entry."""
+    f = rng.choice(_under(root, "index"))
+    size = os.path.getsize(f)
+    where = rng.choice(["header", "slot", "entry"])
+    if where == "header" or size <= INDEX_HEADER + 16 * 4:
+        pos, junk = rng.choice([(0, _int(rng, 8)), (8, _int(rng, 8)), (16, _int(rng, 8)), (24, _int(rng, 8)),
+                                (32, _int(rng, 4)), (36, _int(rng, 4))])
+    elif where == "slot":
+        pos, junk = INDEX_HEADER + rng.randrange(16) * 4, _int(rng, 4)
+    else:
+        n = (size - INDEX_HEADER - 16 * 4) // 20
+        pos = INDEX_HEADER + 16 * 4 + rng.randrange(max(1, n)) * 20 + rng.choice([0, 4, 12, 16])
+        junk = _int(rng, 4)
+    if pos + len(junk) > size:
+        return "index too short " + f
+    _patch(f, pos, junk)
+    return f"index {where} @{pos} {f}"
+
+
+def m_checkpoint(root, rng):
+    f = os.path.join(root, "checkpoint")
+    pos = rng.choice([0, 8, 16])
+    _patch(f, pos, rng.choice([_int(rng, 8), (-(1 << 63)).to_bytes(8, "big", signed=True),
+                               ((1 << 63) - 1).to_bytes(8, "big")]))
+    return f"checkpoint @{pos}"
+
+
+def m_consumer_offsets(root, rng):
+    f = os.path.join(root, "config", "consumerOffset.json")
+    open(f, "wb").write(rng.choice([
+        b"", b"{", b"[]", b"null", b'{"offsetTable": 5}', b'{"offsetTable": {"CorA@G": {"0": "x"}}}',
+        b'{"offsetTable": {"CorA@G": {"0": 1e400}}}', b'{"offsetTable": {"noat": {"0": 1}}}',
+        b'{"offsetTable": {"CorA@G": {"zero": 1}}}', b'{"offsetTable": {"CorA@G": {"0": -5}}}',
+        b'{"offsetTable": {"CorA@G": {"0": 99999999999999999999999}}}', b"\xff\xfe\x00", rng.randbytes(40)]))
+    return "consumerOffset.json"
+
+
+def m_abort_lock(root, rng):
+    choice = rng.choice(["abort garbage", "abort dir", "lock dir", "lock garbage", "lock empty"])
+    name = os.path.join(root, choice.split()[0])
+    if os.path.lexists(name):
+        os.unlink(name)
+    if choice.endswith("dir"):
+        os.mkdir(name)
+    else:
+        open(name, "wb").write(b"" if choice.endswith("empty") else rng.randbytes(rng.randrange(1, 64)))
+    return choice
+
+
+def m_files(root, rng):
+    """A missing, extra, truncated or zero-length file."""
     files = _files(root)
-    if kind == "flip":
+    what = rng.choice(["missing", "extra", "truncate", "zero", "drop_middle"])
+    if what == "missing":
         f = rng.choice(files)
-        data = bytearray(open(f, "rb").read())
-        if not data:
-            return "flip nothing"
-        hot = len(data.rstrip(b"\0")) or len(data)
-        for _ in range(rng.randint(1, 8)):
-            data[rng.randrange(hot)] ^= 1 << rng.randrange(8)
-        open(f, "wb").write(data)
-    elif kind == "truncate":
+        os.unlink(f)
+    elif what == "truncate":
         f = rng.choice(files)
         os.truncate(f, rng.randrange(os.path.getsize(f) + 1))
-    elif kind == "drop_middle":
+    elif what == "zero":
+        f = rng.choice(files)
+        os.truncate(f, 0)
+    elif what == "drop_middle":
         segs = _segments(root, "commitlog")
         f = segs[len(segs) // 2]
         os.unlink(f)
-    elif kind in ("cq_garbage", "length", "index_garbage"):
-        if kind == "cq_garbage":
-            f = rng.choice([x for x in files if "consumequeue" in x])
-            pos = rng.randrange(max(1, os.path.getsize(f) // 20)) * 20
-            junk = rng.randbytes(20) if rng.random() < 0.5 else (rng.choice([-1, 1 << 40, 0x7FFFFFFF])
-                                                              .to_bytes(8, "big", signed=True) + rng.randbytes(12))
-        elif kind == "length":
-            f = rng.choice(_segments(root, "commitlog"))
-            pos = rng.randrange(0, os.path.getsize(f) - 4)
-            junk = rng.choice([0x7FFFFFFF, -5, 91, 4096, 1 << 20]).to_bytes(4, "big", signed=True)
-        else:
-            idx = [x for x in files if os.sep + "index" + os.sep in x]
-            if not idx:
-                return "no index"
-            f = rng.choice(idx)
-            pos = rng.randrange(0, os.path.getsize(f) - 4)
-            junk = rng.choice([-1, 1 << 30, 3, 0x7FFFFFFF]).to_bytes(4, "big", signed=True)
-        with open(f, "r+b") as fh:
-            fh.seek(pos)
-            fh.write(junk)
-    if rng.random() < 0.5:
+    else:
+        d = rng.choice(["commitlog", "index", "consumequeue/CorA/1", "consumequeue/CorA", "consumequeue"])
+        name = rng.choice([f"{rng.randrange(1 << 40):020d}", "junk", "99999999999999999999", "x" * 20])
+        f = os.path.join(root, d, name)
+        os.makedirs(os.path.dirname(f), exist_ok=True)
+        if not os.path.exists(f):
+            open(f, "wb").write(rng.randbytes(rng.choice([0, 20, 100, 8192])))
+    return f"{what} {f}"
+
+
+MUTATORS = [m_flip, m_flip, m_record_field, m_record_field, m_record_field, m_blank, m_consume_queue, m_index,
+            m_index, m_checkpoint, m_consumer_offsets, m_abort_lock, m_files, m_files]
+
+
+def _mutate(root, rng, mutators):
+    """One or two seeded corruptions of the store at ``root``; returns what was done."""
+    done = [rng.choice(mutators)(root, rng) for _ in range(rng.choice([1, 1, 1, 2]))]
+    if rng.random() < 0.5 and not os.path.lexists(os.path.join(root, "abort")):
         open(os.path.join(root, "abort"), "wb").close()
-    return f"{kind} {f}"
+    return "; ".join(done)
 
 
-def _run_cases(base, tmp_path, seed, n):
+def _run_cases(base, tmp_path, seed, n, mutators=MUTATORS):
     rng = random.Random(seed)
-    cases, what = [], {}
-    for i in range(n):
-        dst = str(tmp_path / f"case{i}")
-        shutil.copytree(base, dst)
-        what[dst] = _mutate(dst, rng)
-        cases.append(dst)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(rmqstore.__file__)))
-    p = subprocess.run([sys.executable, "-c", READER, *cases], capture_output=True, text=True, timeout=120, env=env)
-    started = [x.split(" ", 1)[1] for x in p.stdout.splitlines() if x.startswith("case ")]
-    last = started[-1] if started else None
-    assert p.returncode == 0 and p.stdout.endswith("done\n"), \
-        f"exit {p.returncode} on {what.get(last)}\n{p.stderr[-3000:]}"
-    return p.stdout.count("refused")
+    refused = 0
+    for b in range(0, n, PER_BATCH):
+        cases, what = [], {}
+        for i in range(b, min(n, b + PER_BATCH)):
+            dst = str(tmp_path / f"case{i}")
+            shutil.copytree(base, dst)
+            what[dst] = _mutate(dst, rng, mutators)
+            cases.append(dst)
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(rmqstore.__file__)))
+        try:
+            p = subprocess.run([sys.executable, "-c", READER, *cases], capture_output=True, text=True, timeout=180,
+                               env=env)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            started = [x.split(" ", 1)[1] for x in out.splitlines() if x.startswith("case ")]
+            pytest.fail(f"hang on {what.get(started[-1]) if started else None}")
+        started = [x.split(" ", 1)[1] for x in p.stdout.splitlines() if x.startswith("case ")]
+        last = started[-1] if started else None
+        assert p.returncode == 0 and p.stdout.endswith("done\n"), \
+            f"exit {p.returncode} on {what.get(last)}\n{p.stderr[-3000:]}"
+        refused += p.stdout.count("refused")
+        for c in cases:
+            shutil.rmtree(c)
+    return refused
 
 
 def test_seeded_corruption(base_store, tmp_path):
-    refused = _run_cases(base_store, tmp_path, seed=5, n=40)
-    assert refused < 40          # most corruptions are recovered from, not refused
+    n = 105
+    refused = _run_cases(base_store, tmp_path, seed=5, n=n)
+    assert refused < 2 * n          # each case is opened twice; most corruptions are recovered from
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(10))
 def test_seeded_corruption_many(base_store, tmp_path, seed):
-    _run_cases(base_store, tmp_path, seed=1000 + seed, n=60)
+    _run_cases(base_store, tmp_path, seed=1000 + seed, n=105)
+
+
+@pytest.mark.xfail(reason="issue 11 item 3 (dispatch.py, another branch): a topic read from disk is not "
+                   "validated before it becomes a consume-queue path; a NUL byte gives ValueError from "
+                   "files.make_dirs during dispatch at open", strict=False)
+def test_seeded_topic_bytes(base_store, tmp_path):
+    _run_cases(base_store, tmp_path, seed=7, n=70, mutators=[m_topic_bytes])
 
 
 def test_missing_middle_segment_is_refused(base_store, tmp_path):
