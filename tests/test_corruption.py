@@ -329,10 +329,9 @@ def test_seeded_corruption_many(base_store, tmp_path, seed):
     _run_cases(base_store, tmp_path, seed=1000 + seed, n=105)
 
 
-@pytest.mark.xfail(reason="issue 11 item 3 (dispatch.py, another branch): a topic read from disk is not "
-                   "validated before it becomes a consume-queue path; a NUL byte gives ValueError from "
-                   "files.make_dirs during dispatch at open", strict=False)
 def test_seeded_topic_bytes(base_store, tmp_path):
+    """Topic bytes are not under the body CRC: any of them (NUL, '/', '..') gives a working
+    store or a StoreError, never a path outside the store (tests/test_disk_truth.py)."""
     _run_cases(base_store, tmp_path, seed=7, n=70, mutators=[m_topic_bytes])
 
 
