@@ -300,7 +300,7 @@ cdef inline int64_t tags_code_of(const char *props, int32_t plen) noexcept nogil
 
 # ---------------------------------------------------------------------------- types
 
-cdef str text_arg(str name, object s):
+cpdef str text_arg(str name, object s):
     """``s`` if it is a str that encodes as UTF-8 (no lone surrogates), else InvalidArgumentError."""
     cdef Py_ssize_t n
     if not isinstance(s, str):

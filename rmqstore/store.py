@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import inspect
 import logging
 import os
 import threading
@@ -47,17 +48,52 @@ Progress = Callable[[int], object]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_TIMES = ("begin", "end", "timestamp")     # times clamp to the stored range, as RocketMQ's do
+
+
+def _int(name: str, v: Any) -> Any:
+    """An int (no bool, float or str); an int64 unless it is a time, which may be any int."""
+    return _codec.int_arg(name, v, float("-inf"), float("inf")) if name in _TIMES else \
+        _codec.int_arg(name, v, -(1 << 63), (1 << 63) - 1)
+
+
+_ARG_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "str": _codec.text_arg,
+    "int": _int,
+    "int | None": lambda name, v: v if v is None else _int(name, v),
+}
+
+
 def _gated(method: F) -> F:
     """Run ``method`` as an in-flight operation: close() waits for it to end, and once
-    close() has begun it raises StoreClosedError instead of starting."""
+    close() has begun it raises StoreClosedError instead of starting. Arguments annotated
+    ``str``, ``int`` or ``int | None`` are checked first (InvalidArgumentError: no None
+    for a str, no bool, float or str for an int)."""
+    params = list(inspect.signature(method).parameters.values())[1:]
+    checks = [(i, p.name, _ARG_CHECKS[p.annotation]) for i, p in enumerate(params)
+              if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS
+              and not getattr(method, "kernel_checks_args", False)]
+
     @functools.wraps(method)
     def run(self: MessageStore, *args: Any, **kwargs: Any) -> Any:
+        for i, name, check in checks:
+            if i < len(args):
+                check(name, args[i])
+            elif name in kwargs:
+                check(name, kwargs[name])
         self._enter()
         try:
             return method(self, *args, **kwargs)
         finally:
             self._leave()
     return run  # type: ignore[return-value]
+
+
+def _kernel_checks_args(method: F) -> F:
+    """Mark a hot method whose arguments the kernel checks itself (put, put_batch), so
+    _gated adds no Python-level check to it."""
+    method.kernel_checks_args = True  # type: ignore[attr-defined]
+    return method
 
 
 def _detect_cq_entries(root: str) -> int | None:
@@ -289,6 +325,7 @@ class MessageStore:
 
     # -- writing --------------------------------------------------------------------------
     @_gated
+    @_kernel_checks_args
     def put(self, msg: _codec.Message, queue_id: int | None = None) -> _codec.PutResult:
         """Append one message; returns a PutResult. In SYNC mode it is durable on return."""
         self._check_open()
@@ -298,6 +335,7 @@ class MessageStore:
         return res
 
     @_gated
+    @_kernel_checks_args
     def put_batch(self, msgs: Iterable[_codec.Message], queue_id: int | None = None) -> list[_codec.PutResult]:
         """Append many messages under one lock and (SYNC) one flush; list of PutResult."""
         self._check_open()
