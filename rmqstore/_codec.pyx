@@ -1393,8 +1393,9 @@ cdef class Appender:
 
     def put_batch(self, msgs, queue_id=None):
         """Append every message of ``msgs`` with one store timestamp; list of PutResult.
-        All or nothing: every message is checked (type, topic, properties, size, queue id)
-        before the first is written, so a bad one anywhere stores none of them."""
+        All or nothing: every message is checked (type, topic, properties, size, queue id),
+        and every segment it rolls into is created, before the first is written, so a bad
+        message anywhere or a full disk stores none of them."""
         cdef list plans = [], out = []
         queue_id = queue_id_arg(queue_id)
         if isinstance(msgs, (str, bytes, Message)) or not hasattr(msgs, "__iter__"):
@@ -1407,6 +1408,9 @@ cdef class Appender:
                 plans.append(self._plan(<Message>m, queue_id))
             ts = now_ms()
             self.seg = self._last()
+            total = sum([plan[5] for plan in plans])
+            if total + 8 > self.seg.m.size - self.seg.wrote_pos:   # it rolls: make the files first
+                self.segments.make_room(self.seg, [plan[5] for plan in plans])
             for plan in plans:
                 out.append(self._write(plan, ts))
             return out
@@ -1424,6 +1428,7 @@ cdef class Appender:
         cdef dict props
         cdef _TopicState st = self.topics.get(topic)
         cdef int32_t qid
+        cdef int64_t size
         if msg.properties is None:
             raise InvalidArgumentTypeError("message properties must be a dict, not None")
         if self.stamp is not None:
@@ -1441,9 +1446,9 @@ cdef class Appender:
         if "DELAY" in props:
             topic, qid, props = self.delay(msg, topic, qid, props)
             st = self._state(topic)
-        record_size(msg, topic, props, self.store_host, self.version, self.max_size, self.segments.file_size,
-                    body_length(msg.body))
-        return (msg, topic, props, qid, st)
+        size = record_size(msg, topic, props, self.store_host, self.version, self.max_size,
+                           self.segments.file_size, body_length(msg.body))
+        return (msg, topic, props, qid, st, size)
 
     cdef PutResult _write(self, tuple plan, int64_t ts):
         """Encode a planned message at the end of the log (rolling when the segment is full):

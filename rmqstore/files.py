@@ -49,10 +49,22 @@ def refuse_symlink(path):
 
 def file_size(path):
     """Size of the store file ``path`` itself (lstat); a symlink is refused."""
-    st = os.lstat(path)
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise_errno(e.errno, path, "stat")
     if stat.S_ISLNK(st.st_mode):
         raise_errno(errno.ELOOP, path, "open")
     return st.st_size
+
+
+def only_zeros(path):
+    """Whether the store file ``path`` holds nothing but zeros (a file being created)."""
+    with os.fdopen(open_file(path, os.O_RDONLY), "rb") as f:
+        while chunk := f.read(1 << 20):
+            if chunk.strip(b"\0"):
+                return False
+    return True
 
 
 def open_file(path, flags, mode=0o600):

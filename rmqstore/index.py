@@ -1,4 +1,5 @@
 """IndexService: RocketMQ's IndexFiles (key -> commitlog offsets), built by dispatch."""
+import errno
 import itertools
 import logging
 import os
@@ -31,6 +32,17 @@ def detect_geometry(path, size, slots, entries):
         return s, 4 * s
     raise CorruptStoreError(f"{path}: {size} bytes fits neither {slots} slots / {entries} entries "
                             "nor a 1:4 slots-to-entries geometry")
+
+
+def _being_changed(error, path, newest):
+    """Whether a read-only open met an index file a live writer is removing or creating:
+    gone since the listing, or the newest one still empty (its size is reserved in one step)."""
+    if isinstance(error, OSError):
+        return error.errno == errno.ENOENT
+    try:
+        return newest and file_size(path) == 0
+    except OSError as e:
+        return e.errno == errno.ENOENT
 
 
 class IndexFile:
@@ -103,8 +115,13 @@ class IndexService:
             names = []
         for name in names:
             path = os.path.join(self.directory, name)
-            slots, entries = detect_geometry(path, file_size(path), cfg.index_slots, cfg.index_entries)
-            seg = MappedSegment(path, 0, _index.file_size(slots, entries), readonly=self.readonly)
+            try:
+                slots, entries = detect_geometry(path, file_size(path), cfg.index_slots, cfg.index_entries)
+                seg = MappedSegment(path, 0, _index.file_size(slots, entries), readonly=self.readonly)
+            except (OSError, CorruptStoreError) as e:
+                if self.readonly and _being_changed(e, path, name == names[-1]):
+                    continue   # a live writer's retention removed it, or it is creating it
+                raise
             self.files.append(IndexFile(seg, slots, entries))
         if not self.readonly:
             ts_limit = LONG_MAX if clean_shutdown else self.checkpoint.index_msg_timestamp - 1000

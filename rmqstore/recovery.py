@@ -102,7 +102,10 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
         end = seg.base_offset + pos
         if status != "end":
             rep.stop_reason = f"{status} at commitlog offset {end}"
-            log.warning("recovery: %s; truncating", rep.stop_reason)
+            if commitlog.readonly:   # maybe a record a live writer is still copying in
+                log.info("read-only open: valid data ends at %d (%s)", end, status)
+            else:
+                log.warning("recovery: %s; truncating", rep.stop_reason)
         break
     rep.end_offset = end
     if not commitlog.readonly:
@@ -111,7 +114,7 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
             rep.commitlog_bytes_truncated += _zero_stale_tail(commitlog.segments.find(end), end)
     else:   # what the writer's recovery would cut, reported; the files are left alone
         rep.commitlog_bytes_truncated = commitlog.segments.bytes_after(end)
-        _set_positions_readonly(commitlog.segments, end)
+        commitlog.segments.view_until(end)
     commitlog.segments.flushed_where = end
     rep.seconds = time.monotonic() - t0
     log.info("recovery (%s shutdown): %d segments, %d records verified from %d, end %d, %d bytes truncated, "
@@ -138,10 +141,3 @@ def _zero_stale_tail(seg, end):
     seg.zero(pos, seg.size - pos)
     seg.sync_all()
     return seg.size - pos
-
-
-def _set_positions_readonly(segments, end):
-    """Read-only open: publish positions up to ``end`` without touching the files."""
-    for seg in segments.segments:
-        pos = min(seg.size, max(0, end - seg.base_offset))
-        seg.wrote_pos = seg.flushed_pos = pos

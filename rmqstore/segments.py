@@ -1,12 +1,13 @@
 """SegmentQueue: an ordered run of fixed-size mapped files named by their start offset."""
 import bisect
+import errno
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore._segment import PREFAULT_WRITE, MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
-from rmqstore.files import file_size, make_dirs, open_file, refuse_symlink
+from rmqstore.files import file_size, make_dirs, only_zeros, refuse_symlink
 
 
 def segment_name(offset):
@@ -25,9 +26,15 @@ def list_segment_files(directory):
 
 
 def detect_file_size(directory):
-    """The segment size a foreign store used: the size of its first file (None if empty)."""
-    files = list_segment_files(directory)
-    return file_size(files[0][1]) if files else None
+    """The segment size a foreign store used: the size of its first file (None if empty;
+    a file removed since the listing is passed over)."""
+    for _, path in list_segment_files(directory):
+        try:
+            return file_size(path)
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                raise
+    return None
 
 
 class SegmentQueue:
@@ -55,38 +62,51 @@ class SegmentQueue:
         self._alloc = ThreadPoolExecutor(1, thread_name_prefix="rmq-alloc") if preallocate and not readonly else None
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
         self._pending = None   # (offset, Future[MappedSegment])
+        self._made = {}        # offset -> MappedSegment created ahead by make_room
         self._closed = False
         self.flushed_where = 0
+        self._end = None       # read-only: where recovery found the data to end
 
     # -- loading -----------------------------------------------------------------------
     def load(self):
         """Map every existing segment (read-write unless read-only). Positions start at
-        the full size; recovery sets the real ones."""
+        the full size; recovery sets the real ones. Read-only, files a live writer removes
+        or is still creating at either end are left out: the rest is a consistent run."""
         segs = []
         files = list_segment_files(self.directory)
         try:
             for offset, path in files:
-                size = file_size(path)
-                if size != self.file_size and path == files[-1][1] and _interrupted_create(path, size, self.file_size):
-                    # killed between creating the newest file and reserving its blocks
-                    if not self.readonly:
-                        os.unlink(path)
-                    continue
-                if size != self.file_size:
-                    raise CorruptStoreError(f"{path}: {size} bytes, expected {self.file_size}")
-                if segs and offset != segs[-1].base_offset + self.file_size:
-                    raise CorruptStoreError(
-                        f"{path}: starts at {offset}, expected {segs[-1].base_offset + self.file_size}"
-                        " (missing segment)")
-                seg = MappedSegment(path, offset, self.file_size, readonly=self.readonly)
-                seg.wrote_pos = seg.flushed_pos = self.file_size
-                segs.append(seg)
+                try:
+                    seg = self._load_one(offset, path, path == files[-1][1], segs)
+                except OSError as e:
+                    if e.errno == errno.ENOENT and self.readonly and (not segs or path == files[-1][1]):
+                        continue   # a live writer's retention or close removed it since listing
+                    raise
+                if seg is not None:
+                    segs.append(seg)
         except BaseException:
             for s in segs:
                 s.close()
             raise
         self._publish(segs)
         return self
+
+    def _load_one(self, offset, path, newest, segs):
+        size = file_size(path)
+        if size < self.file_size and newest and only_zeros(path):
+            # being created by a live writer, or killed between creating it and reserving its blocks
+            if not self.readonly:
+                os.unlink(path)
+            return None
+        if size != self.file_size:
+            raise CorruptStoreError(f"{path}: {size} bytes, expected {self.file_size}")
+        if segs and offset != segs[-1].base_offset + self.file_size:
+            raise CorruptStoreError(
+                f"{path}: starts at {offset}, expected {segs[-1].base_offset + self.file_size}"
+                " (missing segment)")
+        seg = MappedSegment(path, offset, self.file_size, readonly=self.readonly)
+        seg.wrote_pos = seg.flushed_pos = self.file_size
+        return seg
 
     def _publish(self, segs):
         self._view = (segs, [s.base_offset for s in segs])
@@ -104,6 +124,8 @@ class SegmentQueue:
     @property
     def max_offset(self):
         """End of written data: last segment's base + its write position (0 when empty)."""
+        if self._end is not None:
+            return self._end
         segs = self.segments
         return segs[-1].base_offset + segs[-1].wrote_pos if segs else 0
 
@@ -140,24 +162,42 @@ class SegmentQueue:
             raise StoreClosedError(f"{self.directory}: closed")
         if offset is None:
             offset = self.max_offset if not self.segments else self.segments[-1].base_offset + self.file_size
-        seg = None
+        seg = self._made.pop(offset, None)
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
-            if pending[0] == offset:
-                seg = pending[1].result()
-                seg.wrote_pos = seg.flushed_pos = 0
+            if pending[0] == offset and seg is None:
+                seg = _made_or_none(pending[1])   # failed in the background: try again here
             else:
-                pending[1].result().close()
+                self._discard(pending[1])
         if seg is None:
             seg = self._open_new(offset)
         self._publish(self.segments + [seg])
-        if self._alloc is not None:
-            nxt = offset + self.file_size
+        nxt = offset + self.file_size
+        if self._alloc is not None and nxt not in self._made:
             with self._lock:
                 if not self._closed:
                     self._pending = (nxt, self._alloc.submit(self._warm, nxt))
         return seg
+
+    def make_room(self, last, sizes):
+        """Create now the segments that appending records of ``sizes`` after ``last`` rolls
+        into, so a full disk fails a batch before any of it is written. All or none: on
+        an error the files made here are removed."""
+        pos, base, made = last.wrote_pos, last.base_offset, []
+        try:
+            for size in sizes:
+                if size + 8 > self.file_size - pos:   # the encoder's rule: BLANK, then roll
+                    base, pos = base + self.file_size, 0
+                    if base not in self._made and not self._pending_ok(base):
+                        self._made[base] = seg = self._open_new(base)
+                        made.append(seg)
+                pos += size
+        except BaseException:
+            for seg in made:
+                del self._made[seg.base_offset]
+                self._delete(seg)
+            raise
 
     def flush(self, least_pages=0):
         """Flush every segment from the one holding ``flushed_where``; returns whether the
@@ -195,6 +235,14 @@ class SegmentQueue:
         self.flushed_where = min(self.flushed_where, offset)
         return dropped
 
+    def view_until(self, offset):
+        """Read-only: the data ends at ``offset`` (what a writer's recovery would keep).
+        Segments after it stay mapped for ``verify`` but hold no readable data, so a live
+        writer's pre-made next file does not move the end; no file is touched."""
+        for seg in self.segments:
+            seg.wrote_pos = seg.flushed_pos = min(seg.size, max(0, offset - seg.base_offset))
+        self._end = offset
+
     def bytes_after(self, offset):
         """The bytes of old data ``truncate(offset)`` would discard; changes nothing."""
         return sum(self._bytes_after(seg, offset) for seg in self.segments)
@@ -215,6 +263,17 @@ class SegmentQueue:
         for s in segs:
             self._delete(s)
 
+    def _pending_ok(self, offset):
+        """Whether the background preallocation of ``offset`` exists and succeeded (waits)."""
+        pending = self._pending
+        return pending is not None and pending[0] == offset and pending[1].exception() is None
+
+    def _discard(self, future):
+        """Remove an unused preallocated file (it holds no data, so reopening sees none)."""
+        seg = _made_or_none(future)
+        if seg is not None:
+            self._delete(seg)
+
     def _delete(self, seg):
         seg.close()
         if not self.readonly:
@@ -230,27 +289,22 @@ class SegmentQueue:
         if self._alloc is not None:
             self._alloc.shutdown(wait=True)
         if pending is not None:
-            try:
-                seg = pending[1].result()
-            except Exception:
-                seg = None
-            if seg is not None:
-                # an unused preallocated file holds no data: remove it so reopening sees none
-                seg.close()
-                os.unlink(seg.path)
+            self._discard(pending[1])
+        for seg in self._made.values():   # made for a batch that then failed: no data
+            self._delete(seg)
+        self._made = {}
         for seg in self.segments:
             seg.close()
 
 
-def _interrupted_create(path, size, file_size):
-    """Whether a file shorter than ``file_size`` holds nothing but zeros."""
-    if size > file_size:
-        return False
-    with os.fdopen(open_file(path, os.O_RDONLY), "rb") as f:
-        while chunk := f.read(1 << 20):
-            if chunk.strip(b"\0"):
-                return False
-    return True
+def _made_or_none(future):
+    """The segment a background preallocation made, or None if making it failed."""
+    try:
+        seg = future.result()
+    except Exception:
+        return None
+    seg.wrote_pos = seg.flushed_pos = 0
+    return seg
 
 
 def _has_data(seg, pos, probe=4096):

@@ -68,3 +68,25 @@ def test_asv_run_and_publish_from_a_clean_tree(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     graphs = list((tmp_path / "html" / "graphs").rglob("append.Put.time_put.json"))
     assert graphs and json.loads(graphs[0].read_text()), "published site has no results"
+
+
+def test_latency_percentiles_by_hand():
+    from rmqstore import latency
+    p = latency.percentiles(range(1000, 101_000, 1000))   # 1..100 µs
+    assert (p["p50"], p["max"], p["calls"]) == (50.5, 100.0, 100)
+    assert abs(p["p99"] - 99.01) < 1e-9 and abs(p["p99.9"] - 99.901) < 1e-9
+
+
+def test_latency_run_times_every_call(tmp_path):
+    from rmqstore import latency
+    results = latency.run(str(tmp_path), messages=3000, body_size=100, sync_messages=16, segment=64 << 10)
+    assert list(results) == ["put async", "put async at rollover", "get_messages(1)",
+                             "put SYNC, 1 thread(s)", "put SYNC, 8 thread(s)"]
+    assert results["put async"]["calls"] == 3000 and results["put SYNC, 8 thread(s)"]["calls"] == 16
+    from rmqstore import MessageStore
+    with MessageStore(tmp_path / "async", read_only=True) as s:
+        segments_used = {m.phy_offset // (64 << 10) for m in s.scan()}
+    assert results["put async at rollover"]["calls"] == len(segments_used) - 1 > 0
+    for p in results.values():
+        assert 0 < p["p50"] <= p["p99"] <= p["p99.9"] <= p["max"]
+    assert "p99.9 µs" in latency.format_table(results).splitlines()[0]

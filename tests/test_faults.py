@@ -172,6 +172,49 @@ def test_failed_segment_create_keeps_nothing(tmp_path, op, err):
     assert got["bodies"] == ["second"] and got["verify_ok"] is True
 
 
+def batch_scenario(path, op, err, warm, rolls):
+    """A put_batch that rolls into ``rolls`` new segments while the disk is full: it raises
+    and stores none of its messages (none dispatched either); the same batch goes in once
+    there is space again, and the store reopens and verifies."""
+    from rmqstore import Message, MessageStore
+    from rmqstore._segment import inject_fault
+    out = {}
+    cfg = _config().with_(flush_mode="async", warm_mapped_file=warm == "warm", warm_ahead_bytes=16 << 10)
+    first = [Message("T", b"a" * 500) for _ in range(100)]           # 100 x ~600 B: most of segment 0
+    batch = [Message("T", b"b%04d" % i + b"b" * 500, keys=f"b{i}") for i in range(100 * rolls)]
+    with MessageStore(path, cfg) as s:
+        s.put_batch(first, 0)
+        s.wait_dispatched(10)
+        inject_fault(op, 1 if rolls == 1 or warm == "warm" else 2, err, "/commitlog/")
+        try:
+            s.put_batch(batch, 0)
+            out["batch"] = "stored"
+        except OSError as e:
+            out["batch"] = f"{type(e).__name__}:{e.errno}"
+        s.wait_dispatched(10)
+        out["queue_after_fault"] = s.max_offset("T", 0)
+        out["log_after_fault"] = sum(1 for _ in s.scan())
+        s.put_batch(batch, 0)
+    with MessageStore(path, _config()) as s:
+        out["bodies"] = [m.body[:5].decode() for m in s.scan()]
+        out["verify_ok"] = s.verify().ok
+    return out
+
+
+@pytest.mark.parametrize("rolls", [1, 2])
+@pytest.mark.parametrize("warm", ["cold", "warm"])
+@pytest.mark.parametrize("op", ["fallocate", "open"])
+def test_batch_that_rolls_on_a_full_disk_stores_nothing(tmp_path, op, warm, rolls):
+    got = _run("batch", tmp_path / "s", op, errno.ENOSPC, warm, rolls)
+    if got["batch"] == "stored":   # the fault hit a segment made ahead of the batch, in the background
+        assert warm == "warm"
+    else:
+        assert got["batch"] == f"DiskFullError:{errno.ENOSPC}"
+        assert got["queue_after_fault"] == 100 and got["log_after_fault"] == 100
+    expected = ["aaaaa"] * 100 + [f"b{i:04d}" for i in range(100 * rolls)] * (2 if got["batch"] == "stored" else 1)
+    assert got["bodies"] == expected and got["verify_ok"] is True
+
+
 def test_faults_armed_from_the_environment(tmp_path):
     """RMQ_FAULTS arms a fault as the library loads: the 1st commitlog msync fails."""
     code = ("import sys; from rmqstore import *; from test_faults import _config\n"
@@ -196,6 +239,8 @@ if __name__ == "__main__":
     what, path, *rest = sys.argv[1:]
     if what == "flush":
         result = scenario(path, rest[0], int(rest[1]), int(rest[2]))
+    elif what == "batch":
+        result = batch_scenario(path, rest[0], int(rest[1]), rest[2], int(rest[3]))
     else:
         result = space_scenario(path, rest[0], int(rest[1]))
     print(json.dumps(result))

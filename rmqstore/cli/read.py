@@ -17,6 +17,7 @@ from rmqstore.cli.common import (
     print_table,
     progress,
 )
+from rmqstore.errors import StoreError
 
 
 def _index_files(s):
@@ -138,20 +139,28 @@ def cmd_dump(args):
 
 def cmd_tail(args):
     """Poll: reopen read-only (a read-only store does not see later appends) and print
-    what was appended after the last message printed."""
-    pos, printed = args.from_offset, 0
+    what was appended after the last message printed. Once following, a reopen that fails
+    (a live writer mid-change, a store being restored) is reported and retried."""
+    pos, printed, last_error = args.from_offset, 0, None
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     while True:
-        with open_store(args) as s:
+        try:
+            with open_store(args) as s:
+                if pos is None:
+                    pos = s.max_phy_offset
+                for m in _scan(s, args, pos):
+                    print_line(message_dict(m, args.body)) if args.json else print(message_line(m))
+                    pos = m.phy_offset + m.store_size
+                    printed += 1
+                    if args.max and printed >= args.max:
+                        return
+                pos = max(pos, s.max_phy_offset)
+        except StoreError as e:
             if pos is None:
-                pos = s.max_phy_offset
-            for m in _scan(s, args, pos):
-                print_line(message_dict(m, args.body)) if args.json else print(message_line(m))
-                pos = m.phy_offset + m.store_size
-                printed += 1
-                if args.max and printed >= args.max:
-                    return
-            pos = max(pos, s.max_phy_offset)
+                raise
+            if str(e) != last_error:   # once per distinct error, not every poll
+                print(f"rmqstore tail: {e}; retrying", file=sys.stderr)
+            last_error = str(e)
         sys.stdout.flush()
         if deadline is not None and time.monotonic() >= deadline:
             return

@@ -255,7 +255,11 @@ class _Verifier:
                 done.append(sg)
                 if progress is not None:
                     progress(seg.size)
+        if self.read_only:   # check everything on disk, also past where a writer's recovery would cut
+            end = max([end] + [int(sg.parts["phy"][-1][-1] + sg.parts["size"][-1][-1])
+                               for sg in done if sg.parts["phy"] and len(sg.parts["phy"][-1])])
         self.recs = _Records(done, end)
+        return end
 
     # -- 2. consume queues ----------------------------------------------------------------------
     def consume_queues(self, end):
@@ -451,7 +455,7 @@ def verify(commitlog: SegmentQueue, consume_queues: ConsumeQueueTable, index: In
     end = commitlog.max_offset
     v = _Verifier(commitlog, consume_queues, index, checkpoint, delays, read_only, clean_shutdown, max_problems)
     v.rep.commitlog_end = end
-    v.commitlog(end, progress)
+    end = v.commitlog(end, progress)
     v.consume_queues(end)
     v.index(end)
     v.checkpoint(time.time_ns() // 1_000_000)

@@ -1,0 +1,20 @@
+"""Per-call latency (rmqstore.latency) tracked by asv: p50 / p99 / p99.9 / max in µs of put
+(async, at a segment rollover, SYNC with 1 and 8 threads) and get_messages of one message."""
+from rmqstore import latency
+
+CALLS = ["put async", "put async at rollover", "put SYNC, 1 thread(s)", "put SYNC, 8 thread(s)",
+         "get_messages(1)"]
+
+
+class Latency:
+    params = [CALLS, ["p50", "p99", "p99.9", "max"]]
+    param_names = ["call", "percentile"]
+    timeout = 900
+
+    def setup_cache(self):
+        return latency.run(messages=100_000, sync_messages=1_000)
+
+    def track_latency(self, results, call, percentile):
+        return results[call][percentile] if call in results else float("nan")
+
+    track_latency.unit = "µs"

@@ -1,0 +1,135 @@
+"""Latency of single calls: p50 / p99 / p99.9 / max of ``put`` and ``get_messages``.
+
+Throughput hides the tail an embedding application feels. This times every call on its own
+(``perf_counter_ns``) and reports the percentiles in microseconds for:
+
+- ``put``, async flush, one thread, and what the puts that rolled to a new segment cost;
+- ``put``, SYNC flush, with 1 and 8 threads (group commit: a call returns once durable);
+- ``get_messages`` of one message at a random queue offset.
+
+``python -m rmqstore.latency [--dir D] [--messages N] [--body-size B]``
+"""
+import argparse
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from rmqstore import Message, MessageStore, StoreConfig
+
+TOPIC = "latency"
+QUEUES = 8
+SEGMENT = 16 << 20   # small segments, so a run crosses several rollovers
+
+
+def percentiles(ns):
+    """p50 / p99 / p99.9 / max of ``ns`` (nanoseconds), in microseconds."""
+    a = np.asarray(ns, dtype=np.float64) / 1000.0
+    p50, p99, p999 = np.percentile(a, [50, 99, 99.9])
+    return {"p50": p50, "p99": p99, "p99.9": p999, "max": float(a.max()), "calls": len(a)}
+
+
+def _config(mode, segment=SEGMENT):
+    return StoreConfig(commitlog_file_size=segment, flush_mode=mode, default_queue_nums=QUEUES)
+
+
+def put_async(directory, messages, body, segment=SEGMENT):
+    """Time every put of one thread; the puts that rolled are reported apart."""
+    times = np.empty(messages, dtype=np.int64)
+    rolled = []
+    clock = time.perf_counter_ns
+    with MessageStore(directory, _config("async", segment)) as s:
+        put = s.put
+        last_segment = -1
+        for i in range(messages):
+            m = Message(TOPIC, body, keys=f"k{i}")
+            t0 = clock()
+            r = put(m)
+            times[i] = clock() - t0
+            if r.phy_offset // segment != last_segment:
+                last_segment = r.phy_offset // segment
+                rolled.append(times[i])
+        s.wait_dispatched()
+    out = {"put async": percentiles(times)}
+    if len(rolled) > 1:   # the first put of segment 0 is not a rollover
+        out["put async at rollover"] = percentiles(rolled[1:])
+    return out
+
+
+def put_sync(directory, messages, body, threads):
+    """Time every SYNC put across ``threads`` threads (each call returns once flushed)."""
+    per_thread = max(1, messages // threads)
+    times = [np.empty(per_thread, dtype=np.int64) for _ in range(threads)]
+    clock = time.perf_counter_ns
+    with MessageStore(directory, _config("sync")) as s:
+        def work(out):
+            for i in range(per_thread):
+                m = Message(TOPIC, body)
+                t0 = clock()
+                s.put(m)
+                out[i] = clock() - t0
+        workers = [threading.Thread(target=work, args=(t,)) for t in times]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    return percentiles(np.concatenate(times))
+
+
+def get_one(directory, reads, seed=0):
+    """Time ``get_messages(max_count=1)`` at random offsets of the async run's queues."""
+    rnd = random.Random(seed)
+    clock = time.perf_counter_ns
+    times = np.empty(reads, dtype=np.int64)
+    with MessageStore(directory, read_only=True) as s:
+        ends = [s.max_offset(TOPIC, q) for q in range(QUEUES)]
+        picks = [(q, rnd.randrange(ends[q])) for q in (rnd.randrange(QUEUES) for _ in range(reads))]
+        for i, (q, off) in enumerate(picks):
+            t0 = clock()
+            r = s.get_messages(TOPIC, q, off, 1)
+            times[i] = clock() - t0
+            if len(r.messages) != 1:
+                raise RuntimeError(f"get_messages({TOPIC}, {q}, {off}, 1) gave {len(r.messages)} messages")
+    return percentiles(times)
+
+
+def run(directory=None, messages=300_000, body_size=128, sync_messages=2_000, segment=SEGMENT):
+    """Every measurement above; returns {name: percentiles}."""
+    work = directory or tempfile.mkdtemp(prefix="rmq-latency-")
+    body = os.urandom(body_size)
+    try:
+        results = put_async(os.path.join(work, "async"), messages, body, segment)
+        results["get_messages(1)"] = get_one(os.path.join(work, "async"), min(messages, 100_000))
+        for threads in (1, 8):
+            results[f"put SYNC, {threads} thread(s)"] = put_sync(
+                os.path.join(work, f"sync{threads}"), sync_messages, body, threads)
+        return results
+    finally:
+        if directory is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def format_table(results):
+    lines = [f"{'call':<26}{'calls':>9}{'p50 µs':>10}{'p99 µs':>10}{'p99.9 µs':>10}{'max µs':>11}"]
+    for name, p in results.items():
+        lines.append(f"{name:<26}{p['calls']:>9}{p['p50']:>10.2f}{p['p99']:>10.2f}{p['p99.9']:>10.2f}"
+                     f"{p['max']:>11.1f}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m rmqstore.latency", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
+    p.add_argument("--messages", type=int, default=300_000, help="async puts (300000)")
+    p.add_argument("--sync-messages", type=int, default=2_000, help="SYNC puts per thread count (2000)")
+    p.add_argument("--body-size", type=int, default=128, help="bytes per body (128)")
+    a = p.parse_args(argv)
+    print(format_table(run(a.dir, a.messages, a.body_size, a.sync_messages)))
+
+
+if __name__ == "__main__":
+    main()
