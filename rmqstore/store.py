@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from rmqstore.errors import (
     CorruptRecordError,
     CorruptStoreError,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     MessageNotFoundError,
     StoreClosedError,
     StoreError,
@@ -35,7 +36,7 @@ from rmqstore.errors import (
 from rmqstore.files import create_new, open_file, store_dir
 from rmqstore.flush import FlushService
 from rmqstore.index import IndexService
-from rmqstore.maintenance.rebuild import rebuild as rebuild_logics
+from rmqstore.maintenance.rebuild import dispatch_all, fresh_logics
 from rmqstore.maintenance.retention import RetentionReport, clean_expired
 from rmqstore.maintenance.verify import VerifyReport
 from rmqstore.maintenance.verify import verify as verify_components
@@ -57,30 +58,102 @@ def _int(name: str, v: Any) -> Any:
         _codec.int_arg(name, v, -(1 << 63), (1 << 63) - 1)
 
 
+def _bad_type(name: str, v: Any, due: str) -> NoReturn:
+    raise InvalidArgumentTypeError(f"{name} must be {due}, not {type(v).__name__}")
+
+
+def _bool(name: str, v: Any) -> Any:
+    return v if type(v) is bool else _bad_type(name, v, "True or False")
+
+
+def _seconds(name: str, v: Any) -> Any:
+    """None or an int/float of seconds (no bool) that a wait or a clock accepts."""
+    if v is None:
+        return v
+    if type(v) not in (int, float):
+        _bad_type(name, v, "a number of seconds or None")
+    if not -threading.TIMEOUT_MAX <= v <= threading.TIMEOUT_MAX:   # also refuses NaN
+        raise InvalidArgumentError(f"{name} {v} out of range [-{threading.TIMEOUT_MAX}, {threading.TIMEOUT_MAX}]")
+    return v
+
+
+def _callable(name: str, v: Any) -> Any:
+    return v if v is None or callable(v) else _bad_type(name, v, "callable or None")
+
+
+def _str_sequence(name: str, v: Any) -> Any:
+    """A list/tuple-like of str (each element is checked where it is used)."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        _bad_type(name, v, "a sequence of str")
+    return v
+
+
+def _store_path(name: str, v: Any) -> Any:
+    """A str or os.PathLike naming a directory: not empty, no NUL."""
+    if not isinstance(v, (str, os.PathLike)):
+        _bad_type(name, v, "a str or os.PathLike")
+    p = os.fspath(v)
+    p = os.fsdecode(p) if isinstance(p, bytes) else p
+    if not p or "\0" in p:
+        raise InvalidArgumentError(f"{name} must be a non-empty path without NUL, got {p!r}")
+    return v
+
+
+def _config(name: str, v: Any) -> Any:
+    return v if v is None or isinstance(v, StoreConfig) else _bad_type(name, v, "a StoreConfig or None")
+
+
 _ARG_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "str": _codec.text_arg,
+    "str | None": lambda name, v: v if v is None else _codec.text_arg(name, v),
     "int": _int,
     "int | None": lambda name, v: v if v is None else _int(name, v),
+    "bool": _bool,
+    "float | None": _seconds,
+    "Progress | None": _callable,
+    "Sequence[str]": _str_sequence,
+    "str | os.PathLike[str]": _store_path,
+    "StoreConfig | None": _config,
 }
 
 
-def _gated(method: F) -> F:
-    """Run ``method`` as an in-flight operation: close() waits for it to end, and once
-    close() has begun it raises StoreClosedError instead of starting. Arguments annotated
-    ``str``, ``int`` or ``int | None`` are checked first (InvalidArgumentError: no None
-    for a str, no bool, float or str for an int)."""
+def _arg_checks(method: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], None]:
+    """A function checking the arguments of ``method`` that carry an annotation listed in
+    _ARG_CHECKS (InvalidArgumentError, or InvalidArgumentTypeError for a wrong type)."""
     params = list(inspect.signature(method).parameters.values())[1:]
     checks = [(i, p.name, _ARG_CHECKS[p.annotation]) for i, p in enumerate(params)
               if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS
               and not getattr(method, "kernel_checks_args", False)]
 
+    def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        for i, name, f in checks:
+            if i < len(args):
+                f(name, args[i])
+            elif name in kwargs:
+                f(name, kwargs[name])
+    return check
+
+
+def _checked(method: F) -> F:
+    """Check the annotated arguments of ``method`` (see _arg_checks) before it runs."""
+    check = _arg_checks(method)
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        check(args, kwargs)
+        return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
+
+
+def _gated(method: F) -> F:
+    """Run ``method`` as an in-flight operation: close() waits for it to end, and once
+    close() has begun it raises StoreClosedError instead of starting. Annotated arguments
+    are checked first (see _arg_checks)."""
+    check = _arg_checks(method)
+
     @functools.wraps(method)
     def run(self: MessageStore, *args: Any, **kwargs: Any) -> Any:
-        for i, name, check in checks:
-            if i < len(args):
-                check(name, args[i])
-            elif name in kwargs:
-                check(name, kwargs[name])
+        check(args, kwargs)
         self._enter()
         try:
             return method(self, *args, **kwargs)
@@ -124,6 +197,7 @@ class MessageStore:
     lock, reads take none. Crash behaviour: see recovery.py and flush.py.
     """
 
+    @_checked
     def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None, read_only: bool = False,
                  progress: Progress | None = None) -> None:
         self.path = os.path.abspath(str(path))
@@ -369,6 +443,7 @@ class MessageStore:
             raise MessageNotFoundError(f"msgId {msg_id}: stored by another host")
         return m
 
+    @_gated
     def scan(self, from_offset: int = 0, to_offset: int | None = None,
              check_crc: bool = False) -> Iterator[_codec.MessageExt]:
         self._check_open()
@@ -385,6 +460,7 @@ class MessageStore:
         return self.commitlog.max_offset
 
     # -- dispatch state -------------------------------------------------------------------
+    @_checked
     def wait_dispatched(self, timeout: float | None = None) -> bool:
         self._check_open()
         if self.read_only:
@@ -547,6 +623,8 @@ class MessageStore:
         a VerifyReport listing at most ``max_problems``. ``progress(nbytes)`` is called
         after each commitlog segment."""
         self._check_open()
+        if max_problems < 0:
+            raise InvalidArgumentError(f"max_problems must be >= 0, got {max_problems}")
 
         def step(nbytes: int) -> None:
             self._stop_if_closing()
@@ -569,10 +647,13 @@ class MessageStore:
         with self._maintenance, self.commitlog.lock, self._logics_lock:
             self.dispatcher.stop()
             start = self.commitlog.min_offset
-            self.consume_queues, self.index, self._cq_builder, d = rebuild_logics(
-                self.path, self.config, self.commitlog, self.checkpoint, self.consume_queues, self.index, progress)
+            self.consume_queues, self.index, self._cq_builder, d = fresh_logics(
+                self.path, self.config, self.commitlog, self.checkpoint, self.consume_queues, self.index)
             self.dispatcher = d
-            d.start()
+            try:
+                dispatch_all(self.commitlog, self.consume_queues, d, progress)
+            finally:
+                d.start()
         self.flush()
         if d.error is not None:
             raise CorruptRecordError(f"{self.path}: rebuild stopped: {d.error}") from d.error

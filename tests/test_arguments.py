@@ -14,6 +14,8 @@ CALLS = {
     "read_queue_columns": ("T", 0, 0, 1), "get_messages": ("T", 0, 0, 4), "offset_by_time": ("T", 0, 0),
     "commit_offset": ("g", "T", 0, 1), "committed_offset": ("g", "T", 0), "query_offsets": ("T", "k", 4, 0, None),
     "query_by_key": ("T", "k", 4, 0, None), "query_by_uniq_key": ("T", "u"), "put": (Message("T", b"x"), 0),
+    "scan": (0, None, False), "query_keys": ("T", ["k"], 4, 0, None), "wait_dispatched": (1.0,),
+    "verify": (None, 10), "clean_expired": (None, True), "rebuild": (None,),
 }
 
 
@@ -34,9 +36,49 @@ def test_bad_arguments_are_invalid_argument_errors(store, name):
             args = list(good)
             args[i] = bad
             try:
-                method(*args)
+                r = method(*args)
+                if hasattr(r, "__next__"):
+                    list(r)
             except InvalidArgumentError as e:
                 assert isinstance(e, (TypeError, ValueError))
             except StoreError:
                 pass
     assert bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
+
+
+@pytest.mark.parametrize("position", range(4))
+def test_bad_constructor_arguments(tmp_path, position):
+    good = [str(tmp_path / "s"), StoreConfig(warm_mapped_file=False), False, None]
+    for bad in BAD + ["", "a\0b", 0, 7]:
+        args = list(good)
+        args[position] = bad
+        if position == 0 and isinstance(bad, str) and bad and "\0" not in bad:
+            continue   # a relative directory name is a valid path
+        if (position, bad) in ((1, None), (2, True), (3, None)):
+            continue   # valid values
+        with pytest.raises(InvalidArgumentError):
+            MessageStore(*args).close()
+    assert not any(tmp_path.iterdir())   # nothing was created
+
+
+def test_progress_callback_failing_mid_rebuild_leaves_a_whole_store(tmp_path):
+    """rebuild() propagates the callback's error, but only once every queue is rebuilt:
+    reads, appends (at the right queue offsets) and verify go on as before."""
+    cfg = StoreConfig(commitlog_file_size=1 << 14, consume_queue_entries=50, warm_mapped_file=False, **SMALL_INDEX)
+    calls = []
+
+    def progress(n):
+        calls.append(n)
+        raise KeyError("stop")
+
+    with MessageStore(tmp_path / "s", cfg) as s:
+        s.put_batch([Message("T", b"m%d" % i, keys=[f"k{i}"]) for i in range(300)], 0)
+        with pytest.raises(KeyError):
+            s.rebuild(progress)
+        assert len(calls) == 1
+        assert s.max_offset("T", 0) == 300 and s.put(Message("T", b"after"), 0).queue_offset == 300
+        s.wait_dispatched()
+        assert [m.body for m in s.get_messages("T", 0, 300, 2).messages] == [b"after"]
+        assert [m.body for m in s.get_messages("T", 0, 0, 300).messages][:3] == [b"m0", b"m1", b"m2"]
+        assert [m.body for m in s.query_by_key("T", "k7")] == [b"m7"]
+        assert s.verify().ok

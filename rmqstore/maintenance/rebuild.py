@@ -20,14 +20,13 @@ if TYPE_CHECKING:
     from rmqstore.config import StoreConfig
 
 
-def rebuild(root: str, config: StoreConfig, commitlog: CommitLog, checkpoint: Checkpoint,
-            consume_queues: ConsumeQueueTable, index: IndexService | None,
-            progress: Callable[[int], object] | None = None
-            ) -> tuple[ConsumeQueueTable, IndexService | None, ConsumeQueueBuilder, Dispatcher]:
-    """Close ``consume_queues`` and ``index``, delete their files and dispatch the whole
-    commitlog into new ones (the caller holds the write lock and has stopped dispatch).
-    ``progress(nbytes)`` follows the dispatch. Returns the new table, index, CQ builder and
-    dispatcher (not started; its ``error`` says where a bad record stopped it)."""
+def fresh_logics(root: str, config: StoreConfig, commitlog: CommitLog, checkpoint: Checkpoint,
+                 consume_queues: ConsumeQueueTable, index: IndexService | None
+                 ) -> tuple[ConsumeQueueTable, IndexService | None, ConsumeQueueBuilder, Dispatcher]:
+    """Close ``consume_queues`` and ``index``, delete their files and make empty new ones
+    (the caller holds the write lock and has stopped dispatch). Returns the new table,
+    index, CQ builder and a dispatcher at the commitlog minimum (not started): install
+    them, then ``dispatch_all``."""
     cfg = config
     if index is not None:
         if index.files:   # keep the store's index geometry
@@ -41,11 +40,21 @@ def rebuild(root: str, config: StoreConfig, commitlog: CommitLog, checkpoint: Ch
     if index is not None:
         index = IndexService(root, cfg, checkpoint).load(True, commitlog.max_offset)
     builder = ConsumeQueueBuilder(table, cfg.delay_levels_ms())
-    done = commitlog.min_offset
-    d = new_dispatcher(commitlog, done, builder, index)
-    while d.run_once():
-        if progress is not None:
-            progress(d.reput_from - done)
-        done = d.reput_from
-    commitlog.queue_offsets = {k: cq.max_offset for k, cq in table.queues.items()}
-    return table, index, builder, d
+    return table, index, builder, new_dispatcher(commitlog, commitlog.min_offset, builder, index)
+
+
+def dispatch_all(commitlog: CommitLog, table: ConsumeQueueTable, d: Dispatcher,
+                 progress: Callable[[int], object] | None = None) -> None:
+    """Dispatch the whole commitlog with ``d`` (its ``error`` says where a bad record
+    stopped it); ``progress(nbytes)`` follows. Should ``progress`` raise, the dispatch is
+    still finished before the error propagates, so no queue is left half built."""
+    done = d.reput_from
+    try:
+        while d.run_once():
+            if progress is not None:
+                progress(d.reput_from - done)
+            done = d.reput_from
+    finally:
+        while d.run_once():
+            pass
+        commitlog.queue_offsets = {k: cq.max_offset for k, cq in table.queues.items()}
