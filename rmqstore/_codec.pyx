@@ -1178,7 +1178,10 @@ cdef Py_ssize_t body_length(object body) except -1:
     if PyBytes_CheckExact(body):
         return PyBytes_GET_SIZE(body)
     body_arg(body)
-    PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+    except (BufferError, ValueError, TypeError) as e:   # e.g. a strided memoryview or array
+        raise InvalidArgumentTypeError(f"body must be one contiguous run of bytes: {e}") from None
     PyBuffer_Release(&view)
     return view.len
 

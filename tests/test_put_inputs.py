@@ -49,7 +49,9 @@ CHILD = textwrap.dedent("""
             print("no error from call", i)
             sys.exit(1)
         m = Message("T", b"x")
-        for attr, value in (("topic", None), ("body", "text"), ("body", 7), ("properties", None)):
+        for attr, value in (("topic", None), ("body", "text"), ("body", 7), ("properties", None),
+                            ("body", memoryview(b"strided")[::2]),
+                            ("body", __import__("numpy").zeros((4, 4), "u1")[:, 1])):
             old = getattr(m, attr)
             setattr(m, attr, value)
             try:
