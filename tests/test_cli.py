@@ -186,16 +186,17 @@ def test_put_binary_body_and_into_a_fixture_copy(clean_498, tmp_path):
     store, man = clean_498
     dst = copy_store(store, tmp_path)
     before = {(q["topic"], q["queueId"]): q["maxOffset"] for q in man["queries"][0]["queues"]}
-    (res,) = put(dst, {"topic": "TopicA", "bodyBase64": base64.b64encode(b"\x00\xff\xfe").decode(), "queueId": 2})
+    (res,) = put(dst, {"topic": "TopicA", "body": base64.b64encode(b"\x00\xff\xfe").decode(),
+                      "bodyEncoding": "base64", "queueId": 2})
     assert res["queueOffset"] == before[("TopicA", 2)]
     assert res["commitLogOffset"] == man["maxPhyOffset"]
     got = run_json("at", dst, res["commitLogOffset"])
     assert (got["body"], got["bodyEncoding"]) == ("AP/+", "base64")
 
 
-def test_put_bad_line_keeps_earlier_messages(small_store):
-    p = run("put", small_store, stdin='{"topic": "T1", "body": "ok"}\nnot json\n', expect=1)
-    assert "stdin line 2" in error_line(p) and "1 message(s) stored" in p.stderr
+def test_put_bad_line_keeps_earlier_chunks(small_store):
+    p = run("put", small_store, "--chunk", 1, stdin='{"topic": "T1", "body": "ok"}\nnot json\n', expect=1)
+    assert "stdin line 2" in error_line(p) and "1 message(s) of earlier chunks stored" in p.stderr
     assert run_json("stats", small_store)["queues"][0]["maxOffset"] == 4
 
 
@@ -233,7 +234,8 @@ def test_locked_store(small_store):
     try:
         assert holder.stdout.readline().strip() == "ready"
         for cmd in (["put"], ["recover", "--yes"]):
-            assert "another process" in error_line(run(cmd[0], small_store, *cmd[1:], stdin="", expect=1))
+            p = run(cmd[0], small_store, *cmd[1:], stdin='{"topic": "T1", "body": "x"}\n', expect=1)
+            assert "another process" in error_line(p)
         assert run_json("stats", small_store)["commitlog"]["maxOffset"] > 0
         assert len(run("dump", small_store).stdout.splitlines()) == 6
         run("get", small_store, "--topic", "T1", "--queue", "0", "--offset", "0")

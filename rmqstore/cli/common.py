@@ -46,7 +46,7 @@ def positive_int(text):
 def store_config(args):
     """StoreConfig from the options (an existing store's segment sizes come from its files)."""
     changes = {k: getattr(args, k) for k in ("index_slots", "index_entries", "commitlog_file_size",
-                                             "consume_queue_entries") if getattr(args, k, None)}
+                                             "consume_queue_entries", "message_version") if getattr(args, k, None)}
     return StoreConfig(**changes)
 
 
