@@ -303,7 +303,7 @@ def test_recover_crashed_copy(tmp_path):
     info = load_jsonl_gz(str(CRASHED_498 / "reader_recovered.jsonl.gz"))[0]
     store = copy_store(CRASHED_498 / "store", tmp_path)
     rep = run_json("recover", store, "--yes")
-    assert rep["clean_shutdown"] is False and rep["end_offset"] == info["maxPhyOffset"]
+    assert rep["cleanShutdown"] is False and rep["endOffset"] == info["maxPhyOffset"]
     st = run_json("stats", store)
     assert st["cleanShutdown"] is True and st["commitlog"]["maxOffset"] == info["maxPhyOffset"]
 
@@ -340,10 +340,36 @@ def test_bench_runs_the_workload(tmp_path):
     assert {r["system"] for r in rows} == {"rmqstore"}
 
 
-def test_spark_delegates_to_the_jobs():
-    pytest.importorskip("rmqstore.spark.jobs")
-    assert "--out" in run("spark", "export", "--help").stdout
+def test_spark_jobs_have_help():
+    for job in ("export", "rebuild", "query", "verify"):
+        out = run("spark", job, "--help").stdout
+        assert out.startswith(f"usage: rmqstore spark {job}") and "--json" in out
+        options = out.split("options:")[1]
+        # every option and argument says what it is: no bare "--name VALUE" line
+        assert all("  " in line.strip() or line.strip().startswith("-h")
+                   for line in options.splitlines()[1:] if line.strip().startswith("--") and "--json" not in line)
+    assert "--master URL" in run("spark", "--help").stdout
     run("spark", "nosuchjob", expect=2)
+
+
+@pytest.mark.slow
+def test_spark_master_and_json(clean_498, tmp_path):
+    """The usage the help shows: --master before the job, --json after it (Spark in local mode)."""
+    pytest.importorskip("pyspark")
+    store, man = clean_498
+    rep = json.loads(run("spark", "--master", "local[2]", "verify", "--json", store).stdout)
+    assert rep["stores"][0]["records"] == len(man["messages"]) and rep["stores"][0]["ok"] is True
+    assert rep["summary"]["badStores"] == 0
+    want = [m for m in man["messages"] if "order-17" in (m.get("keys") or "").split()]
+    rows = run("spark", "query", store, "--key", "order-17", "--json").stdout.splitlines()
+    assert [json.loads(r)["commitLogOffset"] for r in rows] == [m["commitLogOffset"] for m in want][:20]
+    copy = copy_store(store, tmp_path)
+    off = want[0]["commitLogOffset"] + 200    # inside the body: its CRC no longer matches
+    with open(copy / "commitlog" / f"{off - off % 262144:020d}", "r+b") as f:
+        f.seek(off % 262144)
+        f.write(b"\xff\xff")
+    p = run("spark", "verify", copy, expect=3)
+    assert "1 of 1 store(s) with problems" in p.stdout
 
 
 @pytest.mark.parametrize("body", ["5", "null", "[1]", '{"a": 1}', "true"])

@@ -1,5 +1,4 @@
-"""Subcommands over whole stores: recover, digest, diff, bench, spark."""
-import argparse
+"""Subcommands over whole stores: recover, digest, diff, bench."""
 import dataclasses
 import os
 
@@ -9,6 +8,8 @@ import numpy as np
 from rmqstore.cli.common import (
     EXIT_FOUND,
     CommandError,
+    camel_keys,
+    human,
     nonneg_int,
     positive_int,
     print_fields,
@@ -28,10 +29,11 @@ def cmd_recover(args):
     files = segment_files(args.store)
     with progress(sum(n for _, _, n in files), "recover") as bar, \
             MessageStore(args.store, store_config(args), read_only=not args.yes, progress=bar.update) as s:
-        rep = {"dry_run": not args.yes, **dataclasses.asdict(s.recovery)}
+        rep = camel_keys({"dry_run": not args.yes, **dataclasses.asdict(s.recovery)})
+    rep["seconds"] = round(rep["seconds"], 6)
     if args.json:
         return print_json(rep)
-    print_fields(list(rep.items()), title="recovery (dry run: what it would do)" if not args.yes else "recovery")
+    print_fields(human(rep.items()), title="recovery (dry run: what it would do)" if not args.yes else "recovery")
     if not args.yes:
         print("dry run: nothing changed. Run again with --yes to recover (back the store up first).")
 
@@ -130,14 +132,6 @@ def cmd_bench(args):
                      "bodyBytes": nbytes} for name, kind, label, n, sec, nbytes in rows])
 
 
-def cmd_spark(args):
-    try:
-        from rmqstore.spark import jobs
-    except ImportError as e:
-        raise CommandError(f"the spark jobs need the [spark] extra (pip install 'rmqstore[spark]'): {e}") from None
-    return jobs.main(args.argv)
-
-
 def register(sub, json_only, store_opts):
     p = sub.add_parser("recover", parents=[store_opts], help="run crash recovery and report what it did",
                        description="With --yes: open the store for writing, which recovers it (truncating a "
@@ -167,8 +161,3 @@ def register(sub, json_only, store_opts):
     p.add_argument("--batch", type=nonneg_int, default=0, metavar="K", help="put_batch of K (0: single puts)")
     p.add_argument("--no-peers", action="store_true", help="time rmqstore only")
     p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("spark", help="pipeline jobs on Spark: export, rebuild, query, verify",
-                       description="Run a job of rmqstore.spark.jobs: rmqstore spark [--master M] JOB ... "
-                       "(export, rebuild, query, verify; 'rmqstore spark JOB --help' describes each).")
-    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="JOB ...", help="the job and its arguments")
-    p.set_defaults(func=cmd_spark)
