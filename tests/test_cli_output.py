@@ -2,11 +2,13 @@
 subcommand, tables with local ISO-8601 times and columns aligned by display width."""
 import json
 import re
+import subprocess
+import sys
 import time
 import unicodedata
 from datetime import datetime
 
-from test_cli import put, run
+from test_cli import ENV, put, run
 
 from conftest import copy_store
 
@@ -90,3 +92,17 @@ def test_recover_prints_rounded_seconds(clean_498):
     out = run("recover", clean_498[0]).stdout
     assert re.search(r"\n  seconds +\d+\.\d{3}\n", out), out
     assert run("--help").stdout.count("``") == 0
+
+
+def test_helps_of_the_modules():
+    """python -m rmqstore.spark.demo / rmqstore.bench: whole descriptions, every option explained,
+    and one line naming the [bench] extra when LMDB is missing."""
+    demo = subprocess.run([sys.executable, "-m", "rmqstore.spark.demo", "--help"], capture_output=True, text=True,
+                          env=ENV, timeout=60).stdout
+    assert "print figures." in " ".join(demo.split()) and "``" not in demo
+    assert re.search(r"--stores N +\w", demo) and re.search(r"--messages N +\w", demo)
+    hide_lmdb = "import sys; sys.modules['lmdb'] = None; from rmqstore import bench; print(bench.systems())"
+    p = subprocess.run([sys.executable, "-c", hide_lmdb], capture_output=True, text=True, env=ENV, timeout=60)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "LMDB left out" in lines[0] and "rmqstore[bench]" in lines[0]
+    assert "Lmdb" not in p.stdout and "Sqlite" in p.stdout
