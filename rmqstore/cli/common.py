@@ -46,6 +46,15 @@ def positive_int(text):
     return v
 
 
+_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def byte_size(text):
+    """A positive size in bytes, optionally with a binary suffix: ``4096``, ``64M``, ``1G``."""
+    unit = _SUFFIXES.get(text[-1:].upper(), 1)
+    return positive_int(text[:-1] if unit > 1 else text) * unit
+
+
 def store_config(args):
     """StoreConfig from the options (an existing store's segment sizes come from its files)."""
     changes = {k: getattr(args, k) for k in ("index_slots", "index_entries", "commitlog_file_size",

@@ -9,7 +9,7 @@ import shutil
 import sys
 
 from rmqstore._codec import Message, queue_id_arg
-from rmqstore.cli.common import CommandError, positive_int, print_line, require_store, store_config
+from rmqstore.cli.common import CommandError, byte_size, positive_int, print_line, require_store, store_config
 from rmqstore.errors import StoreError
 from rmqstore.store import MessageStore
 from rmqstore.topics import validate_topic
@@ -190,8 +190,8 @@ def register(sub, json_only, store_opts):
                    "(to put back a dump of a store with such topics)")
     p.add_argument("--message-version", type=int, choices=(1, 2),
                    help="record version of a new store (default 1; 2 holds topics of up to 255 bytes)")
-    p.add_argument("--segment-size", dest="commitlog_file_size", type=positive_int, metavar="BYTES",
-                   help="commitlog segment size of a new store (default RocketMQ's 1 GiB)")
+    p.add_argument("--segment-size", dest="commitlog_file_size", type=byte_size, metavar="BYTES",
+                   help="commitlog segment size of a new store, e.g. 64M (default RocketMQ's 1G)")
     p.add_argument("--cq-entries", dest="consume_queue_entries", type=positive_int, metavar="N",
                    help="entries per consume-queue file of a new store (default 300000)")
     p.set_defaults(func=cmd_put)
