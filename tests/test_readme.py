@@ -85,3 +85,11 @@ def test_readme_shell_lines(clean_498, tmp_path):
 def test_readme_spark_lines(clean_498, tmp_path):
     pytest.importorskip("pyspark")
     assert len(_run_readme(clean_498, tmp_path, slow=True)) == 3
+
+
+def test_asv_conf_names_this_project():
+    """asv benchmarks this checkout ("repo": ".."), not RocketMQ's repository."""
+    import json
+    conf = json.loads((README.parent / "asv_bench" / "asv.conf.json").read_text())
+    assert conf["repo"] == ".." and conf["project"] == "rmqstore"
+    assert "rocketmq" not in json.dumps({k: v for k, v in conf.items() if k != "project"}).lower()
