@@ -150,12 +150,14 @@ def cmd_put(args):
             else:
                 print(f"stdin {lines}: {len(results)} message(s) stored, commitlog offsets "
                       f"{results[0].phy_offset}..{results[-1].phy_offset + results[-1].size}")
-    except BaseException:
+    except BaseException as e:
         if store is not None:
             store.close()
             store = None
             if new and stored == 0:
                 _remove_new_entries(args.store, before)
+                if isinstance(e, CommandError):
+                    raise CommandError(f"{e}; the new store was removed") from None
         raise
     finally:
         if store is not None:
@@ -163,8 +165,6 @@ def cmd_put(args):
     if not args.json:
         print(f"{stored} message(s) stored in {chunks} chunk(s)" if chunks else
               "no messages on stdin: nothing stored" + (", no store created" if new else ""))
-
-
 
 
 def register(sub, json_only, store_opts):
