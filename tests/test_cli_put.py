@@ -91,7 +91,8 @@ def test_a_refused_input_creates_nothing(tmp_path, bad, existing):
 def test_put_says_what_it_stored(tmp_path):
     store = tmp_path / "s"
     out = run("put", store, "--create", "--chunk", 2, *SMALL, stdin=_lines(*[GOOD] * 3)).stdout
-    assert "stdin lines 1-2: 2 message(s) stored" in out and "3 message(s) stored in 2 chunk(s)" in out
+    assert "stdin lines 1-2: 2 message(s) stored" in out
+    assert "3 message(s) stored in 2 chunk(s) (all or nothing per chunk of up to 2 lines)" in out
     assert "all or nothing per chunk" in " ".join(run("put", "--help").stdout.split()).lower()
     assert "nothing stored, no store created" in run("put", tmp_path / "none", "--create", stdin="").stdout
     assert not os.path.exists(tmp_path / "none")

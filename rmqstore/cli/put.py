@@ -163,7 +163,8 @@ def cmd_put(args):
         if store is not None:
             store.close()
     if not args.json:
-        print(f"{stored} message(s) stored in {chunks} chunk(s)" if chunks else
+        print(f"{stored} message(s) stored in {chunks} chunk(s) (all or nothing per chunk of up to {args.chunk} "
+              "lines)" if chunks else
               "no messages on stdin: nothing stored" + (", no store created" if new else ""))
 
 
