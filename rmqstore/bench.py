@@ -341,8 +341,8 @@ def format_table(rows, messages, body_size):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m rmqstore.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
-    p.add_argument("--messages", type=int, default=1_000_000)
-    p.add_argument("--body-size", type=int, default=128)
+    p.add_argument("--messages", type=int, default=1_000_000, metavar="N", help="messages to put (1000000)")
+    p.add_argument("--body-size", type=int, default=128, metavar="BYTES", help="body size (128)")
     p.add_argument("--batch", type=int, default=0, help="put_batch of this many (0: put in a loop)")
     p.add_argument("--no-peers", action="store_true", help="time rmqstore only")
     a = p.parse_args(argv)

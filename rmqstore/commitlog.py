@@ -79,9 +79,11 @@ class CommitLog:
 
     def _delay(self, msg, topic, queue_id, props):
         """RocketMQ 4.9's delay rewrite: a DELAY level moves the message to
-        SCHEDULE_TOPIC_XXXX queue level-1, with REAL_TOPIC / REAL_QID properties."""
+        SCHEDULE_TOPIC_XXXX queue level-1, with REAL_TOPIC / REAL_QID properties. A message
+        already on SCHEDULE_TOPIC_XXXX (a delayed record copied from another store, e.g. by
+        ``rmqstore dump`` and ``put``) keeps its topic, queue and properties."""
         delay = props.get("DELAY")
-        if not delay or (msg.sys_flag & TRAN_MASK) in _NO_CQ:
+        if not delay or topic == SCHEDULE_TOPIC or (msg.sys_flag & TRAN_MASK) in _NO_CQ:
             return topic, queue_id, props
         try:
             level = int(delay)

@@ -59,6 +59,7 @@ def test_every_subcommand_has_help():
         assert name in out
         sub = run(name, "--help").stdout
         assert sub.startswith("usage: rmqstore " + name) and "``" not in sub
+        assert "--json" in sub or name == "spark"      # spark's jobs have it: test_spark_jobs_have_help
 
 
 def test_stats_matches_manifest(clean_498):
@@ -186,16 +187,17 @@ def test_put_binary_body_and_into_a_fixture_copy(clean_498, tmp_path):
     store, man = clean_498
     dst = copy_store(store, tmp_path)
     before = {(q["topic"], q["queueId"]): q["maxOffset"] for q in man["queries"][0]["queues"]}
-    (res,) = put(dst, {"topic": "TopicA", "bodyBase64": base64.b64encode(b"\x00\xff\xfe").decode(), "queueId": 2})
+    (res,) = put(dst, {"topic": "TopicA", "body": base64.b64encode(b"\x00\xff\xfe").decode(),
+                      "bodyEncoding": "base64", "queueId": 2})
     assert res["queueOffset"] == before[("TopicA", 2)]
     assert res["commitLogOffset"] == man["maxPhyOffset"]
     got = run_json("at", dst, res["commitLogOffset"])
     assert (got["body"], got["bodyEncoding"]) == ("AP/+", "base64")
 
 
-def test_put_bad_line_keeps_earlier_messages(small_store):
-    p = run("put", small_store, stdin='{"topic": "T1", "body": "ok"}\nnot json\n', expect=1)
-    assert "stdin line 2" in error_line(p) and "1 message(s) stored" in p.stderr
+def test_put_bad_line_keeps_earlier_chunks(small_store):
+    p = run("put", small_store, "--chunk", 1, stdin='{"topic": "T1", "body": "ok"}\nnot json\n', expect=1)
+    assert "stdin line 2" in error_line(p) and "1 message(s) of earlier chunks stored" in p.stderr
     assert run_json("stats", small_store)["queues"][0]["maxOffset"] == 4
 
 
@@ -233,7 +235,8 @@ def test_locked_store(small_store):
     try:
         assert holder.stdout.readline().strip() == "ready"
         for cmd in (["put"], ["recover", "--yes"]):
-            assert "another process" in error_line(run(cmd[0], small_store, *cmd[1:], stdin="", expect=1))
+            p = run(cmd[0], small_store, *cmd[1:], stdin='{"topic": "T1", "body": "x"}\n', expect=1)
+            assert "another process" in error_line(p)
         assert run_json("stats", small_store)["commitlog"]["maxOffset"] > 0
         assert len(run("dump", small_store).stdout.splitlines()) == 6
         run("get", small_store, "--topic", "T1", "--queue", "0", "--offset", "0")
@@ -301,7 +304,7 @@ def test_recover_crashed_copy(tmp_path):
     info = load_jsonl_gz(str(CRASHED_498 / "reader_recovered.jsonl.gz"))[0]
     store = copy_store(CRASHED_498 / "store", tmp_path)
     rep = run_json("recover", store, "--yes")
-    assert rep["clean_shutdown"] is False and rep["end_offset"] == info["maxPhyOffset"]
+    assert rep["cleanShutdown"] is False and rep["endOffset"] == info["maxPhyOffset"]
     st = run_json("stats", store)
     assert st["cleanShutdown"] is True and st["commitlog"]["maxOffset"] == info["maxPhyOffset"]
 
@@ -338,10 +341,36 @@ def test_bench_runs_the_workload(tmp_path):
     assert {r["system"] for r in rows} == {"rmqstore"}
 
 
-def test_spark_delegates_to_the_jobs():
-    pytest.importorskip("rmqstore.spark.jobs")
-    assert "--out" in run("spark", "export", "--help").stdout
+def test_spark_jobs_have_help():
+    for job in ("export", "rebuild", "query", "verify"):
+        out = run("spark", job, "--help").stdout
+        assert out.startswith(f"usage: rmqstore spark {job}") and "--json" in out
+        options = out.split("options:")[1]
+        # every option and argument says what it is: no bare "--name VALUE" line
+        assert all("  " in line.strip() or line.strip().startswith("-h")
+                   for line in options.splitlines()[1:] if line.strip().startswith("--") and "--json" not in line)
+    assert "--master URL" in run("spark", "--help").stdout
     run("spark", "nosuchjob", expect=2)
+
+
+@pytest.mark.slow
+def test_spark_master_and_json(clean_498, tmp_path):
+    """The usage the help shows: --master before the job, --json after it (Spark in local mode)."""
+    pytest.importorskip("pyspark")
+    store, man = clean_498
+    rep = json.loads(run("spark", "--master", "local[2]", "verify", "--json", store).stdout)
+    assert rep["stores"][0]["records"] == len(man["messages"]) and rep["stores"][0]["ok"] is True
+    assert rep["summary"]["badStores"] == 0
+    want = [m for m in man["messages"] if "order-17" in (m.get("keys") or "").split()]
+    rows = run("spark", "query", store, "--key", "order-17", "--json").stdout.splitlines()
+    assert [json.loads(r)["commitLogOffset"] for r in rows] == [m["commitLogOffset"] for m in want][:20]
+    copy = copy_store(store, tmp_path)
+    off = want[0]["commitLogOffset"] + 200    # inside the body: its CRC no longer matches
+    with open(copy / "commitlog" / f"{off - off % 262144:020d}", "r+b") as f:
+        f.seek(off % 262144)
+        f.write(b"\xff\xff")
+    p = run("spark", "verify", copy, expect=3)
+    assert "1 of 1 store(s) with problems" in p.stdout
 
 
 @pytest.mark.parametrize("body", ["5", "null", "[1]", '{"a": 1}', "true"])

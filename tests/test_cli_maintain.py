@@ -101,11 +101,11 @@ def test_clean_deletes_expired_segments_with_force(tmp_path):
     assert n > 3
     if disk_used_ratio(tmp_path) < StoreConfig().disk_max_used_space_ratio:
         rep = json.loads(run("clean", store, "--now", NOON, "--json").stdout)
-        assert (rep["reason"], rep["segments_deleted"]) == ("", 0)      # not a deleteWhen hour
+        assert (rep["reason"], rep["segmentsDeleted"]) == ("", 0)      # not a deleteWhen hour
     rep = json.loads(run("clean", store, "--now", NOON, "--force", "--yes", "--json").stdout)
-    assert rep["segments_deleted"] == min(10, n - 1) and rep["bytes_freed"] == rep["segments_deleted"] * size
-    assert rep["min_phy_offset"] == rep["segments_deleted"] * size
-    assert len(os.listdir(store / "commitlog")) == n - rep["segments_deleted"]
+    assert rep["segmentsDeleted"] == min(10, n - 1) and rep["bytesFreed"] == rep["segmentsDeleted"] * size
+    assert rep["minPhyOffset"] == rep["segmentsDeleted"] * size
+    assert len(os.listdir(store / "commitlog")) == n - rep["segmentsDeleted"]
     assert json.loads(run("verify", store, "--json").stdout)["ok"]
 
 
@@ -114,7 +114,7 @@ def test_clean_keeps_what_is_younger_than_the_reserved_time(tmp_path):
     _own_store(store)
     rep = json.loads(run("clean", store, "--now", NOON, "--force", "--reserved-hours", "200", "--yes", "--json").stdout)
     if rep["reason"] == "time":
-        assert rep["segments_deleted"] == 0
+        assert rep["segmentsDeleted"] == 0
 
 
 def test_clean_refuses_a_locked_store(tmp_path):
@@ -149,7 +149,7 @@ def test_recover_damaged_copy_then_verify(tmp_path, fixture_store):
     _flip_body_byte(store, last)
     assert run("verify", store, expect=3)
     rep = json.loads(run("recover", store, "--yes", "--json").stdout)
-    assert rep["end_offset"] == last and rep["commitlog_bytes_truncated"] > 0
+    assert rep["endOffset"] == last and rep["commitlogBytesTruncated"] > 0
     # the commitlog, CQs and index agree again; the checkpoint still counts the cut
     # messages as flushed (recovery never lowers it, as RocketMQ), and verify says so: the
     # fixture's logicsMsgTimestamp (@8) is the newest message's time, its physicMsgTimestamp
@@ -167,13 +167,13 @@ def test_clean_is_a_dry_run_unless_told(tmp_path):
     _own_store(store)
     before = tree_state(store)
     plan = json.loads(run("clean", store, "--now", NOON, "--force", "--json").stdout)
-    assert plan["dry_run"] and plan["segments_deleted"] == len(plan["segments"]) > 0
+    assert plan["dryRun"] and plan["segmentsDeleted"] == len(plan["segments"]) > 0
     assert tree_state(store) == before
     text = run("clean", store, "--now", NOON, "--force").stdout
     assert "--yes" in text and all(f"would delete {p}" in text for p in plan["segments"])
     done = json.loads(run("clean", store, "--now", NOON, "--force", "--yes", "--json").stdout)
-    assert not done["dry_run"] and done["segments"] == plan["segments"]
-    assert done["min_phy_offset"] == plan["min_phy_offset"]
+    assert not done["dryRun"] and done["segments"] == plan["segments"]
+    assert done["minPhyOffset"] == plan["minPhyOffset"]
     assert not any(os.path.exists(p) for p in plan["segments"])
 
 
@@ -188,12 +188,12 @@ def test_rebuild_and_recover_are_dry_runs_unless_told(tmp_path, fixture_store):
     assert plan["dryRun"] and plan["bytesToDispatch"] == last and plan["consumeQueueEntries"] > 4900
     assert "--yes" in run("rebuild", store).stdout
     predicted = json.loads(run("recover", store, "--json").stdout)
-    assert predicted["dry_run"] and predicted["end_offset"] == last
+    assert predicted["dryRun"] and predicted["endOffset"] == last
     assert "--yes" in run("recover", store).stdout
     assert tree_state(store) == before
     done = json.loads(run("recover", store, "--yes", "--json").stdout)
-    assert not done["dry_run"] and done["end_offset"] == predicted["end_offset"]
-    assert done["commitlog_bytes_truncated"] == predicted["commitlog_bytes_truncated"] > 0
+    assert not done["dryRun"] and done["endOffset"] == predicted["endOffset"]
+    assert done["commitlogBytesTruncated"] == predicted["commitlogBytesTruncated"] > 0
 
 
 def test_disk_ratio_is_computed_as_df_does(tmp_path, monkeypatch):

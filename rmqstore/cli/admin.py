@@ -1,93 +1,39 @@
-"""Subcommands that write, check or time whole stores: put, recover, digest, diff, bench, spark."""
-import argparse
-import base64
-import binascii
+"""Subcommands over whole stores: recover, digest, diff, bench."""
 import dataclasses
-import json
 import os
-import sys
 
 import crc32c
 import numpy as np
 
-from rmqstore._codec import Message
 from rmqstore.cli.common import (
     EXIT_FOUND,
     CommandError,
+    camel_keys,
+    human,
     nonneg_int,
-    open_store,
     positive_int,
     print_fields,
     print_json,
-    print_line,
     print_table,
     progress,
     require_store,
     store_config,
 )
-from rmqstore.errors import StoreError
 from rmqstore.segments import list_segment_files
 from rmqstore.store import MessageStore
 
 _CHUNK = 1 << 20
-_PUT_FIELDS = {"topic", "body", "bodyBase64", "tags", "keys", "properties", "queueId", "flag", "sysFlag",
-               "bornTimestamp", "delayLevel"}
-
-
-def parse_put_line(line):
-    """A JSON object -> (Message, queue id or None). Raises ValueError with the reason."""
-    d = json.loads(line)
-    if not isinstance(d, dict):
-        raise ValueError("expected a JSON object")
-    unknown = set(d) - _PUT_FIELDS
-    if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(_PUT_FIELDS))})")
-    if not isinstance(d.get("topic"), str):
-        raise ValueError("'topic' (a string) is required")
-    if "body" in d and "bodyBase64" in d:
-        raise ValueError("give 'body' or 'bodyBase64', not both")
-    if not isinstance(d.get("body", ""), str) or not isinstance(d.get("bodyBase64", ""), str):
-        raise ValueError("'body' must be a string ('bodyBase64' a base64 string)")
-    body = d.get("body", "").encode("utf-8") if "bodyBase64" not in d else base64.b64decode(d["bodyBase64"],
-                                                                                              validate=True)
-    msg = Message(d["topic"], body, tags=d.get("tags"), keys=d.get("keys"), properties=d.get("properties"),
-                  flag=d.get("flag", 0), sys_flag=d.get("sysFlag", 0), born_timestamp=d.get("bornTimestamp", 0),
-                  delay_level=d.get("delayLevel"))
-    return msg, d.get("queueId")
-
-
-def cmd_put(args):
-    if not args.create:
-        require_store(args.store)
-    results = []
-    with open_store(args, read_only=False, create=args.create) as s:
-        for n, line in enumerate(sys.stdin, 1):
-            if not line.strip():
-                continue
-            try:
-                msg, queue_id = parse_put_line(line)
-                r = s.put(msg, queue_id)
-            except (ValueError, TypeError, binascii.Error, StoreError) as e:
-                raise CommandError(f"stdin line {n}: {e} ({len(results)} message(s) stored before it)") from None
-            out = {"msgId": r.msg_id, "topic": r.topic, "queueId": r.queue_id, "queueOffset": r.queue_offset,
-                   "commitLogOffset": r.phy_offset, "storeSize": r.size, "storeTimestamp": r.store_timestamp}
-            if args.json:
-                print_line(out)
-            results.append(out)
-    if not args.json:
-        print_table(["commitlog offset", "size", "topic", "queue", "queue offset", "msgId"],
-                    [(r["commitLogOffset"], r["storeSize"], r["topic"], r["queueId"], r["queueOffset"], r["msgId"])
-                     for r in results])
 
 
 def cmd_recover(args):
     files = segment_files(args.store)
     with progress(sum(n for _, _, n in files), "recover") as bar, \
             MessageStore(args.store, store_config(args), read_only=not args.yes, progress=bar.update) as s:
-        rep = {"dry_run": not args.yes, **dataclasses.asdict(s.recovery)}
+        rep = camel_keys({"dry_run": not args.yes, **dataclasses.asdict(s.recovery)})
+    rep["seconds"] = round(rep["seconds"], 6)
     if args.json:
         return print_json(rep)
-    print_fields(list(rep.items()), title="recovery (dry run: what it would do)" if not args.yes else "recovery")
+    print_fields(human(rep.items()), title="recovery (dry run: what it would do)" if not args.yes else "recovery")
     if not args.yes:
         print("dry run: nothing changed. Run again with --yes to recover (back the store up first).")
 
@@ -186,27 +132,7 @@ def cmd_bench(args):
                      "bodyBytes": nbytes} for name, kind, label, n, sec, nbytes in rows])
 
 
-def cmd_spark(args):
-    try:
-        from rmqstore.spark import jobs
-    except ImportError as e:
-        raise CommandError(f"the spark jobs need the [spark] extra (pip install 'rmqstore[spark]'): {e}") from None
-    return jobs.main(args.argv)
-
-
 def register(sub, json_only, store_opts):
-    p = sub.add_parser("put", parents=[store_opts], help="append messages read as JSON lines from stdin",
-                       description="Append one message per JSON line of stdin: {\"topic\": T, \"body\": TEXT "
-                       "| \"bodyBase64\": B64, \"tags\", \"keys\" (string or list), \"properties\", "
-                       "\"queueId\", \"flag\", \"sysFlag\", \"bornTimestamp\", \"delayLevel\"}. "
-                       "--json prints one result line per message.")
-    p.add_argument("store", help="store directory (opened for writing)")
-    p.add_argument("--create", action="store_true", help="create the store if it does not exist")
-    p.add_argument("--segment-size", dest="commitlog_file_size", type=positive_int, metavar="BYTES",
-                   help="commitlog segment size of a new store (default RocketMQ's 1 GiB)")
-    p.add_argument("--cq-entries", dest="consume_queue_entries", type=positive_int, metavar="N",
-                   help="entries per consume-queue file of a new store (default 300000)")
-    p.set_defaults(func=cmd_put)
     p = sub.add_parser("recover", parents=[store_opts], help="run crash recovery and report what it did",
                        description="With --yes: open the store for writing, which recovers it (truncating a "
                        "torn tail and rebuilding consume-queue entries), close it cleanly, and print the "
@@ -235,8 +161,3 @@ def register(sub, json_only, store_opts):
     p.add_argument("--batch", type=nonneg_int, default=0, metavar="K", help="put_batch of K (0: single puts)")
     p.add_argument("--no-peers", action="store_true", help="time rmqstore only")
     p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("spark", help="pipeline jobs on Spark: export, rebuild, query, verify",
-                       description="Run a job of rmqstore.spark.jobs: rmqstore spark [--master M] JOB ... "
-                       "(export, rebuild, query, verify; 'rmqstore spark JOB --help' describes each).")
-    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="JOB ...", help="the job and its arguments")
-    p.set_defaults(func=cmd_spark)

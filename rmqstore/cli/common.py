@@ -4,7 +4,10 @@ import argparse
 import base64
 import json
 import os
+import re
 import sys
+import unicodedata
+from datetime import datetime
 
 from tqdm import tqdm
 
@@ -43,10 +46,19 @@ def positive_int(text):
     return v
 
 
+_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def byte_size(text):
+    """A positive size in bytes, optionally with a binary suffix: ``4096``, ``64M``, ``1G``."""
+    unit = _SUFFIXES.get(text[-1:].upper(), 1)
+    return positive_int(text[:-1] if unit > 1 else text) * unit
+
+
 def store_config(args):
     """StoreConfig from the options (an existing store's segment sizes come from its files)."""
     changes = {k: getattr(args, k) for k in ("index_slots", "index_entries", "commitlog_file_size",
-                                             "consume_queue_entries") if getattr(args, k, None)}
+                                             "consume_queue_entries", "message_version") if getattr(args, k, None)}
     return StoreConfig(**changes)
 
 
@@ -96,6 +108,61 @@ def message_dict(m, body="utf8"):
     return d
 
 
+def camel(name):
+    """A snake_case name in camelCase: ``end_offset`` -> ``endOffset``."""
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def camel_keys(obj):
+    """``obj`` (dicts, lists, values) with every dict key in camelCase: the one key
+    convention of the command's JSON. The keys of a ``properties`` dict are message data and
+    stay as they are."""
+    if isinstance(obj, dict):
+        return {camel(k): v if k == "properties" else camel_keys(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [camel_keys(v) for v in obj]
+    return obj
+
+
+def local_time(ms):
+    """Epoch milliseconds as local ISO-8601 time with its UTC offset (tables only; JSON keeps
+    the milliseconds); 0 or less (never set) as ``-``."""
+    if not isinstance(ms, int) or isinstance(ms, bool) or ms <= 0:
+        return "-" if ms == 0 else ms
+    try:
+        return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return ms
+
+
+def human(pairs):
+    """(key, value) pairs of a JSON document as a table shows them: ``endOffset`` as
+    ``end offset``, times (keys ending in ``Timestamp``) as local ISO-8601, fractions with
+    three decimals, lists joined by ``; ``."""
+    out = []
+    for k, v in pairs:
+        label = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", k).replace("_", " ").lower()
+        if k.lower().endswith("timestamp"):
+            v = local_time(v)
+        elif isinstance(v, float):
+            v = f"{v:.3f}"
+        elif isinstance(v, list):
+            v = "; ".join(map(str, v)) or None
+        out.append((label, v))
+    return out
+
+
+def display_width(text):
+    """Terminal columns ``text`` takes: wide and full-width characters (CJK) count two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 0 if unicodedata.combining(c) else 1
+               for c in text)
+
+
+def pad(text, width):
+    return text + " " * (width - display_width(text))
+
+
 def dumps(obj):
     return json.dumps(obj, ensure_ascii=False)
 
@@ -113,9 +180,9 @@ def print_table(headers, rows, title=None):
     if title:
         print(title)
     cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    widths = [max(display_width(r[i]) for r in cells) for i in range(len(headers))]
     for r in cells:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip())
+        print("  ".join(pad(c, w) for c, w in zip(r, widths, strict=False)).rstrip())
     if not rows:
         print("(none)")
 
@@ -124,9 +191,9 @@ def print_fields(pairs, title=None):
     """``name: value`` lines, names aligned."""
     if title:
         print(title)
-    width = max((len(k) for k, _ in pairs), default=0)
+    width = max((display_width(k) for k, _ in pairs), default=0)
     for k, v in pairs:
-        print(f"  {k.ljust(width)}  {'-' if v is None else v}")
+        print(f"  {pad(k, width)}  {'-' if v is None else v}")
 
 
 def message_line(m):

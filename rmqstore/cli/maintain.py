@@ -6,6 +6,8 @@ import time
 
 from rmqstore.cli.common import (
     EXIT_FOUND,
+    camel_keys,
+    human,
     nonneg_int,
     open_store,
     positive_int,
@@ -31,7 +33,7 @@ def cmd_verify(args):
         with progress(_commitlog_bytes(s), "verify") as bar:
             rep = s.verify(progress=bar.update)
     if args.json:
-        print_json(rep.as_dict())
+        print_json(camel_keys(rep.as_dict()))
     else:
         print_fields([("store", args.store), ("clean shutdown", rep.clean_shutdown),
                       ("commitlog", f"{rep.segments} segments, {rep.bytes} bytes, {rep.records} records, "
@@ -56,14 +58,14 @@ def cmd_clean(args):
     if args.reserved_hours is not None:
         cfg = cfg.with_(file_reserved_time=args.reserved_hours)
     with MessageStore(args.store, cfg, read_only=not args.yes) as s:
-        rep = dataclasses.asdict(s.clean_expired(args.now, dry_run=not args.yes))
+        rep = camel_keys(dataclasses.asdict(s.clean_expired(args.now, dry_run=not args.yes)))
     if args.json:
         return print_json(rep)
-    title = "clean (dry run)" if rep["dry_run"] else "clean"
-    print_fields([(k, v) for k, v in rep.items() if k != "segments"], title=title)
+    title = "clean (dry run)" if rep["dryRun"] else "clean"
+    print_fields(human((k, v) for k, v in rep.items() if k != "segments"), title=title)
     for path in rep["segments"]:
-        print(("would delete " if rep["dry_run"] else "deleted ") + path)
-    if rep["dry_run"]:
+        print(("would delete " if rep["dryRun"] else "deleted ") + path)
+    if rep["dryRun"]:
         print(_dry_run_note("deleted", "delete"))
 
 
@@ -86,7 +88,7 @@ def cmd_rebuild(args):
             out = _rebuild_plan(s)
         if args.json:
             return print_json(out)
-        print_fields(list(out.items()), title="rebuild (dry run): would remove consumequeue/ and index/ and "
+        print_fields(human(out.items()), title="rebuild (dry run): would remove consumequeue/ and index/ and "
                      "dispatch the commitlog again")
         print(_dry_run_note("changed", "rebuild"))
         return None
@@ -100,7 +102,7 @@ def cmd_rebuild(args):
     out["seconds"] = round(time.monotonic() - t0, 3)
     if args.json:
         return print_json(out)
-    print_fields(list(out.items()), title="rebuild")
+    print_fields(human(out.items()), title="rebuild")
 
 
 def _seconds(text):

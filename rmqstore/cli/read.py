@@ -6,6 +6,8 @@ import time
 
 from rmqstore.cli.common import (
     BODY_MODES,
+    human,
+    local_time,
     message_dict,
     message_line,
     nonneg_int,
@@ -56,14 +58,16 @@ def cmd_stats(args):
     print_fields([("path", st["path"]), ("clean shutdown", st["cleanShutdown"]),
                   ("commitlog segments", f"{cl['segments']} x {cl['segmentSize']} B = {cl['bytes']} B"),
                   ("commitlog offsets", f"{cl['minOffset']} .. {cl['maxOffset']}"),
-                  ("CQ entries per file", st["consumeQueueEntriesPerFile"]),
-                  *((k, v) for k, v in st["checkpoint"].items())], title="store")
+                  ("CQ entries per file", st["consumeQueueEntriesPerFile"])], title="store")
+    print()
+    print_fields(human(st["checkpoint"].items()), title="checkpoint")
     print()
     print_table(["topic", "queue", "min", "max", "messages"],
                 [(q["topic"], q["queueId"], q["minOffset"], q["maxOffset"], q["messages"]) for q in st["queues"]])
     print()
     print_table(["index file", "entries", "begin time", "end time", "begin offset", "end offset"],
-                [(i["file"], i["entries"], i["beginTimestamp"], i["endTimestamp"], i["beginPhyOffset"],
+                [(i["file"], i["entries"], local_time(i["beginTimestamp"]), local_time(i["endTimestamp"]),
+                  i["beginPhyOffset"],
                   i["endPhyOffset"]) for i in st["index"]])
 
 
@@ -71,7 +75,7 @@ def _print_message(args, m):
     d = message_dict(m, args.body)
     if args.json:
         return print_json(d)
-    print_fields(list(d.items()))
+    print_fields(human(d.items()))
 
 
 def cmd_get(args):
@@ -113,7 +117,8 @@ def cmd_query(args):
     if args.json:
         return print_json(out)
     print_table(["commitlog offset", "queue", "queue offset", "store time", "msgId", "keys"],
-                [(d["commitLogOffset"], d["queueId"], d["queueOffset"], d["storeTimestamp"], d["msgId"], d["keys"])
+                [(d["commitLogOffset"], d["queueId"], d["queueOffset"], local_time(d["storeTimestamp"]), d["msgId"],
+                  d["keys"])
                  for d in out])
 
 

@@ -2,14 +2,12 @@
 files, query, verify.
 
 Each job is a function taking a SparkSession and returning a result plus a summary dict;
-``main(argv)`` runs them as ``rmqstore spark export|rebuild|query|verify``. Spark's console
-progress bar shows progress; each job ends with a one-line summary.
+``rmqstore spark export|rebuild|query|verify`` (rmqstore.cli.spark) runs them from a shell.
+Spark's console progress bar shows progress.
 """
-import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote
@@ -301,65 +299,4 @@ def rebuild(spark, store, out_dir=None, config=None):
 def _summary(job, t0, messages, nbytes, **extra):
     secs = time.perf_counter() - t0
     return dict(job=job, messages=int(messages), bytes=int(nbytes), seconds=round(secs, 3),
-                mb_per_s=round(nbytes / secs / 1e6, 1) if secs > 0 else 0.0, **extra)
-
-
-def main(argv=None):
-    """``rmqstore spark export|rebuild|query|verify ...``; returns the exit status."""
-    ap = argparse.ArgumentParser(prog="rmqstore spark", description=__doc__.splitlines()[0])
-    ap.add_argument("--master", help="Spark master URL (default: spark-submit's, $SPARK_MASTER or local[*])")
-    sub = ap.add_subparsers(dest="job", required=True)
-    p = sub.add_parser("export", help="stores to Parquet, partitioned by topic and date")
-    p.add_argument("stores", nargs="+")
-    p.add_argument("--out", required=True)
-    p.add_argument("--mode", choices=batch.MODES, default="fail")
-    p.add_argument("--row-group-rows", type=int, default=1 << 17)
-    p.add_argument("--sort-by", help="comma-separated columns to sort each task's rows by")
-    p = sub.add_parser("rebuild", help="rebuild a store's consume queues and index files from its commitlog")
-    p.add_argument("store")
-    p.add_argument("--out")
-    p.add_argument("--entries-per-file", type=int, default=StoreConfig().consume_queue_entries)
-    p.add_argument("--index-slots", type=int, default=StoreConfig().index_slots)
-    p.add_argument("--index-entries", type=int, default=StoreConfig().index_entries)
-    p = sub.add_parser("query", help="messages by key / unique key / time range")
-    p.add_argument("stores", nargs="+")
-    for opt in ("--topic", "--key", "--uniq-key", "--begin", "--end"):
-        p.add_argument(opt)
-    p.add_argument("--limit", type=int, default=20)
-    p = sub.add_parser("verify", help="check CRCs and structure, one report per store")
-    p.add_argument("stores", nargs="+")
-    args = ap.parse_args(argv)
-    from rmqstore.spark import session
-    spark = session(args.master)
-    try:
-        if args.job == "export":
-            summary = export(spark, args.stores, args.out, args.mode, row_group_rows=args.row_group_rows,
-                             sort_by=args.sort_by.split(",") if args.sort_by else None)
-            status = 0
-        elif args.job == "rebuild":
-            _, summary = rebuild(spark, args.store, args.out,
-                                 StoreConfig(consume_queue_entries=args.entries_per_file,
-                                             index_slots=args.index_slots, index_entries=args.index_entries))
-            status = 0
-        elif args.job == "query":
-            df = query(spark, args.stores, args.topic, args.key, args.uniq_key, args.begin, args.end)
-            t0 = time.perf_counter()
-            rows = df.select("store", "topic", "queue_id", "queue_offset", "phy_offset", "msg_id", "keys",
-                             "uniq_key", "store_timestamp").orderBy("store", "phy_offset").limit(args.limit).collect()
-            for r in rows:
-                print(json.dumps(r.asDict(), default=str, ensure_ascii=False))
-            summary = _summary("query", t0, len(rows), 0)
-            status = 0
-        else:
-            reports, summary = verify(spark, args.stores)
-            for s, r in reports.items():
-                print(json.dumps({"store": s, **r}))
-            status = 0 if summary["bad_stores"] == 0 else 1
-        print(json.dumps(summary), file=sys.stderr)
-        return status
-    finally:
-        spark.stop()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+                mb_per_second=round(nbytes / secs / 1e6, 1) if secs > 0 else 0.0, **extra)

@@ -1,0 +1,198 @@
+"""``rmqstore put``: append messages read as JSON lines (what ``dump`` writes) from stdin,
+all or nothing per chunk of lines."""
+import base64
+import binascii
+import itertools
+import json
+import os
+import shutil
+import sys
+
+from rmqstore._codec import Message, queue_id_arg
+from rmqstore.cli.common import CommandError, byte_size, positive_int, print_line, require_store, store_config
+from rmqstore.errors import StoreError
+from rmqstore.store import MessageStore
+from rmqstore.topics import validate_topic
+
+# Fields ``put`` reads: a message as ``dump`` writes it (RocketMQ's MessageExt names). The ones
+# the store assigns when it writes a record are accepted and ignored, so a dump line can be put
+# back as it is; ``bodyLength`` is checked against the body.
+_PUT_FIELDS = {"topic", "body", "bodyEncoding", "tags", "keys", "properties", "uniqKey", "queueId", "flag",
+               "sysFlag", "bornTimestamp", "bornHost", "reconsumeTimes", "preparedTransactionOffset", "delayLevel",
+               "bodyLength"}
+_ASSIGNED_FIELDS = {"queueOffset", "commitLogOffset", "storeSize", "msgId", "storeTimestamp", "storeHost",
+                    "bodyCRC", "version"}
+_MESSAGE_ARGS = {"flag": "flag", "sysFlag": "sys_flag", "bornTimestamp": "born_timestamp", "bornHost": "born_host",
+                 "reconsumeTimes": "reconsume_times", "preparedTransactionOffset": "prepared_transaction_offset",
+                 "delayLevel": "delay_level"}
+
+
+def _body(d):
+    body, encoding = d.get("body"), d.get("bodyEncoding", "utf8")
+    if "body" not in d:
+        if d.get("bodyLength"):
+            raise ValueError(f"no 'body' for a message of {d['bodyLength']} bytes (dumped with --body none?)")
+        return b""
+    if not isinstance(body, str):
+        raise ValueError("'body' must be a string")
+    if encoding == "utf8":
+        data = body.encode("utf-8")
+    elif encoding == "base64":
+        data = base64.b64decode(body, validate=True)
+    else:
+        raise ValueError(f"'bodyEncoding' must be 'utf8' or 'base64', not {encoding!r}")
+    if d.get("bodyLength", len(data)) != len(data):
+        raise ValueError(f"'bodyLength' is {d['bodyLength']} but the body has {len(data)} bytes")
+    return data
+
+
+def parse_put_line(line):
+    """A JSON object -> (Message, queue id or None). Raises ValueError with the reason."""
+    d = json.loads(line)
+    if not isinstance(d, dict):
+        raise ValueError("expected a JSON object")
+    unknown = set(d) - _PUT_FIELDS - _ASSIGNED_FIELDS
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(_PUT_FIELDS))})")
+    if not isinstance(d.get("topic"), str):
+        raise ValueError("'topic' (a string) is required")
+    props = d.get("properties")
+    if d.get("uniqKey") is not None:
+        if not isinstance(props, dict) and props is not None:
+            raise ValueError("'properties' must be an object")
+        props = {**(props or {}), "UNIQ_KEY": d["uniqKey"]}
+    msg = Message(d["topic"], _body(d), tags=d.get("tags"), keys=d.get("keys"), properties=props,
+                  **{arg: d[field] for field, arg in _MESSAGE_ARGS.items() if d.get(field) is not None})
+    queue_id = d.get("queueId")
+    return msg, None if queue_id is None else queue_id_arg(queue_id)
+
+
+def _read_chunks(lines, size):
+    """Lists of up to ``size`` (line number, text) pairs, blank lines left out."""
+    chunk = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            chunk.append((n, line))
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+def _parse_chunk(chunk, config):
+    """[(Message, queue id)] of a chunk, every line checked (fields, types, topic name, queue id)
+    before anything is written. Raises CommandError naming the first bad line."""
+    out = []
+    for n, line in chunk:
+        try:
+            msg, queue_id = parse_put_line(line)
+            validate_topic(msg.topic, config.message_version, config.strict_topic_names)
+        except (ValueError, TypeError, binascii.Error, StoreError) as e:
+            raise CommandError(f"stdin line {n}: {e}") from None
+        out.append((msg, queue_id))
+    return out
+
+
+def _put_chunk(store, parsed):
+    """Write a checked chunk: one put_batch (all or nothing) per run of messages with the
+    same queue id. Only a record-size refusal can stop a later run of a mixed chunk, and the
+    error says how many of the chunk's messages were stored before it."""
+    results = []
+    for queue_id, run in itertools.groupby(parsed, key=lambda mq: mq[1]):
+        try:
+            results += store.put_batch([m for m, _ in run], queue_id)
+        except StoreError as e:
+            raise CommandError(f"{e} ({len(results)} message(s) of this chunk stored before it)") from None
+    return results
+
+
+def _remove_new_entries(path, before):
+    """Undo a store creation: remove what appeared in ``path`` (``before``: its entries then,
+    None when ``path`` did not exist)."""
+    if before is None:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for name in set(os.listdir(path)) - before:
+        p = os.path.join(path, name)
+        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+
+
+def cmd_put(args):
+    new = not os.path.isdir(os.path.join(args.store, "commitlog"))
+    if not args.create or not new:
+        require_store(args.store)
+    before = set(os.listdir(args.store)) if new and os.path.isdir(args.store) else None
+    config = store_config(args)
+    if args.any_topic_name:
+        config = config.with_(strict_topic_names=False)
+    stored, chunks, store = 0, 0, None
+    try:
+        for chunk in _read_chunks(sys.stdin, args.chunk):
+            lines = f"lines {chunk[0][0]}-{chunk[-1][0]}"
+            try:
+                parsed = _parse_chunk(chunk, config)
+            except CommandError as e:
+                raise CommandError(f"{e}; chunk of stdin {lines} refused, none of it stored "
+                                   f"({stored} message(s) of earlier chunks stored)") from None
+            if store is None:   # a new store is created only once the first chunk is good
+                store = MessageStore(args.store, config)
+            try:
+                results = _put_chunk(store, parsed)
+            except CommandError as e:
+                raise CommandError(f"stdin {lines}: {e}; {stored} message(s) of earlier chunks stored") from None
+            stored, chunks = stored + len(results), chunks + 1
+            if args.json:
+                for r in results:
+                    print_line({"msgId": r.msg_id, "topic": r.topic, "queueId": r.queue_id,
+                                "queueOffset": r.queue_offset, "commitLogOffset": r.phy_offset,
+                                "storeSize": r.size, "storeTimestamp": r.store_timestamp})
+            else:
+                print(f"stdin {lines}: {len(results)} message(s) stored, commitlog offsets "
+                      f"{results[0].phy_offset}..{results[-1].phy_offset + results[-1].size}")
+    except BaseException as e:
+        if store is not None:
+            store.close()
+            store = None
+            if new and stored == 0:
+                _remove_new_entries(args.store, before)
+                if isinstance(e, CommandError):
+                    raise CommandError(f"{e}; the new store was removed") from None
+        raise
+    finally:
+        if store is not None:
+            store.close()
+    if not args.json:
+        print(f"{stored} message(s) stored in {chunks} chunk(s) (all or nothing per chunk of up to {args.chunk} "
+              "lines)" if chunks else
+              "no messages on stdin: nothing stored" + (", no store created" if new else ""))
+
+
+def register(sub, json_only, store_opts):
+    p = sub.add_parser("put", parents=[store_opts], help="append messages read as JSON lines from stdin",
+                       description="Append one message per JSON line of stdin, as 'rmqstore dump' writes them: "
+                       "topic (required), body with bodyEncoding (utf8, the default, or base64), tags, keys "
+                       "(a string or a list), properties, uniqKey, queueId (default: round robin), flag, "
+                       "sysFlag, bornTimestamp, bornHost, reconsumeTimes, preparedTransactionOffset, delayLevel. "
+                       "The fields a store assigns (queueOffset, commitLogOffset, storeSize, msgId, "
+                       "storeTimestamp, storeHost, bodyCRC, version) are ignored; bodyLength is checked. "
+                       "All or nothing per chunk: every line of a chunk (--chunk lines) is checked before any "
+                       "of it is written, so a bad line stores none of its chunk (earlier chunks stay "
+                       "stored). A new store is created (--create) only once the first chunk is good. "
+                       "--json prints one result line per message; the table says what each chunk stored.")
+    p.add_argument("store", help="store directory (opened for writing)")
+    p.add_argument("--create", action="store_true",
+                   help="create the store if it does not exist (refused without it, so a mistyped path "
+                   "does not become a new store)")
+    p.add_argument("--chunk", type=positive_int, default=1000, metavar="LINES",
+                   help="lines per all-or-nothing chunk (1000)")
+    p.add_argument("--any-topic-name", action="store_true",
+                   help="accept any topic a store can hold, not only RocketMQ's broker rule [%%|a-zA-Z0-9_-] "
+                   "(to put back a dump of a store with such topics)")
+    p.add_argument("--message-version", type=int, choices=(1, 2),
+                   help="record version of a new store (default 1; 2 holds topics of up to 255 bytes)")
+    p.add_argument("--segment-size", dest="commitlog_file_size", type=byte_size, metavar="BYTES",
+                   help="commitlog segment size of a new store, e.g. 64M (default RocketMQ's 1G)")
+    p.add_argument("--cq-entries", dest="consume_queue_entries", type=positive_int, metavar="N",
+                   help="entries per consume-queue file of a new store (default 300000)")
+    p.set_defaults(func=cmd_put)
