@@ -4,7 +4,7 @@ import threading
 
 from rmqstore import _codec
 
-from .peers import StoreCase
+from .peers import QUEUES, TOPIC, StoreCase
 
 THREADS = 2
 
@@ -31,3 +31,53 @@ class DecodeGIL(StoreCase):
             t.start()
         for t in threads:
             t.join()
+
+
+def _in_threads(work, threads):
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+class StoreGIL(StoreCase):
+    """Store calls whose kernels run without the GIL: the same work done twice, by one
+    thread (time_loop) and by two at once (time_parallel). On 2 free cores the parallel run
+    should take about half as long; track_speedup reports loop / parallel (median of 3)."""
+    params = [["query_keys", "read_queue_columns", "verify"]]
+    param_names = ["call"]
+
+    def setup(self, call):
+        self.make(128, fill=True)
+        s = self.store
+        keys = [f"key-{i}" for i in range(0, len(self.msgs), 4)]
+        if call == "query_keys":
+            self.work = lambda: s.query_keys(TOPIC, keys)
+        elif call == "read_queue_columns":
+            self.work = lambda: [s.read_queue_columns(TOPIC, q) for q in range(QUEUES)]
+        else:
+            self.work = lambda: s.verify()
+
+    def time_loop(self, call):
+        for _ in range(THREADS):
+            self.work()
+
+    def time_parallel(self, call):
+        _in_threads(self.work, THREADS)
+
+    def track_speedup(self, call):
+        import statistics
+        import time
+        loop, parallel = [], []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            self.time_loop(call)
+            t1 = time.perf_counter()
+            self.time_parallel(call)
+            t2 = time.perf_counter()
+            loop.append(t1 - t0)
+            parallel.append(t2 - t1)
+        return statistics.median(loop) / statistics.median(parallel)
+
+    track_speedup.unit = "x"
