@@ -39,5 +39,7 @@ def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser
                    help="deliveries before a message goes to %%DLQ%%group (default 17)")
     p.add_argument("--fifo-group", action="append", default=[], metavar="GROUP",
                    help="tell push consumers of GROUP to consume in FIFO order (repeatable)")
+    p.add_argument("--segment-size", dest="commitlog_file_size", type=positive_int, metavar="BYTES",
+                   help="commitlog segment size of a new store (default 1 GiB)")
     p.add_argument("--sync-flush", action="store_true", help="acknowledge a send only once it is on disk")
     p.set_defaults(func=cmd_serve)
