@@ -57,7 +57,8 @@ def _receive(s, expression, filter_type=definition_pb2.FilterType.TAG, batch=8):
 def test_garbage_bytes_on_the_port(strict):
     _store, addr, s = strict
     host, port = addr.rsplit(":", 1)
-    for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", os.urandom(4096), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 64):
+    h2_preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", os.urandom(4096), h2_preface + b"\xff" * 64):
         with socket.create_connection((host, int(port)), timeout=5) as sock:
             sock.sendall(junk)
             try:
