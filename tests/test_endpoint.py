@@ -152,3 +152,41 @@ def test_delayed_message_not_before_its_time(tmp_path):
             (m,) = receive_all(c, 1)
             assert time.time() >= due
             assert (m.body, m.delivery_timestamp) == (b"later", due * 1000)
+
+
+def test_push_consumer_consumes_and_retries(tmp_path):
+    from rocketmq import (
+        ClientConfiguration,
+        ConsumeResult,
+        Credentials,
+        FilterExpression,
+        MessageListener,
+        PushConsumer,
+    )
+
+    done = threading.Event()
+    seen = collections.defaultdict(list)
+
+    class Listener(MessageListener):
+        def consume(self, m):
+            seen[m.body].append(m.delivery_attempt)
+            if m.body == b"fail-once" and m.delivery_attempt == 1:
+                return ConsumeResult.FAILURE          # nack: the client changes the invisible time
+            if len(seen) == 20 and all(seen.values()) and seen[b"fail-once"][-1:] == [2]:
+                done.set()
+            return ConsumeResult.SUCCESS
+
+    with running(tmp_path / "s") as (_s, _ep, addr):
+        with producer(addr, "Tp") as p:
+            for i in range(19):
+                p.send(message("Tp", f"p{i}".encode(), tag="TagA"))
+            p.send(message("Tp", b"fail-once", tag="TagA"))
+        pc = PushConsumer(ClientConfiguration(addr, Credentials()), "GP", Listener(),
+                          {"Tp": FilterExpression("TagA")})
+        pc.startup()
+        try:
+            done.wait(60)
+        finally:
+            pc.shutdown()
+    assert {b: a for b, a in seen.items() if b != b"fail-once"} == {f"p{i}".encode(): [1] for i in range(19)}
+    assert seen[b"fail-once"] == [1, 2]

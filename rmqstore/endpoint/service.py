@@ -184,6 +184,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             yield _status(service_pb2.ReceiveMessageResponse(), Code.MESSAGE_NOT_FOUND, "no new message")
             return
         yield _ok(service_pb2.ReceiveMessageResponse())
+        stamp = service_pb2.ReceiveMessageResponse()
+        stamp.delivery_timestamp.GetCurrentTime()
+        yield stamp
         for d in got:
             r = service_pb2.ReceiveMessageResponse()
             to_proto(d.message, r.message, d.receipt, d.attempt, invisible)
