@@ -190,3 +190,17 @@ def test_push_consumer_consumes_and_retries(tmp_path):
             pc.shutdown()
     assert {b: a for b, a in seen.items() if b != b"fail-once"} == {f"p{i}".encode(): [1] for i in range(19)}
     assert seen[b"fail-once"] == [1, 2]
+
+
+def test_sent_messages_found_by_rmqstore_query(tmp_path, capsys):
+    import json
+
+    from rmqstore.cli import main
+    with running(tmp_path / "s") as (_s, _ep, addr):
+        with producer(addr, "Tcli") as p:
+            mid = p.send(message("Tcli", b"find me", tag="TagQ", keys=("order-7",))).message_id
+    for key in (mid, "order-7"):
+        assert main(["query", str(tmp_path / "s"), "--topic", "Tcli", "--key", key, "--json",
+                     "--index-slots", "1024", "--index-entries", "8192"]) == 0
+        (found,) = json.loads(capsys.readouterr().out)
+        assert (found["body"], found["uniqKey"], found["tags"], found["keys"]) == ("find me", mid, "TagQ", "order-7")
