@@ -204,3 +204,61 @@ def test_sent_messages_found_by_rmqstore_query(tmp_path, capsys):
                      "--index-slots", "1024", "--index-entries", "8192"]) == 0
         (found,) = json.loads(capsys.readouterr().out)
         assert (found["body"], found["uniqKey"], found["tags"], found["keys"]) == ("find me", mid, "TagQ", "order-7")
+
+
+def test_long_polling_returns_a_message_sent_while_waiting(tmp_path):
+    with running(tmp_path / "s") as (_s, _ep, addr):
+        with producer(addr, "Tlp") as p, consumer(addr, "G", "Tlp", await_duration=30) as c:
+            sender = threading.Timer(0.5, lambda: p.send(message("Tlp", b"while waiting")))
+            sender.start()
+            got = c.receive(32, 30)                                # one call: it waits for the send
+            sender.join()
+            assert [m.body for m in got] == [b"while waiting"]
+
+
+def test_forward_to_dead_letter_queue(tmp_path):
+    from endpoint_client import stub
+    from rocketmq.grpc_protocol import service_pb2
+
+    with running(tmp_path / "s") as (store, _ep, addr):
+        with producer(addr, "Tfw") as p:
+            mid = p.send(message("Tfw", b"give up")).message_id
+        with consumer(addr, "G", "Tfw") as c:
+            (m,) = receive_all(c, 1, ack=False)
+            channel, s = stub(addr)
+            with channel:
+                req = service_pb2.ForwardMessageToDeadLetterQueueRequest(receipt_handle=m.receipt_handle,
+                                                                         message_id=mid)
+                req.group.name, req.topic.name = "G", "Tfw"
+                assert s.ForwardMessageToDeadLetterQueue(req, timeout=10).status.code == 20000   # OK
+            with pytest.raises(BadRequestException):
+                c.ack(m)                                           # finished: the receipt is gone
+        assert store.query_by_uniq_key("%DLQ%G", mid).body == b"give up"
+
+
+def test_fifo_push_consumer_keeps_group_order(tmp_path):
+    from rocketmq import ClientConfiguration, ConsumeResult, Credentials, FilterExpression, MessageListener, PushConsumer
+
+    order = collections.defaultdict(list)
+    done = threading.Event()
+
+    class Listener(MessageListener):
+        def consume(self, m):
+            order[m.message_group].append(m.body)
+            if sum(map(len, order.values())) >= 20:
+                done.set()
+            return ConsumeResult.SUCCESS
+
+    with running(tmp_path / "s", fifo_groups=frozenset({"GF"})) as (_s, _ep, addr):
+        with producer(addr, "Tpf") as p:
+            for i in range(20):
+                p.send(message("Tpf", f"{i % 2}:{i}".encode(), group=f"g{i % 2}"))
+        pc = PushConsumer(ClientConfiguration(addr, Credentials()), "GF", Listener(), {"Tpf": FilterExpression()})
+        pc.startup()
+        try:
+            assert pc.fifo
+            done.wait(60)
+        finally:
+            pc.shutdown()
+    for g in range(2):
+        assert order[f"g{g}"] == [f"{g}:{i}".encode() for i in range(g, 20, 2)]
