@@ -12,7 +12,7 @@ pytest.importorskip("rocketmq")
 
 from rocketmq.v5.exception import BadRequestException  # noqa: E402
 
-from endpoint_client import consumer, message, producer, receive_all, running  # noqa: E402
+from endpoint_client import consumer, message, producer, receive_all, running, stub  # noqa: E402
 
 
 def _round_trip(tmp_path, per_topic):
@@ -46,6 +46,10 @@ def _round_trip(tmp_path, per_topic):
             for m in got:
                 assert (m.topic, m.body, m.tag, set(m.keys), m.properties) == sent[m.message_id]
                 assert m.delivery_attempt == 1
+        for t in topics:                                      # progress mirrored for the store's tools
+            for group in ("G1", "G2"):
+                assert [store.committed_offset(group, t, q) for q in range(4)] == \
+                    [store.max_offset(t, q) for q in range(4)]
         # stored as a broker stores it: msgId as UNIQ_KEY, keys in the index
         mid, (t, body, _tag, keys, _props) = next(iter(sent.items()))
         assert store.query_by_uniq_key(t, mid).body == body
@@ -217,7 +221,6 @@ def test_long_polling_returns_a_message_sent_while_waiting(tmp_path):
 
 
 def test_forward_to_dead_letter_queue(tmp_path):
-    from endpoint_client import stub
     from rocketmq.grpc_protocol import service_pb2
 
     with running(tmp_path / "s") as (store, _ep, addr):
@@ -237,7 +240,14 @@ def test_forward_to_dead_letter_queue(tmp_path):
 
 
 def test_fifo_push_consumer_keeps_group_order(tmp_path):
-    from rocketmq import ClientConfiguration, ConsumeResult, Credentials, FilterExpression, MessageListener, PushConsumer
+    from rocketmq import (
+        ClientConfiguration,
+        ConsumeResult,
+        Credentials,
+        FilterExpression,
+        MessageListener,
+        PushConsumer,
+    )
 
     order = collections.defaultdict(list)
     done = threading.Event()

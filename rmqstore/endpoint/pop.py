@@ -13,6 +13,10 @@ Rules (RocketMQ 5's POP semantics, reduced to one node):
 - FIFO: while a message carrying a message group is in flight (handed out, invisible) in
   a queue, nothing more is handed out from that queue, so the group's order holds.
 
+Each group's progress (its first unfinished offset per queue) is mirrored into the store's
+consumer offsets (``config/consumerOffset.json``) so the store's tools see it; the PopState
+is what the endpoint trusts.
+
 Receipt handles are ``q.offset.seq`` (queue id, queue offset, receipt generation).
 """
 from __future__ import annotations
@@ -116,7 +120,15 @@ class Pop:
             if len(out) < batch and not any(r[0] == "r" and r[8] for r in records):
                 self._receive_new(qs, group, topic, q, expression, batch - len(out), now, invisible_ms, records, out)
             st.append(records, durable=False)
+            if records:
+                self._commit(group, topic, q)
             return out
+
+    def _commit(self, group: str, topic: str, q: int) -> None:
+        """Mirror the group's progress (first offset not finished) into consumerOffset.json,
+        for the store's tools; the POP state stays the authority."""
+        qs = self.state.queue((group, topic, q))
+        self.store.commit_offset(group, topic, q, min(qs.pending, default=qs.next))
 
     def _receive_new(self, qs: QueueState, group: str, topic: str, q: int, expression: str, batch: int, now: int,
                      invisible_ms: int, records: list[list[Any]], out: list[Delivery]) -> None:
@@ -156,6 +168,8 @@ class Pop:
                 except RequestError as e:
                     results.append(e)
             self.state.append(records, durable=True)
+            for q in {r[3] for r in records}:
+                self._commit(group, topic, q)
         return results
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
