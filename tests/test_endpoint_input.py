@@ -84,6 +84,9 @@ def test_oversize_and_empty_messages(strict):
     res = s.SendMessage(_send_request("Known", b"x" * 1025), timeout=10)
     assert res.status.code == Code.MESSAGE_BODY_TOO_LARGE
     assert s.SendMessage(_send_request("Known", b""), timeout=10).status.code == Code.MESSAGE_BODY_EMPTY
+    far = _send_request("Known", b"x")
+    far.messages[0].system_properties.delivery_timestamp.seconds = 2 ** 40
+    assert s.SendMessage(far, timeout=10).status.code == Code.ILLEGAL_DELIVERY_TIME
     assert s.SendMessage(_send_request("Known", b"x" * 800), timeout=10).status.code == Code.OK
     assert store.max_offset("Known", 0) + store.max_offset("Known", 1) >= 1
     with producer(addr, "Known") as p, pytest.raises(IllegalArgumentException):

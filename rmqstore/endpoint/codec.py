@@ -7,6 +7,7 @@ are. ``rmqstore query`` / ``msg`` therefore find it by key or message id.
 """
 from __future__ import annotations
 
+import time
 import zlib
 
 from rocketmq.grpc_protocol import definition_pb2
@@ -20,6 +21,7 @@ TAGS = "TAGS"
 KEYS = "KEYS"
 MESSAGE_GROUP = "__SHARDINGKEY"
 DELIVER_MS = "__STARTDELIVERTIME"
+MAX_DELAY_MS = 40 * 86_400_000      # how far ahead a delivery time may be
 SYSTEM_PROPERTIES = frozenset({UNIQ_KEY, TAGS, KEYS, MESSAGE_GROUP, DELIVER_MS, "DLQ_ORIGIN_TOPIC",
                                "DLQ_ORIGIN_MESSAGE_ID"})
 
@@ -74,7 +76,10 @@ def to_store(pb: definition_pb2.Message, peer: str, max_body: int) -> Message:
     if sp.HasField("message_group"):
         props[MESSAGE_GROUP] = sp.message_group
     if sp.HasField("delivery_timestamp"):
-        props[DELIVER_MS] = str(_millis(sp.delivery_timestamp))
+        due = _millis(sp.delivery_timestamp)
+        if due > time.time() * 1000 + MAX_DELAY_MS:
+            raise RequestError(Code.ILLEGAL_DELIVERY_TIME, f"delivery time {due} is more than 40 days ahead")
+        props[DELIVER_MS] = str(due)
     host = _peer_host(peer)
     try:
         return Message(pb.topic.name, body, tags=sp.tag or None, keys=list(sp.keys) or None, properties=props,
