@@ -52,7 +52,7 @@ def _client_send(addr, topic, n, threads, body):
     ready = threading.Barrier(threads + 1)
 
     def run(count):
-        p = Producer(ClientConfiguration(addr, Credentials()), (topic,))
+        p = Producer(ClientConfiguration(addr, Credentials(), request_timeout=10), (topic,))
         p.startup()
         mine = []
         ready.wait()                     # producers started: time the sends only
@@ -82,8 +82,8 @@ def _client_send(addr, topic, n, threads, body):
 
 def _client_receive(addr, topic, n):
     from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
-    c = SimpleConsumer(ClientConfiguration(addr, Credentials()), "FigGroup" + topic, {topic: FilterExpression()},
-                       await_duration=2)
+    cfg = ClientConfiguration(addr, Credentials(), request_timeout=10)
+    c = SimpleConsumer(cfg, "FigGroup" + topic, {topic: FilterExpression()}, await_duration=2)
     c.startup()
     got, t0 = 0, time.perf_counter()
     try:

@@ -13,6 +13,12 @@ from rmqstore import MessageStore, StoreConfig
 from rmqstore.endpoint import Endpoint
 
 
+def client_config(addr):
+    """The client's configuration, with a request timeout that a loaded shared machine's
+    fsync stalls stay under (the client's default is 3 s)."""
+    return ClientConfiguration(addr, Credentials(), request_timeout=10)
+
+
 def endpoint_config(**changes):
     base = dict(commitlog_file_size=1 << 20, consume_queue_entries=1000, index_slots=1024, index_entries=8192,
                 warm_mapped_file=False)
@@ -33,7 +39,7 @@ def running(path, config=None, **options):
 
 @contextlib.contextmanager
 def producer(addr, *topics):
-    p = Producer(ClientConfiguration(addr, Credentials()), topics)
+    p = Producer(client_config(addr), topics)
     p.startup()
     try:
         yield p
@@ -43,7 +49,7 @@ def producer(addr, *topics):
 
 @contextlib.contextmanager
 def consumer(addr, group, topic, expression="*", await_duration=1):
-    c = SimpleConsumer(ClientConfiguration(addr, Credentials()), group, {topic: FilterExpression(expression)},
+    c = SimpleConsumer(client_config(addr), group, {topic: FilterExpression(expression)},
                        await_duration=await_duration)
     c.startup()
     try:

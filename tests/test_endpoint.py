@@ -12,7 +12,7 @@ pytest.importorskip("rocketmq")
 
 from rocketmq.v5.exception import BadRequestException  # noqa: E402
 
-from endpoint_client import consumer, message, producer, receive_all, running, stub  # noqa: E402
+from endpoint_client import client_config, consumer, message, producer, receive_all, running, stub  # noqa: E402
 
 
 def _round_trip(tmp_path, per_topic):
@@ -160,9 +160,7 @@ def test_delayed_message_not_before_its_time(tmp_path):
 
 def test_push_consumer_consumes_and_retries(tmp_path):
     from rocketmq import (
-        ClientConfiguration,
         ConsumeResult,
-        Credentials,
         FilterExpression,
         MessageListener,
         PushConsumer,
@@ -185,7 +183,7 @@ def test_push_consumer_consumes_and_retries(tmp_path):
             for i in range(19):
                 p.send(message("Tp", f"p{i}".encode(), tag="TagA"))
             p.send(message("Tp", b"fail-once", tag="TagA"))
-        pc = PushConsumer(ClientConfiguration(addr, Credentials()), "GP", Listener(),
+        pc = PushConsumer(client_config(addr), "GP", Listener(),
                           {"Tp": FilterExpression("TagA")})
         pc.startup()
         try:
@@ -241,9 +239,7 @@ def test_forward_to_dead_letter_queue(tmp_path):
 
 def test_fifo_push_consumer_keeps_group_order(tmp_path):
     from rocketmq import (
-        ClientConfiguration,
         ConsumeResult,
-        Credentials,
         FilterExpression,
         MessageListener,
         PushConsumer,
@@ -263,7 +259,7 @@ def test_fifo_push_consumer_keeps_group_order(tmp_path):
         with producer(addr, "Tpf") as p:
             for i in range(20):
                 p.send(message("Tpf", f"{i % 2}:{i}".encode(), group=f"g{i % 2}"))
-        pc = PushConsumer(ClientConfiguration(addr, Credentials()), "GF", Listener(), {"Tpf": FilterExpression()})
+        pc = PushConsumer(client_config(addr), "GF", Listener(), {"Tpf": FilterExpression()})
         pc.startup()
         try:
             assert pc.fifo
