@@ -18,6 +18,7 @@ SKIP = {
     r"^pip install": "installs packages (the test environment has them)",
     r"\basv ": "runs the whole benchmark suite for minutes; tests/test_bench.py runs this asv sequence on one "
                "benchmark",
+    r"^rmqstore serve": "serves until stopped; tests/test_endpoint*.py run the endpoint with the official client",
 }
 SLOW = {r"^rmqstore spark": "starts Spark in local mode (Java, about 20 s a job)"}
 

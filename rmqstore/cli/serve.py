@@ -1,0 +1,45 @@
+"""``rmqstore serve``: run the RocketMQ 5 gRPC endpoint (rmqstore.endpoint) on a store."""
+import argparse
+import dataclasses
+import logging
+import sys
+
+from rmqstore.cli.common import CommandError, positive_int, store_config
+from rmqstore.store import MessageStore
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from rmqstore.endpoint import serve
+    except ImportError as e:
+        raise CommandError(f"the endpoint needs grpcio and rocketmq-python-client ({e})") from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("rmqstore.endpoint").setLevel(logging.INFO)
+    cfg = store_config(args)
+    if args.sync_flush:
+        cfg = dataclasses.replace(cfg, flush_mode="sync")
+    with MessageStore(args.store, cfg) as store:
+        serve(store, args.listen, auto_create=not args.no_auto_create, max_attempts=args.max_attempts,
+              fifo_groups=frozenset(args.fifo_group))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser,
+             store_opts: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("serve", parents=[store_opts], help="serve the store to RocketMQ 5 clients (gRPC)",
+                       description="Run a single-node RocketMQ 5 endpoint (the proxy's gRPC MessagingService) "
+                       "on STORE, created if missing, until SIGINT or SIGTERM; then flush and close. Official "
+                       "clients produce and consume through it unchanged.")
+    p.add_argument("store")
+    p.add_argument("--listen", default="127.0.0.1:8081", metavar="HOST:PORT",
+                   help="address to listen on (default loopback 127.0.0.1:8081)")
+    p.add_argument("--no-auto-create", action="store_true",
+                   help="refuse topics the store does not hold (default: create them on first use)")
+    p.add_argument("--max-attempts", type=positive_int, default=17, metavar="N",
+                   help="deliveries before a message goes to %%DLQ%%group (default 17)")
+    p.add_argument("--fifo-group", action="append", default=[], metavar="GROUP",
+                   help="tell push consumers of GROUP to consume in FIFO order (repeatable)")
+    p.add_argument("--segment-size", dest="commitlog_file_size", type=positive_int, metavar="BYTES",
+                   help="commitlog segment size of a new store (default 1 GiB)")
+    p.add_argument("--sync-flush", action="store_true", help="acknowledge a send only once it is on disk")
+    p.set_defaults(func=cmd_serve)

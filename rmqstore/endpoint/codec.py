@@ -1,0 +1,148 @@
+"""Protocol messages (``definition_pb2.Message``) to store messages and back.
+
+A sent message is stored the way a RocketMQ broker stores it: the client's message id as
+``UNIQ_KEY``, tag as ``TAGS``, keys space-separated in ``KEYS``, the FIFO message group as
+``__SHARDINGKEY`` and a delivery time as ``__STARTDELIVERTIME`` (ms); user properties as they
+are. ``rmqstore query`` / ``msg`` therefore find it by key or message id.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+
+from rocketmq.grpc_protocol import definition_pb2
+
+from rmqstore._codec import Message, MessageExt
+from rmqstore.errors import InvalidArgumentError
+
+Code = definition_pb2.Code
+UNIQ_KEY = "UNIQ_KEY"
+TAGS = "TAGS"
+KEYS = "KEYS"
+MESSAGE_GROUP = "__SHARDINGKEY"
+DELIVER_MS = "__STARTDELIVERTIME"
+MAX_DELAY_MS = 40 * 86_400_000      # how far ahead a delivery time may be
+SYSTEM_PROPERTIES = frozenset({UNIQ_KEY, TAGS, KEYS, MESSAGE_GROUP, DELIVER_MS, "DLQ_ORIGIN_TOPIC",
+                               "DLQ_ORIGIN_MESSAGE_ID"})
+
+
+class RequestError(Exception):
+    """A request the endpoint refuses: carries the protocol status code to answer with."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _millis(ts: object) -> int:
+    return int(ts.seconds) * 1000 + int(ts.nanos) // 1_000_000  # type: ignore[attr-defined]
+
+
+def _set_millis(ts: object, ms: int) -> None:
+    ts.seconds, ts.nanos = divmod(ms, 1000)  # type: ignore[attr-defined]
+    ts.nanos *= 1_000_000  # type: ignore[attr-defined]
+
+
+def _peer_host(peer: str) -> str | None:
+    """gRPC's ``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` as ``ip:port``; None for anything else."""
+    kind, _, addr = peer.partition(":")
+    return addr if kind in ("ipv4", "ipv6") else None
+
+
+def to_store(pb: definition_pb2.Message, peer: str, max_body: int) -> Message:
+    """The store message for a sent protocol message; RequestError for what cannot be stored."""
+    sp = pb.system_properties
+    if not sp.message_id:
+        raise RequestError(Code.ILLEGAL_MESSAGE_ID, "message_id is required")
+    body = pb.body
+    if sp.body_encoding == definition_pb2.Encoding.GZIP:
+        d = zlib.decompressobj(31)
+        body = d.decompress(body, max_body + 1)
+        if d.unconsumed_tail:
+            raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body is over {max_body} bytes uncompressed")
+    if not body:
+        raise RequestError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+    if len(body) > max_body:
+        raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body of {len(body)} bytes is over the limit of {max_body}")
+    if "|" in sp.tag:
+        raise RequestError(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} contains '|'")
+    if any(not k or any(c.isspace() for c in k) for k in sp.keys):
+        raise RequestError(Code.ILLEGAL_MESSAGE_KEY, "keys must be non-empty and contain no whitespace")
+    props = dict(pb.user_properties)
+    clash = SYSTEM_PROPERTIES.intersection(props)
+    if clash:
+        raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"reserved property name(s): {', '.join(sorted(clash))}")
+    props[UNIQ_KEY] = sp.message_id
+    if sp.HasField("message_group"):
+        props[MESSAGE_GROUP] = sp.message_group
+    if sp.HasField("delivery_timestamp"):
+        due = _millis(sp.delivery_timestamp)
+        if due > time.time() * 1000 + MAX_DELAY_MS:
+            raise RequestError(Code.ILLEGAL_DELIVERY_TIME, f"delivery time {due} is more than 40 days ahead")
+        props[DELIVER_MS] = str(due)
+    host = _peer_host(peer)
+    try:
+        return Message(pb.topic.name, body, tags=sp.tag or None, keys=list(sp.keys) or None, properties=props,
+                       born_timestamp=_millis(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
+                       born_host=host)
+    except InvalidArgumentError as e:
+        raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, str(e)) from None
+
+
+def message_type(props: dict[str, str]) -> int:
+    if MESSAGE_GROUP in props:
+        return definition_pb2.MessageType.FIFO
+    if DELIVER_MS in props:
+        return definition_pb2.MessageType.DELAY
+    return definition_pb2.MessageType.NORMAL
+
+
+def deliver_at(m: MessageExt) -> int:
+    """The delivery time (ms) of a delayed message, 0 for any other."""
+    v = m.properties.get(DELIVER_MS)
+    try:
+        return int(v) if v else 0
+    except ValueError:
+        return 0
+
+
+def to_proto(m: MessageExt, out: definition_pb2.Message, receipt: str, attempt: int, invisible_ms: int) -> None:
+    """Fill ``out`` with stored message ``m`` as handed to a consumer."""
+    props = m.properties
+    out.topic.name = m.topic
+    out.body = m.body
+    for k, v in props.items():
+        if k not in SYSTEM_PROPERTIES and v is not None:
+            out.user_properties[k] = v
+    sp = out.system_properties
+    if props.get(TAGS):
+        sp.tag = props[TAGS]
+    sp.keys.extend(m.keys)
+    sp.message_id = props.get(UNIQ_KEY) or m.msg_id
+    sp.body_digest.type = definition_pb2.DigestType.CRC32
+    sp.body_digest.checksum = format(zlib.crc32(m.body) & 0xFFFFFFFF, "08X")
+    sp.body_encoding = definition_pb2.Encoding.IDENTITY
+    sp.message_type = message_type(props)
+    _set_millis(sp.born_timestamp, m.born_timestamp)
+    sp.born_host = m.born_host
+    _set_millis(sp.store_timestamp, m.store_timestamp)
+    sp.store_host = m.store_host
+    if DELIVER_MS in props:
+        _set_millis(sp.delivery_timestamp, deliver_at(m))
+    if MESSAGE_GROUP in props:
+        sp.message_group = props[MESSAGE_GROUP]
+    sp.receipt_handle = receipt
+    sp.queue_id = m.queue_id
+    sp.queue_offset = m.queue_offset
+    sp.invisible_duration.seconds, ms = divmod(invisible_ms, 1000)
+    sp.invisible_duration.nanos = ms * 1_000_000
+    sp.delivery_attempt = attempt
+
+
+def to_dead_letter(m: MessageExt, group: str, attempts: int) -> Message:
+    """A copy of ``m`` for the group's ``%DLQ%`` topic (same UNIQ_KEY, origin noted)."""
+    props = {k: v for k, v in m.properties.items() if v is not None and k not in (TAGS, KEYS)}
+    props["DLQ_ORIGIN_TOPIC"] = m.topic
+    props["DLQ_ORIGIN_MESSAGE_ID"] = props.get(UNIQ_KEY) or m.msg_id
+    return Message("%DLQ%" + group, m.body, tags=m.tags, keys=m.keys or None, properties=props,
+                   born_timestamp=m.born_timestamp, reconsume_times=max(0, attempts - 1))

@@ -1,0 +1,62 @@
+"""Topic routes: which topics exist and how many queues each has, for one single-node broker.
+
+A topic exists when the store holds it, or once a client used it with auto-create on (it
+gets ``default_queue_nums`` queues, like a broker with ``autoCreateTopicEnable``).
+"""
+from __future__ import annotations
+
+import threading
+
+from rocketmq.grpc_protocol import definition_pb2
+
+from rmqstore.endpoint.codec import RequestError
+from rmqstore.errors import InvalidTopicError
+from rmqstore.store import MessageStore
+from rmqstore.topics import validate_topic
+
+Code = definition_pb2.Code
+BROKER_NAME = "rmqstore"
+ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
+                  definition_pb2.MessageType.DELAY)
+
+
+class Routes:
+    """Known topics and their queue counts; thread-safe."""
+
+    def __init__(self, store: MessageStore, auto_create: bool = True) -> None:
+        self.store = store
+        self.auto_create = auto_create
+        self._created: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def queues(self, topic: str, create: bool = True) -> list[int]:
+        """The queue ids of ``topic``; RequestError when it is invalid, or unknown and not created."""
+        try:
+            validate_topic(topic)
+        except InvalidTopicError as e:
+            raise RequestError(Code.ILLEGAL_TOPIC, str(e)) from None
+        with self._lock:
+            n = self._created.get(topic)
+            if n is None:
+                ids = self.store.queue_ids(topic)
+                if ids:
+                    n = max(max(ids) + 1, self.store.config.default_queue_nums)
+                elif self.auto_create and create:
+                    n = self.store.config.default_queue_nums
+                else:
+                    raise RequestError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (auto-create is off)")
+                self._created[topic] = n
+        return list(range(n))
+
+    def message_queues(self, topic: str, endpoints: definition_pb2.Endpoints,
+                       out: object) -> None:
+        """Append the protocol MessageQueue of every queue of ``topic`` to repeated field ``out``."""
+        for q in self.queues(topic):
+            mq = out.add()  # type: ignore[attr-defined]
+            mq.topic.name = topic
+            mq.id = q
+            mq.permission = definition_pb2.Permission.READ_WRITE
+            mq.broker.name = BROKER_NAME
+            mq.broker.id = 0
+            mq.broker.endpoints.CopyFrom(endpoints)
+            mq.accept_message_types.extend(ACCEPTED_TYPES)

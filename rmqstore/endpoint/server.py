@@ -1,0 +1,96 @@
+"""Run the endpoint: a grpc server bound to one address, serving one MessageStore."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2, service_pb2_grpc
+
+from rmqstore.endpoint.pop import Pop
+from rmqstore.endpoint.routes import Routes
+from rmqstore.endpoint.service import MessagingService
+from rmqstore.endpoint.state import PopState
+from rmqstore.errors import InvalidArgumentError
+from rmqstore.store import MessageStore
+
+log = logging.getLogger("rmqstore.endpoint")
+
+
+def _endpoints(host: str, port: int) -> definition_pb2.Endpoints:
+    eps = definition_pb2.Endpoints()
+    eps.scheme = definition_pb2.AddressScheme.IPv6 if ":" in host else definition_pb2.AddressScheme.IPv4
+    a = eps.addresses.add()
+    a.host, a.port = host, port
+    return eps
+
+
+class Endpoint:
+    """A started endpoint. ``port`` is the bound port (useful with ``host:0``); ``stop()``
+    ends the calls in progress, flushes and closes the consumption state (not the store,
+    which the caller owns)."""
+
+    def __init__(self, store: MessageStore, listen: str = "127.0.0.1:8081", auto_create: bool = True,
+                 max_attempts: int = 17, fifo_groups: frozenset[str] = frozenset(), workers: int = 64) -> None:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise InvalidArgumentError(f"listen address {listen!r} is not host:port")
+        self.store = store
+        self.state = PopState(store.path, store.config.file_mode, store.config.dir_mode)
+        self.pop = Pop(store, self.state, max_attempts)
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rmqstore-endpoint"),
+                                  options=[("grpc.max_receive_message_length", store.config.max_message_size + 65536)])
+        self.port = self.server.add_insecure_port(listen)
+        if self.port == 0:
+            self.state.close()
+            raise InvalidArgumentError(f"cannot listen on {listen!r}")
+        bare = host.strip("[]")
+        advertised = "127.0.0.1" if bare in ("0.0.0.0", "", "localhost") else "::1" if bare == "::" else bare
+        self.address = f"{host}:{self.port}"
+        self.service = MessagingService(store, self.pop, Routes(store, auto_create), _endpoints(advertised, self.port),
+                                        max_attempts, fifo_groups)
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self.server)
+        self.server.start()
+        self._stopped = threading.Event()
+        log.info("rmqstore endpoint listening on %s (store %s)", self.address, store.path)
+
+    def stop(self, grace: float = 1.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.service.stopping.set()
+        self.pop.notify()
+        self.server.stop(grace).wait()
+        self.store.flush()
+        self.state.close()
+        log.info("rmqstore endpoint on %s stopped", self.address)
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(store: MessageStore, listen: str = "127.0.0.1:8081", **options: Any) -> None:
+    """Serve ``store`` on ``listen`` until SIGINT or SIGTERM, then stop cleanly (main thread only)."""
+    ep = Endpoint(store, listen, **options)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        ep.stop()

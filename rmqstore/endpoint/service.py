@@ -1,0 +1,279 @@
+"""The gRPC ``apache.rocketmq.v2.MessagingService`` over a MessageStore.
+
+Every call answers with a protocol status; a request the endpoint cannot serve gets a
+clear code (``UNSUPPORTED`` for transactions, recall, lite topics, offsets and pull), and an
+unexpected failure becomes ``INTERNAL_SERVER_ERROR`` for that call only.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import zlib
+from typing import Any, Callable, Iterator, TypeVar
+
+from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+from rmqstore.endpoint.codec import RequestError, to_proto, to_store
+from rmqstore.endpoint.pop import Pop, check_filter
+from rmqstore.endpoint.routes import Routes
+from rmqstore.errors import MessageTooLargeError, StoreError
+from rmqstore.store import MessageStore
+
+log = logging.getLogger("rmqstore.endpoint")
+Code = definition_pb2.Code
+F = TypeVar("F", bound=Callable[..., Any])
+MAX_POLL_S = 60.0
+DEFAULT_INVISIBLE_MS = 30_000
+
+
+def _ms(d: Any) -> int:
+    return int(d.seconds) * 1000 + int(d.nanos) // 1_000_000
+
+
+def _answer(response: type) -> Callable[[F], F]:
+    """Turn RequestError / StoreError / anything else raised by a unary call into a status."""
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def run(self: MessagingService, request: Any, context: Any) -> Any:
+            try:
+                return method(self, request, context)
+            except RequestError as e:
+                code, text = e.code, str(e)
+            except MessageTooLargeError as e:
+                code, text = Code.MESSAGE_BODY_TOO_LARGE, str(e)
+            except StoreError as e:
+                code, text = Code.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"
+            except Exception as e:   # noqa: BLE001 - one failed call must not stop the endpoint
+                log.exception("%s failed", method.__name__)
+                code, text = Code.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"
+            res = response()
+            res.status.code, res.status.message = code, text
+            return res
+        return run  # type: ignore[return-value]
+    return wrap
+
+
+def _ok(res: Any) -> Any:
+    res.status.code, res.status.message = Code.OK, "OK"
+    return res
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    """The servicer: routes, send, POP receive/ack, settings exchange."""
+
+    def __init__(self, store: MessageStore, pop: Pop, routes: Routes, endpoints: definition_pb2.Endpoints,
+                 max_attempts: int, fifo_groups: frozenset[str] = frozenset()) -> None:
+        self.store = store
+        self.pop = pop
+        self.routes = routes
+        self.endpoints = endpoints
+        self.max_attempts = max_attempts
+        self.fifo_groups = fifo_groups
+        self.stopping = threading.Event()
+
+    # -- routes and clients ---------------------------------------------------------------
+    @_answer(service_pb2.QueryRouteResponse)
+    def QueryRoute(self, request: Any, context: Any) -> Any:
+        res = service_pb2.QueryRouteResponse()
+        eps = request.endpoints if request.endpoints.addresses else self.endpoints
+        self.routes.message_queues(request.topic.name, eps, res.message_queues)
+        return _ok(res)
+
+    @_answer(service_pb2.QueryAssignmentResponse)
+    def QueryAssignment(self, request: Any, context: Any) -> Any:
+        res = service_pb2.QueryAssignmentResponse()
+        eps = request.endpoints if request.endpoints.addresses else self.endpoints
+        routes = service_pb2.QueryRouteResponse()
+        self.routes.message_queues(request.topic.name, eps, routes.message_queues)
+        for mq in routes.message_queues:
+            res.assignments.add().message_queue.CopyFrom(mq)
+        return _ok(res)
+
+    @_answer(service_pb2.HeartbeatResponse)
+    def Heartbeat(self, request: Any, context: Any) -> Any:
+        return _ok(service_pb2.HeartbeatResponse())
+
+    @_answer(service_pb2.NotifyClientTerminationResponse)
+    def NotifyClientTermination(self, request: Any, context: Any) -> Any:
+        log.debug("client %s terminating (group %r)", _client_id(context), request.group.name)
+        return _ok(service_pb2.NotifyClientTerminationResponse())
+
+    def Telemetry(self, request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
+        """Settings exchange: each settings command is answered with the server's settings."""
+        client = _client_id(context)
+        log.info("client %s connected from %s", client, context.peer())
+        try:
+            for cmd in request_iterator:
+                if cmd.HasField("settings"):
+                    yield self._settings(cmd.settings)
+        finally:
+            log.info("client %s disconnected", client)
+
+    def _settings(self, asked: definition_pb2.Settings) -> service_pb2.TelemetryCommand:
+        out = service_pb2.TelemetryCommand()
+        s = out.settings
+        s.CopyFrom(asked)
+        s.backoff_policy.max_attempts = self.max_attempts if asked.HasField("subscription") else 3
+        s.backoff_policy.exponential_backoff.initial.seconds = 1
+        s.backoff_policy.exponential_backoff.max.seconds = 10
+        s.backoff_policy.exponential_backoff.multiplier = 2.0
+        if asked.HasField("publishing"):
+            s.publishing.max_body_size = self.store.config.max_message_size
+            s.publishing.validate_message_type = True
+        if asked.HasField("subscription"):
+            s.subscription.fifo = asked.subscription.group.name in self.fifo_groups
+            s.subscription.receive_batch_size = s.subscription.receive_batch_size or 32
+            if not s.subscription.HasField("long_polling_timeout"):
+                s.subscription.long_polling_timeout.seconds = 20
+        return _ok(out)
+
+    # -- send -----------------------------------------------------------------------------
+    @_answer(service_pb2.SendMessageResponse)
+    def SendMessage(self, request: Any, context: Any) -> Any:
+        if len(request.messages) == 0:
+            raise RequestError(Code.BAD_REQUEST, "no message to send")
+        msgs = []
+        for pb in request.messages:
+            if pb.system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
+                raise RequestError(Code.UNSUPPORTED, "transactional messages are not supported")
+            self.routes.queues(pb.topic.name)
+            msgs.append(to_store(pb, context.peer(), self.store.config.max_message_size))
+        res = service_pb2.SendMessageResponse()
+        for pb, msg in zip(request.messages, msgs, strict=True):
+            queues = self.routes.queues(pb.topic.name)
+            group = pb.system_properties.message_group
+            q = _hash(group) % len(queues) if group else None
+            put = self.store.put(msg, q)
+            e = res.entries.add()
+            _ok(e)
+            e.message_id = pb.system_properties.message_id
+            e.offset = put.queue_offset
+        self.pop.notify()
+        return _ok(res)
+
+    # -- receive and ack ------------------------------------------------------------------
+    def ReceiveMessage(self, request: Any, context: Any) -> Iterator[Any]:
+        try:
+            group, topic = request.group.name, request.message_queue.topic.name
+            if not group:
+                raise RequestError(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is required")
+            expr = request.filter_expression
+            if expr.type not in (definition_pb2.FilterType.TAG, definition_pb2.FilterType.FILTER_TYPE_UNSPECIFIED):
+                raise RequestError(Code.UNSUPPORTED, "only TAG filter expressions are supported")
+            expression = check_filter(expr.expression or "*")
+            if request.batch_size <= 0 or request.batch_size > 1024:
+                raise RequestError(Code.BAD_REQUEST, f"batch_size {request.batch_size} out of range 1..1024")
+            invisible = _ms(request.invisible_duration) if request.HasField("invisible_duration") \
+                else DEFAULT_INVISIBLE_MS
+            if invisible < 0 or invisible > 12 * 3600 * 1000:
+                raise RequestError(Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {invisible} ms out of range")
+            queues = self.routes.queues(topic)
+            start = request.message_queue.id % len(queues) if request.message_queue.id >= 0 else 0
+            queues = queues[start:] + queues[:start]
+            deadline = time.monotonic() + min(MAX_POLL_S, _ms(request.long_polling_timeout) / 1000)
+            got = self._poll(context, group, topic, queues, expression, request.batch_size, invisible, deadline)
+        except RequestError as e:
+            yield _status(service_pb2.ReceiveMessageResponse(), e.code, str(e))
+            return
+        except StoreError as e:
+            yield _status(service_pb2.ReceiveMessageResponse(), Code.INTERNAL_SERVER_ERROR, str(e))
+            return
+        if not got:
+            yield _status(service_pb2.ReceiveMessageResponse(), Code.MESSAGE_NOT_FOUND, "no new message")
+            return
+        yield _ok(service_pb2.ReceiveMessageResponse())
+        stamp = service_pb2.ReceiveMessageResponse()
+        stamp.delivery_timestamp.GetCurrentTime()
+        yield stamp
+        for d in got:
+            r = service_pb2.ReceiveMessageResponse()
+            to_proto(d.message, r.message, d.receipt, d.attempt, invisible)
+            yield r
+
+    def _poll(self, context: Any, group: str, topic: str, queues: list[int], expression: str, batch: int,
+              invisible: int, deadline: float) -> list[Any]:
+        """Long polling: receive until something is ready, the deadline, a cancel or a stop."""
+        while True:
+            got = self.pop.receive(group, topic, queues, expression, batch, invisible)
+            left = deadline - time.monotonic()
+            if got or left <= 0 or self.stopping.is_set() or not context.is_active():
+                return got
+            with self.pop.arrived:
+                self.pop.arrived.wait(min(left, 0.1))
+
+    @_answer(service_pb2.AckMessageResponse)
+    def AckMessage(self, request: Any, context: Any) -> Any:
+        res = service_pb2.AckMessageResponse()
+        errors = self.pop.ack(request.group.name, request.topic.name, [e.receipt_handle for e in request.entries])
+        for entry, err in zip(request.entries, errors, strict=True):
+            out = res.entries.add()
+            out.message_id, out.receipt_handle = entry.message_id, entry.receipt_handle
+            if err is None:
+                _ok(out)
+            else:
+                _status(out, err.code, str(err))
+        if len(errors) == 1 and errors[0] is not None:
+            raise errors[0]
+        if any(errors):
+            return _status(res, Code.MULTIPLE_RESULTS, "some acks failed")
+        return _ok(res)
+
+    @_answer(service_pb2.ChangeInvisibleDurationResponse)
+    def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        invisible = _ms(request.invisible_duration)
+        if invisible < 0 or invisible > 12 * 3600 * 1000:
+            raise RequestError(Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {invisible} ms out of range")
+        res = service_pb2.ChangeInvisibleDurationResponse()
+        res.receipt_handle = self.pop.change_invisible(request.group.name, request.topic.name,
+                                                       request.receipt_handle, invisible)
+        self.pop.notify()
+        return _ok(res)
+
+    @_answer(service_pb2.ForwardMessageToDeadLetterQueueResponse)
+    def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        self.pop.dead_letter(request.group.name, request.topic.name, request.receipt_handle)
+        return _ok(service_pb2.ForwardMessageToDeadLetterQueueResponse())
+
+    # -- unsupported ----------------------------------------------------------------------
+    def _unsupported(self, response: type, what: str) -> Any:
+        return _status(response(), Code.UNSUPPORTED, f"{what} is not supported by the rmqstore endpoint")
+
+    def EndTransaction(self, request: Any, context: Any) -> Any:
+        return self._unsupported(service_pb2.EndTransactionResponse, "EndTransaction")
+
+    def RecallMessage(self, request: Any, context: Any) -> Any:
+        return self._unsupported(service_pb2.RecallMessageResponse, "RecallMessage")
+
+    def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
+        return self._unsupported(service_pb2.SyncLiteSubscriptionResponse, "SyncLiteSubscription")
+
+    def UpdateOffset(self, request: Any, context: Any) -> Any:
+        return self._unsupported(service_pb2.UpdateOffsetResponse, "UpdateOffset")
+
+    def GetOffset(self, request: Any, context: Any) -> Any:
+        return self._unsupported(service_pb2.GetOffsetResponse, "GetOffset")
+
+    def QueryOffset(self, request: Any, context: Any) -> Any:
+        return self._unsupported(service_pb2.QueryOffsetResponse, "QueryOffset")
+
+    def PullMessage(self, request: Any, context: Any) -> Iterator[Any]:
+        yield self._unsupported(service_pb2.PullMessageResponse, "PullMessage")
+
+
+def _status(res: Any, code: int, message: str) -> Any:
+    res.status.code, res.status.message = code, message
+    return res
+
+
+def _client_id(context: Any) -> str:
+    for k, v in context.invocation_metadata():
+        if k == "x-mq-client-id":
+            return str(v)
+    return "(no client id)"
+
+
+def _hash(group: str) -> int:
+    """Stable queue choice for a FIFO message group."""
+    return zlib.crc32(group.encode("utf-8"))

@@ -1,0 +1,181 @@
+"""Consumption state of the endpoint's consumer groups, kept crash-safe in the store directory.
+
+For each (group, topic, queue id) the state is two things:
+
+- ``next``: the first queue offset never handed out to the group. Every offset below it is
+  finished (acked, filtered out, or moved to the dead-letter queue) unless it is pending.
+- ``pending``: offset -> ``[invisible_until_ms, attempts, seq, fifo]`` for messages handed
+  out and not yet acked, and for delayed messages held until their delivery time (attempts
+  0); ``fifo`` is 1 when the message belongs to a FIFO message group.
+  ``seq`` is the receipt generation: a receipt handle names it, and a redelivery or a
+  change of invisible time gives a new one, so a stale handle is refused.
+
+On disk, under ``STORE/config/``:
+
+``popState.json``
+    a snapshot ``{"version": 1, "seq": N, "queues": [[group, topic, queue_id, next,
+    [[offset, until_ms, attempts, seq, fifo], ...]], ...]}``, replaced atomically (temp file,
+    fsync, rename, fsync of the directory; ``rmqstore.files.write_atomic``).
+``popState.log``
+    an append-only log of changes made since that snapshot, one per line:
+    ``CRC32HEX JSON\\n`` where CRC32 (zlib) covers the JSON text. Records:
+    ``["r", g, t, q, offset, until_ms, attempts, seq, fifo]`` (set a pending entry),
+    ``["a", g, t, q, offset]`` (finished: drop the pending entry),
+    ``["n", g, t, q, next]`` (raise ``next``).
+
+Durability rules:
+
+1. An ack is appended and the log fsynced before the ack is answered, so an acked
+   message is never handed out again, whatever kills the process afterwards.
+2. Receives and ``next`` moves are appended without fsync: losing them in a crash only
+   makes messages visible again (at-least-once), never loses one.
+3. Replaying the log over the snapshot is idempotent (``r`` sets, ``a`` drops, ``n`` takes
+   the maximum), so a crash between writing a new snapshot and emptying the log is safe.
+4. Replay stops at the first line that is torn or fails its CRC (the unsynced tail of a
+   crash) and truncates the log there. Both files are created 0600 with O_NOFOLLOW.
+
+Thread-safety: every method takes the instance lock; callers group their changes with
+``with state.lock:``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import zlib
+from typing import Any
+
+from rmqstore.errors import CorruptStoreError
+from rmqstore.files import fsync, make_dirs, open_file, read_file, write_atomic
+
+QueueKey = tuple[str, str, int]
+_COMPACT_BYTES = 4 << 20
+
+
+class QueueState:
+    """``next`` and ``pending`` of one (group, topic, queue)."""
+
+    __slots__ = ("next", "pending")
+
+    def __init__(self, next_offset: int = 0) -> None:
+        self.next = next_offset
+        self.pending: dict[int, list[int]] = {}
+
+
+class PopState:
+    """The consumption state of every group (see the module docstring for the format)."""
+
+    def __init__(self, root: str, file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
+        self.dir = os.path.join(root, "config")
+        self.snapshot_path = os.path.join(self.dir, "popState.json")
+        self.log_path = os.path.join(self.dir, "popState.log")
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
+        self.lock = threading.RLock()
+        self.queues: dict[QueueKey, QueueState] = {}
+        self._seq = 0
+        self._fd = -1
+        make_dirs(self.dir, dir_mode)
+        self._load()
+        self._compact()
+
+    # -- loading --------------------------------------------------------------------------
+    def _load(self) -> None:
+        try:
+            snap = json.loads(read_file(self.snapshot_path))
+        except FileNotFoundError:
+            snap = {"version": 1, "seq": 0, "queues": []}
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptStoreError(f"{self.snapshot_path}: {e}") from None
+        try:
+            self._seq = int(snap["seq"])
+            for g, t, q, nxt, pending in snap["queues"]:
+                qs = self.queue((str(g), str(t), int(q)))
+                qs.next = int(nxt)
+                for off, until, att, seq, fifo in pending:
+                    qs.pending[int(off)] = [int(until), int(att), int(seq), int(fifo)]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptStoreError(f"{self.snapshot_path}: not a consumption-state snapshot ({e})") from None
+        try:
+            data = read_file(self.log_path)
+        except FileNotFoundError:
+            data = b""
+        for line in data.split(b"\n")[:-1]:   # the last piece is empty or a torn line
+            rec = self._parse(line)
+            if rec is None:
+                break
+            self._apply(rec)
+
+    @staticmethod
+    def _parse(line: bytes) -> list[Any] | None:
+        crc, _, text = line.partition(b" ")
+        try:
+            if int(crc, 16) != zlib.crc32(text):
+                return None
+            rec = json.loads(text)
+        except ValueError:
+            return None
+        return rec if isinstance(rec, list) and len(rec) >= 5 else None
+
+    def _apply(self, rec: list[Any]) -> None:
+        op, g, t, q = rec[0], str(rec[1]), str(rec[2]), int(rec[3])
+        qs = self.queue((g, t, q))
+        if op == "r":
+            qs.pending[int(rec[4])] = [int(rec[5]), int(rec[6]), int(rec[7]), int(rec[8])]
+            self._seq = max(self._seq, int(rec[7]))
+        elif op == "a":
+            qs.pending.pop(int(rec[4]), None)
+        elif op == "n":
+            qs.next = max(qs.next, int(rec[4]))
+
+    def _compact(self) -> None:
+        """Write the whole state as a new snapshot, then start an empty log."""
+        rows = [[g, t, q, qs.next, [[o, *e] for o, e in sorted(qs.pending.items())]]
+                for (g, t, q), qs in self.queues.items()]
+        write_atomic(self.snapshot_path, json.dumps({"version": 1, "seq": self._seq, "queues": rows}).encode(),
+                     self.file_mode)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = open_file(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self.file_mode)
+        os.ftruncate(self._fd, 0)
+        fsync(self._fd, self.log_path)
+        self._size = 0
+
+    # -- changes --------------------------------------------------------------------------
+    def queue(self, key: QueueKey) -> QueueState:
+        qs = self.queues.get(key)
+        if qs is None:
+            qs = self.queues[key] = QueueState()
+        return qs
+
+    def next_seq(self) -> int:
+        """A receipt generation never given before (also across restarts: time-based floor)."""
+        self._seq = max(self._seq + 1, time.time_ns() // 1000)
+        return self._seq
+
+    def append(self, records: list[list[Any]], durable: bool) -> None:
+        """Apply ``records`` and append them to the log (fsynced when ``durable``)."""
+        if not records:
+            return
+        with self.lock:
+            out = []
+            for rec in records:
+                self._apply(rec)
+                text = json.dumps(rec, separators=(",", ":")).encode()
+                out.append(b"%08x %s\n" % (zlib.crc32(text), text))
+            blob = memoryview(b"".join(out))
+            self._size += len(blob)
+            while blob:
+                blob = blob[os.write(self._fd, blob):]
+            if durable:
+                fsync(self._fd, self.log_path)
+            if self._size > _COMPACT_BYTES:
+                self._compact()
+
+    def close(self) -> None:
+        with self.lock:
+            if self._fd >= 0:
+                self._compact()
+                os.close(self._fd)
+                self._fd = -1

@@ -1,0 +1,140 @@
+"""The endpoint under bad input: garbage on the port, undecodable requests, oversize
+messages, unknown topics with auto-create off, bad filter expressions, stale receipts and
+unsupported calls. Each gets a clear status (or gRPC error) and the endpoint keeps serving."""
+import os
+import socket
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+pytest.importorskip("rocketmq")
+
+from rocketmq.grpc_protocol import definition_pb2, service_pb2  # noqa: E402
+from rocketmq.v5.exception import BadRequestException, IllegalArgumentException  # noqa: E402
+
+from rmqstore import Message  # noqa: E402
+
+from endpoint_client import consumer, endpoint_config, message, producer, running, stub  # noqa: E402
+
+Code = definition_pb2.Code
+
+
+@pytest.fixture
+def strict(tmp_path):
+    """An endpoint with auto-create off, a 1 KiB message limit and one topic "Known"."""
+    with running(tmp_path / "s", endpoint_config(max_message_size=1024), auto_create=False) as (store, ep, addr):
+        store.put(Message("Known", b"seed", tags="TagA"))
+        store.wait_dispatched(10)
+        channel, s = stub(addr)
+        with channel:
+            yield store, addr, s
+
+
+def _route_ok(s):
+    res = s.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name="Known")), timeout=10)
+    assert res.status.code == Code.OK and sorted(q.id for q in res.message_queues) == [0, 1, 2, 3]
+
+
+def _send_request(topic, body):
+    req = service_pb2.SendMessageRequest()
+    m = req.messages.add()
+    m.topic.name = topic
+    m.body = body
+    m.system_properties.message_id = "01ABCDEF"
+    m.system_properties.message_type = definition_pb2.MessageType.NORMAL
+    return req
+
+
+def _receive(s, expression, filter_type=definition_pb2.FilterType.TAG, batch=8):
+    req = service_pb2.ReceiveMessageRequest(batch_size=batch)
+    req.group.name = "G"
+    req.message_queue.topic.name = "Known"
+    req.filter_expression.type = filter_type
+    req.filter_expression.expression = expression
+    return list(s.ReceiveMessage(req, timeout=10))
+
+
+def test_garbage_bytes_on_the_port(strict):
+    _store, addr, s = strict
+    host, port = addr.rsplit(":", 1)
+    h2_preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", os.urandom(4096), h2_preface + b"\xff" * 64):
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(junk)
+            try:
+                sock.recv(1024)
+            except OSError:
+                pass
+    _route_ok(s)
+
+
+def test_undecodable_request_gets_a_grpc_error(strict):
+    _store, addr, s = strict
+    channel = grpc.insecure_channel(addr)
+    raw = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage")
+    with pytest.raises(grpc.RpcError) as e:
+        raw(b"\xff\xff\xff\xff not a protobuf", timeout=10)
+    assert e.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+    channel.close()
+    _route_ok(s)
+
+
+def test_oversize_and_empty_messages(strict):
+    store, addr, s = strict
+    res = s.SendMessage(_send_request("Known", b"x" * 1025), timeout=10)
+    assert res.status.code == Code.MESSAGE_BODY_TOO_LARGE
+    assert s.SendMessage(_send_request("Known", b""), timeout=10).status.code == Code.MESSAGE_BODY_EMPTY
+    far = _send_request("Known", b"x")
+    far.messages[0].system_properties.delivery_timestamp.seconds = 2 ** 40
+    assert s.SendMessage(far, timeout=10).status.code == Code.ILLEGAL_DELIVERY_TIME
+    assert s.SendMessage(_send_request("Known", b"x" * 800), timeout=10).status.code == Code.OK
+    assert store.max_offset("Known", 0) + store.max_offset("Known", 1) >= 1
+    with producer(addr, "Known") as p, pytest.raises(IllegalArgumentException):
+        p.send(message("Known", b"y" * 2000))          # the client learnt the limit from the settings
+    _route_ok(s)
+
+
+def test_unknown_topic_with_auto_create_off(strict):
+    _store, addr, s = strict
+    res = s.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name="Nope")), timeout=10)
+    assert res.status.code == Code.TOPIC_NOT_FOUND
+    assert s.SendMessage(_send_request("Nope", b"x"), timeout=10).status.code == Code.TOPIC_NOT_FOUND
+    assert s.SendMessage(_send_request("bad/topic", b"x"), timeout=10).status.code == Code.ILLEGAL_TOPIC
+    with producer(addr) as p, pytest.raises(Exception, match="route"):
+        p.send(message("Nope", b"x"))
+    _route_ok(s)
+
+
+def test_bad_filter_expressions(strict):
+    _store, addr, s = strict
+    for expr in ("TagA ||", "|| TagB", "TagA ||| TagB"):
+        (res,) = _receive(s, expr)
+        assert res.status.code == Code.ILLEGAL_FILTER_EXPRESSION, expr
+    (res,) = _receive(s, "a > 1", definition_pb2.FilterType.SQL)
+    assert res.status.code == Code.UNSUPPORTED
+    (res,) = _receive(s, "*", batch=0)
+    assert res.status.code == Code.BAD_REQUEST
+    with consumer(addr, "G2", "Known", "TagA ||") as c, pytest.raises(BadRequestException):
+        c.receive(1, 10)
+    got = _receive(s, "TagA || TagB")
+    assert got[0].status.code == Code.OK
+    assert [r.message.body for r in got if r.HasField("message")] == [b"seed"]
+
+
+def test_stale_receipts_and_unsupported_calls(strict):
+    _store, _addr, s = strict
+    req = service_pb2.AckMessageRequest()
+    req.group.name, req.topic.name = "G", "Known"
+    for handle in ("garbage", "0.0.1", ""):
+        req.entries.add(message_id="m", receipt_handle=handle)
+    res = s.AckMessage(req, timeout=10)
+    assert res.status.code == Code.MULTIPLE_RESULTS
+    assert {e.status.code for e in res.entries} == {Code.INVALID_RECEIPT_HANDLE}
+    cid = service_pb2.ChangeInvisibleDurationRequest(receipt_handle="0.0.1")
+    assert s.ChangeInvisibleDuration(cid, timeout=10).status.code == Code.INVALID_RECEIPT_HANDLE
+    assert s.EndTransaction(service_pb2.EndTransactionRequest(), timeout=10).status.code == Code.UNSUPPORTED
+    assert s.RecallMessage(service_pb2.RecallMessageRequest(), timeout=10).status.code == Code.UNSUPPORTED
+    tx = _send_request("Known", b"x")
+    tx.messages[0].system_properties.message_type = definition_pb2.MessageType.TRANSACTION
+    assert s.SendMessage(tx, timeout=10).status.code == Code.UNSUPPORTED
+    _route_ok(s)
