@@ -13,3 +13,10 @@ cdef class MappedSegment:
     cdef bint closing
     cdef bint unmapped
     cdef int check_range(self, int64_t pos, int64_t n) except -1
+    cdef int64_t pin_range(self, int64_t pos, int64_t limit) except -1
+    cpdef hold(self)
+    cpdef release(self)
+    cdef _unpin(self)
+    cdef _unmap(self)
+
+cdef int check(int rc, object path, str op) except -1

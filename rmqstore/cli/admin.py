@@ -10,7 +10,7 @@ import sys
 import crc32c
 import numpy as np
 
-from rmqstore._codec import Message
+from rmqstore._message import Message
 from rmqstore.cli.common import (
     EXIT_FOUND,
     CommandError,
