@@ -205,7 +205,7 @@ def inject_fault(str op not None, int64_t nth, int err, str match=""):
     The same as the RMQ_FAULTS environment variable (cext/rmq_fault.h)."""
     cdef bytes bop = op.encode(), bmatch = match.encode()
     if rmq_fault_set(rmq_fault_op(bop), nth, err, bmatch) < 0:
-        raise ValueError(f"bad fault {op!r} nth={nth} errno={err} match={match!r}")
+        raise InvalidArgumentError(f"bad fault {op!r} nth={nth} errno={err} match={match!r}")
 
 
 FAULT_OPEN = RMQ_OP_OPEN
