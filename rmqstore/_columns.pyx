@@ -10,15 +10,11 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32
 from rmqstore._layout cimport *
-from rmqstore._record cimport RecView, parse_record, parse_at, tags_code_of, status_of, raise_status
+from rmqstore._record cimport RecView, parse_record, parse_at, tags_code_of, status_of, raise_status, prefetch_bytes
 from rmqstore._read cimport entry_rows
 from rmqstore._segment cimport MappedSegment
 
 cnp.import_array()
-
-cdef extern from *:
-    void __builtin_prefetch(const void *p) nogil
-
 
 cdef void measure(const char *base, int64_t pos, int64_t limit, bint check_crc, Extent *x) noexcept nogil:
     """Validate the records of ``base[pos:limit]`` from ``pos`` up to the first that is not
@@ -197,16 +193,8 @@ cdef enum:
 cdef inline void prefetch_record(SegRef *refs, Py_ssize_t n, int64_t offset, int32_t size) noexcept nogil:
     """Start loading the record at commitlog ``offset`` (up to 512 bytes of it) into cache."""
     cdef Py_ssize_t i = seg_ref_index(refs, n, offset)
-    cdef int64_t pos, k
-    if i < 0 or size <= 0:
-        return
-    pos = offset - refs[i].base_offset
-    if pos + size > refs[i].limit:
-        return
-    k = 0
-    while k < size and k < 512:
-        __builtin_prefetch(refs[i].base + pos + k)
-        k += 64
+    if i >= 0:
+        prefetch_bytes(refs[i].base, offset - refs[i].base_offset, size, refs[i].limit)
 
 
 def decode_entries(list log not None, cnp.ndarray entries not None, bint check_crc=False):

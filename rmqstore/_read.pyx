@@ -10,17 +10,13 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._layout cimport *
 from rmqstore._record cimport RecView, parse_record, parse_at, find_property, tags_code_of, status_of, \
-    status_text, raise_status
+    status_text, raise_status, prefetch_bytes
 from rmqstore._message cimport build_ext
 from rmqstore._segment cimport MappedSegment
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError
 from rmqstore._cq import ENTRY_DTYPE
 
 cnp.import_array()
-
-cdef extern from *:
-    void __builtin_prefetch(const void *p) nogil
-
 
 def decode_record(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_crc=False):
     """Decode the record at file position ``pos`` of ``seg``, reading no further than
@@ -84,18 +80,14 @@ cdef MappedSegment record_at(list segs, int64_t offset, bint check_crc, RecView 
 
 cdef void prefetch_at(list segs, int64_t offset) noexcept:
     """Start loading the first 256 bytes of the record at commitlog ``offset`` into cache
-    (GIL held). A prefetch only hints, it reads nothing and cannot fault, so no pin."""
+    (GIL held; no pin: a prefetch reads nothing)."""
     cdef Py_ssize_t i = seg_index(segs, offset)
     cdef MappedSegment seg
-    cdef int64_t pos, k
     if offset < 0 or i < 0:
         return
     seg = <MappedSegment>segs[i]
-    pos = offset - seg.base_offset
-    if seg.closing or seg.unmapped or pos + 256 > seg.wrote_pos or pos + 256 > seg.m.size:
-        return
-    for k in range(0, 256, 64):
-        __builtin_prefetch(seg.m.base + pos + k)
+    if not (seg.closing or seg.unmapped):
+        prefetch_bytes(seg.m.base, offset - seg.base_offset, 256, min(seg.wrote_pos, seg.m.size))
 
 
 def get_message(list segs not None, offset, bint check_crc=False):

@@ -3,6 +3,9 @@ from libc.stdint cimport int32_t, int64_t
 from rmqstore._cext cimport rmq_java_hash
 from rmqstore._layout cimport REC_END
 
+cdef extern from *:
+    void __builtin_prefetch(const void *p) nogil
+
 cdef struct RecView:
     int32_t total
     int32_t magic
@@ -55,3 +58,14 @@ cdef inline int64_t tags_code_of(const char *props, int32_t plen) noexcept nogil
     if find_property(props, plen, b"TAGS", 4, &voff, &vlen):
         return rmq_java_hash(props + voff, vlen)
     return 0
+
+
+cdef inline void prefetch_bytes(const char *base, int64_t pos, int64_t n, int64_t limit) noexcept nogil:
+    """Start loading ``n`` bytes (512 at most) at ``base + pos`` into cache when they lie
+    below ``limit``. A prefetch only hints: it reads nothing and cannot fault."""
+    cdef int64_t k = 0
+    if n <= 0 or pos < 0 or pos + n > limit:
+        return
+    while k < n and k < 512:
+        __builtin_prefetch(base + pos + k)
+        k += 64
