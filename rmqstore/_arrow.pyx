@@ -19,7 +19,7 @@ from rmqstore._layout cimport BORN_V6, STORE_V6
 from rmqstore._record cimport RecView, parse_record, status_of
 from rmqstore._columns cimport Extent, measure
 from rmqstore._columns import BATCH_FIELDS
-from rmqstore._segment cimport MappedSegment
+from rmqstore._segment cimport MappedSegment, pin, unpin
 from rmqstore.errors import InvalidArgumentError
 
 cnp.import_array()
@@ -486,7 +486,7 @@ def decode(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_cr
                 add_row(&out.b, i, &f)
                 p += r.total
     finally:
-        seg.release()
+        unpin(seg)
     info = {"count": x.count, "bytes": x.end - pos, "end_pos": x.end + x.blank_size, "stop": status_of(x.code)}
     return out.record_batch(), info
 

@@ -12,7 +12,7 @@ from rmqstore._cext cimport rmq_ld32
 from rmqstore._layout cimport *
 from rmqstore._record cimport RecView, parse_record, parse_at, tags_code_of, status_of, raise_status, prefetch_bytes
 from rmqstore._read cimport entry_rows
-from rmqstore._segment cimport MappedSegment
+from rmqstore._segment cimport MappedSegment, pin, unpin
 
 cnp.import_array()
 
@@ -65,7 +65,7 @@ def decode_batch(MappedSegment seg not None, int64_t pos, int64_t limit, bint ch
         out = new_columns(x.count, x.body_bytes, x.topic_bytes, x.props_bytes)
         fill_batch(seg.m.base + pos, limit - pos, x.count, out)
     finally:
-        seg.release()
+        unpin(seg)
     out["count"] = x.count
     out["end_pos"] = x.end + x.blank_size
     out["corrupt_at"] = seg.base_offset + x.end if x.code < 0 else -1
@@ -240,7 +240,7 @@ def decode_entries(list log not None, cnp.ndarray entries not None, bint check_c
             raise MemoryError()
         for j in range(i0, i1):
             seg = <MappedSegment>log[j]
-            seg.hold()
+            pin(seg)
             refs[nref].base_offset = seg.base_offset
             refs[nref].base = seg.m.base
             refs[nref].size = seg.m.size
@@ -264,7 +264,7 @@ def decode_entries(list log not None, cnp.ndarray entries not None, bint check_c
                     nok += 1
     finally:
         for j in range(i0, i0 + nref):
-            (<MappedSegment>log[j]).release()
+            unpin(<MappedSegment>log[j])
         free(refs)
     for name in BATCH_FIELDS + ("born_addr", "store_addr"):
         out[name] = out[name][:nok]

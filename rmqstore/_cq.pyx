@@ -7,7 +7,7 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
 from rmqstore._layout cimport CqEntry, HOLE
-from rmqstore._segment cimport MappedSegment
+from rmqstore._segment cimport MappedSegment, pin, unpin
 from rmqstore.errors import OutOfRangeError
 
 cnp.import_array()
@@ -37,7 +37,7 @@ def read_entries(MappedSegment seg not None, int64_t pos, int64_t count):
     out = np.empty(count, ENTRY_DTYPE)
     if count == 0:
         return out
-    seg.hold()
+    pin(seg)
     src = seg.m.base + pos
     dst = <char *>cnp.PyArray_DATA(out)
     try:
@@ -49,7 +49,7 @@ def read_entries(MappedSegment seg not None, int64_t pos, int64_t count):
                 src += 20
                 dst += 20
     finally:
-        seg.release()
+        unpin(seg)
     return out
 
 
@@ -70,7 +70,7 @@ def valid_end(MappedSegment seg not None, int64_t pos, int64_t limit):
                     end_phy = off + size
                 pos += 20
     finally:
-        seg.release()
+        unpin(seg)
     return pos, end_phy
 
 

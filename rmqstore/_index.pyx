@@ -22,7 +22,7 @@ from libc.string cimport memcmp, memcpy, memset
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
-from rmqstore._segment cimport MappedSegment
+from rmqstore._segment cimport MappedSegment, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
 from rmqstore._message cimport build_ext
@@ -367,23 +367,24 @@ cdef class IndexFiles:
     def __len__(self):
         return self.n
 
-    cdef int pin(self, bint *pinned) except -1:
+    cdef int pin_all(self, bint *pinned) except -1:
         cdef Py_ssize_t i
         cdef MappedSegment seg
         for i in range(self.n):
             seg = self.segs[i]
             pinned[i] = not seg.closed
             if pinned[i]:
-                seg.hold()
+                pin(seg)
         return 0
 
-    cdef void unpin(self, bint *pinned):
+    cdef int unpin_all(self, bint *pinned) except -1:
         cdef Py_ssize_t i
         cdef MappedSegment seg
         for i in range(self.n):
             if pinned[i]:
                 seg = self.segs[i]
-                seg.release()
+                unpin(seg)
+        return 0
 
     cdef void prefetch_chain(self, bint *pinned, int32_t h, bint entry) noexcept nogil:
         """Start loading the slot of hash ``h`` in every file, or with ``entry`` the newest
@@ -448,13 +449,13 @@ cdef class IndexFiles:
             if buf == NULL or out == NULL or pinned == NULL:
                 raise MemoryError()
             h = build_hash(t, tlen, k, klen, buf)
-            self.pin(pinned)
+            self.pin_all(pinned)
             try:
                 with nogil:
                     n = self.walk(pinned, h, b, e, mn, out)
                     sort_i64(out, n)
             finally:
-                self.unpin(pinned)
+                self.unpin_all(pinned)
             if log is not None:
                 return keyed_messages(log, topic, key, out, n)
             return [out[i] for i in range(n)]
@@ -512,7 +513,7 @@ cdef class IndexFiles:
             for i in range(nk):
                 k = PyUnicode_AsUTF8AndSize(keys[i], &klen)
                 hs[i] = build_hash(t, tlen, k, klen, buf)
-            self.pin(pinned)
+            self.pin_all(pinned)
             try:
                 with nogil:
                     bd[0] = 0
@@ -525,7 +526,7 @@ cdef class IndexFiles:
                         sort_i64(out + bd[i], n)
                         bd[i + 1] = bd[i] + n
             finally:
-                self.unpin(pinned)
+                self.unpin_all(pinned)
         finally:
             free(buf)
             free(pinned)
@@ -596,7 +597,7 @@ cdef list keyed_messages(list log, str topic, str key, const int64_t *offs, Py_s
             if has_key(p + r.props_off, r.props_len, k, klen):
                 out.append(build_ext(p, &r, offs[i]))
         finally:
-            seg.release()
+            unpin(seg)
     return out
 
 

@@ -12,7 +12,7 @@ from rmqstore._layout cimport *
 from rmqstore._record cimport RecView, parse_record, parse_at, find_property, tags_code_of, status_of, \
     status_text, raise_status, prefetch_bytes
 from rmqstore._message cimport build_ext
-from rmqstore._segment cimport MappedSegment
+from rmqstore._segment cimport MappedSegment, pin, unpin
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError
 from rmqstore._cq import ENTRY_DTYPE
 
@@ -24,16 +24,16 @@ def decode_record(MappedSegment seg not None, int64_t pos, int64_t limit, bint c
     ("blank"|"end", size) at a BLANK record / end of data; raises CorruptRecordError."""
     cdef RecView r
     cdef int code
-    seg.hold()      # StoreClosedError when the segment is closed
+    pin(seg)      # StoreClosedError when the segment is closed
     if pos < 0 or pos > seg.m.size:
-        seg.release()
+        unpin(seg)
         raise InvalidArgumentError(f"{seg.path}: position {pos} outside 0..{seg.m.size}")
     try:
         code = parse_at(seg.m.base, seg.m.size, limit, pos, check_crc, &r)
         if code == REC_OK:
             return build_ext(seg.m.base + pos, &r, seg.base_offset + pos)
     finally:
-        seg.release()
+        unpin(seg)
     if code == REC_END:
         return ("end", 0)
     if code == REC_BLANK:
@@ -66,13 +66,13 @@ cdef MappedSegment record_at(list segs, int64_t offset, bint check_crc, RecView 
     if offset < 0 or i < 0:
         return None
     seg = <MappedSegment>segs[i]
-    seg.hold()
+    pin(seg)
     if offset - seg.base_offset < seg.m.size:
         code[0] = parse_at(seg.m.base, seg.m.size, seg.wrote_pos, offset - seg.base_offset, check_crc, r)
         if code[0] == REC_OK and r.phy_offset != offset:
             code[0] = REC_PLACE
     if code[0] != REC_OK:
-        seg.release()
+        unpin(seg)
         return None
     p[0] = seg.m.base + (offset - seg.base_offset)
     return seg
@@ -108,7 +108,7 @@ def get_message(list segs not None, offset, bint check_crc=False):
     try:
         return build_ext(p, &r, off)
     finally:
-        seg.release()
+        unpin(seg)
 
 
 cdef const char *entry_rows(cnp.ndarray entries, Py_ssize_t *n, Py_ssize_t *stride) except NULL:
@@ -183,7 +183,7 @@ def gather_messages(list segs not None, cnp.ndarray entries not None, Py_ssize_t
             if wanted:
                 msgs.append(build_ext(p, &r, phy))
         finally:
-            seg.release()
+            unpin(seg)
         if wanted:
             total += size
             nmsg += 1
@@ -229,7 +229,7 @@ def scan_segment(MappedSegment seg not None, int64_t pos, int64_t limit, bint ch
             if pos >= limit and code == REC_OK:
                 code = REC_END
     finally:
-        seg.release()
+        unpin(seg)
     if code == REC_BLANK:
         pos += r.total
     return (pos, count, status_of(code))
@@ -266,7 +266,7 @@ def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_
                       seg.base_offset + start)
         raw = PyBytes_FromStringAndSize(seg.m.base + start, end - start)
     finally:
-        seg.release()
+        unpin(seg)
     if code == REC_BLANK:
         end += r.total
     return rows, raw, end, status_of(code)

@@ -82,7 +82,7 @@ cdef class MappedSegment:
         if limit > self.m.size:
             limit = self.m.size
         self.check_range(pos, limit - pos)
-        self.hold()
+        pin(self)
         return limit
 
     def read(self, int64_t pos, int64_t n):
@@ -118,12 +118,12 @@ cdef class MappedSegment:
         if least_pages > 0 and wrote < self.m.size and (wrote // ps - flushed // ps) < least_pages:
             return flushed
         self.check_range(flushed, wrote - flushed)
-        self.pins += 1
+        pin(self)
         try:
             with nogil:
                 rc = rmq_map_sync(&self.m, flushed, wrote - flushed)
         finally:
-            self._unpin()
+            unpin(self)
         check(rc, self.path, "msync")
         if wrote > self.flushed_pos:
             self.flushed_pos = wrote
@@ -147,34 +147,30 @@ cdef class MappedSegment:
         if mode != PF_READ and mode != PF_WRITE and mode != PF_AHEAD:
             raise InvalidArgumentError(f"prefault mode {mode} is not a PREFAULT_* constant")
         self.check_range(pos, n)
-        self.pins += 1
+        pin(self)
         try:
             with nogil:
                 rc = rmq_map_prefault(&self.m, pos, n, mode)
         finally:
-            self._unpin()
+            unpin(self)
         check(rc, self.path, "prefault")
 
-    cpdef hold(self):
+    def hold(self):
         """Pin the mapping (unmapping waits for the last release()); raises
-        ``StoreClosedError`` when the segment is already closing."""
-        if self.closing or self.unmapped:
-            raise StoreClosedError(f"{self.path}: segment is closed")
-        self.pins += 1
+        ``StoreClosedError`` when the segment is already closing. Kernels call pin()."""
+        pin(self)
 
-    cpdef release(self):
+    def release(self):
         """Drop a pin hold() took; the last one unmaps a closing segment."""
-        self._unpin()
+        unpin(self)
 
-    cdef _unpin(self):
-        self.pins -= 1
-        if self.pins == 0 and self.closing and not self.unmapped:
-            self._unmap()
+    cdef int raise_closed(self) except -1:
+        raise StoreClosedError(f"{self.path}: segment is closed")
 
-    cdef _unmap(self):
+    cdef int _unmap(self) except -1:
         cdef int rc = rmq_map_close(&self.m)
         self.unmapped = True
-        check(rc, self.path, "munmap")
+        return check(rc, self.path, "munmap")
 
     def close(self):
         """Unmap now, or when the last pin is released. Idempotent."""
