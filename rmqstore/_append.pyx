@@ -10,9 +10,8 @@ from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThr
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from libc.stdint cimport int16_t, int32_t, int64_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
-from rmqstore._cext cimport rmq_st16, rmq_st32, rmq_st64
+from rmqstore._cext cimport crc32, rmq_st16, rmq_st32, rmq_st64
 from rmqstore._layout cimport *
-from rmqstore._record cimport copy_crc
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg
 from rmqstore._segment cimport MappedSegment
@@ -95,6 +94,22 @@ cdef Py_ssize_t body_length(object body) except -1:
     PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
     PyBuffer_Release(&view)
     return view.len
+
+
+cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
+    """Copy ``n`` bytes to ``dst`` and return BODYCRC of the bytes as they stand at ``dst``:
+    one pass in cache-sized chunks, each checksummed right after its copy. The CRC so
+    always matches what was stored, even if another thread changes ``src`` meanwhile."""
+    cdef unsigned long c = crc32(0, NULL, 0)
+    cdef Py_ssize_t k
+    while n > 0:
+        k = n if n < 32768 else 32768
+        memcpy(dst, src, k)
+        c = crc32(c, <const unsigned char *>dst, <unsigned int>k)
+        dst += k
+        src += k
+        n -= k
+    return <int32_t>(c & 0x7FFFFFFF)
 
 
 cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int32_t queue_id,

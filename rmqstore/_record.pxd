@@ -30,7 +30,6 @@ cdef struct RecView:
     int32_t props_off
     int32_t props_len
 
-cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil
 cdef str format_host(const char *p, int32_t alen)
 cdef str make_msg_id(const char *host, int32_t alen, int64_t offset)
 cdef dict parse_properties(const char *p, int32_t n)

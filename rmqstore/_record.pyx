@@ -80,22 +80,6 @@ cdef int raise_status(int code, int64_t offset, RecView *r) except -1:
     raise CorruptRecordError(status_text(code, offset, r), offset)
 
 
-cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
-    """Copy ``n`` bytes to ``dst`` and return BODYCRC of the bytes as they stand at ``dst``:
-    one pass in cache-sized chunks, each checksummed right after its copy. The CRC so
-    always matches what was stored, even if another thread changes ``src`` meanwhile."""
-    cdef unsigned long c = crc32(0, NULL, 0)
-    cdef Py_ssize_t k
-    while n > 0:
-        k = n if n < 32768 else 32768
-        memcpy(dst, src, k)
-        c = crc32(c, <const unsigned char *>dst, <unsigned int>k)
-        dst += k
-        src += k
-        n -= k
-    return <int32_t>(c & 0x7FFFFFFF)
-
-
 def crc32_body(const unsigned char[:] data not None):
     """BODYCRC as RocketMQ computes it: zlib CRC-32 & 0x7FFFFFFF."""
     if data.shape[0] == 0:
