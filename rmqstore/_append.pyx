@@ -255,6 +255,8 @@ cdef class Appender:
                  check_topic, delay, warm, stamp=None):
         if queue_nums <= 0:
             raise InvalidArgumentError("queue_nums must be positive")
+        if segments is None or not (callable(check_topic) and callable(delay) and callable(warm)):
+            raise InvalidArgumentTypeError("an Appender takes a segment queue and callable check_topic, delay, warm")
         self.segments = segments
         self.store_host = store_host
         self.version = version

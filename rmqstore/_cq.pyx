@@ -74,8 +74,8 @@ def valid_end(MappedSegment seg not None, int64_t pos, int64_t limit):
     return pos, end_phy
 
 
-def append_entries(MappedSegment seg not None, const int64_t[:] phy not None, const int32_t[:] size not None, const int64_t[:] tags not None,
-                   Py_ssize_t start, Py_ssize_t stop):
+def append_entries(MappedSegment seg not None, const int64_t[:] phy not None, const int32_t[:] size not None,
+                   const int64_t[:] tags not None, Py_ssize_t start, Py_ssize_t stop):
     """Write entries ``[start, stop)`` of the arrays at the write position, as many as the
     segment has room for, and publish them; returns how many were written."""
     cdef Py_ssize_t i, n
@@ -95,7 +95,8 @@ def append_entries(MappedSegment seg not None, const int64_t[:] phy not None, co
     return n
 
 
-def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:] length not None, dict ids not None, list names not None):
+def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:] length not None,
+              dict ids not None, list names not None):
     """Per-row topic number (an index into ``names``) of dispatch rows whose topics lie at
     ``raw[off:off+length]``; new topics are decoded once and appended to ``names``."""
     cdef Py_ssize_t i, n = off.shape[0], size = len(raw)

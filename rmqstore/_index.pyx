@@ -402,7 +402,8 @@ cdef class IndexFiles:
             idx = rmq_ld32(slot)
             count = min(rmq_ld32(self.views[i].base + 36), self.views[i].entries)
             if 0 < idx < count:
-                __builtin_prefetch(<const IndexEntry *>(self.views[i].base + HDR + <int64_t>self.views[i].slots * 4) + idx)
+                __builtin_prefetch(<const IndexEntry *>(self.views[i].base + HDR + <int64_t>self.views[i].slots * 4)
+                                   + idx)
 
     cdef Py_ssize_t walk(self, bint *pinned, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
                          int64_t *out) noexcept nogil:

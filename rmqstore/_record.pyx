@@ -10,7 +10,8 @@ from libc.string cimport memcmp, memcpy
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from rmqstore._cext cimport *
 from rmqstore._layout cimport *
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError, MessageNotFoundError, OutOfRangeError
+from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError, MessageNotFoundError,
+                             OutOfRangeError)
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
