@@ -231,7 +231,9 @@ cdef class Appender:
     """The write side of a commitlog: picks the queue id (round robin per topic when none
     is given), assigns the queue offset (PREPARED / ROLLBACK get 0 and do not advance it)
     and encodes the record at the end of the last segment, rolling when it is full; a
-    batch runs as one C loop with one store timestamp.
+    batch runs as one C loop with one store timestamp. Queue ids, offsets and the
+    transaction rule stay here, not in Python: the same rules in Python over the encoder
+    measured 1.74 us per put against 1.00 us (issue 10).
 
     Policy stays in Python callbacks, called only when needed: ``check_topic(topic)`` the
     first time a topic is written (raises if the name is not allowed), ``delay(msg, topic,
