@@ -1,5 +1,5 @@
 """rmqstore: Apache RocketMQ's broker message store as a Python library."""
-from rmqstore._codec import Message, MessageExt, PutResult
+from rmqstore._message import Message, MessageExt, PutResult
 from rmqstore.config import StoreConfig
 from rmqstore.consumer import GetMessageResult, GetMessageStatus
 from rmqstore.errors import (

@@ -6,7 +6,7 @@ bitmaps, list and map offsets) row by row with the GIL released: msgIds as upper
 hosts as ``a.b.c.d:port`` / ``[x:..:x]:port``, properties as a map, TAGS / UNIQ_KEY as
 strings and KEYS as a list, parsed in one pass over each record's properties. Only the
 requested columns are built. Rows come from mapped records (``decode``) or from
-``_codec.decode_batch`` columns (``from_columns``); pyarrow wraps the finished buffers
+``_columns.decode_batch`` columns (``from_columns``); pyarrow wraps the finished buffers
 without copying. Strings that are not valid UTF-8 get U+FFFD replacements, like the single
 message decoder (the rare repair runs in Python)."""
 from libc.string cimport memcmp, memcpy, memset
@@ -15,9 +15,11 @@ import numpy as np
 cimport numpy as cnp
 import pyarrow as pa
 from rmqstore._cext cimport rmq_ld32
-from rmqstore._codec cimport RecView, parse_record
-from rmqstore._codec import _REASONS, BATCH_FIELDS, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
-from rmqstore._segment cimport MappedSegment
+from rmqstore._layout cimport BORN_V6, STORE_V6
+from rmqstore._record cimport RecView, parse_record, status_of
+from rmqstore._columns cimport Extent, measure
+from rmqstore._columns import BATCH_FIELDS
+from rmqstore._segment cimport MappedSegment, pin, unpin
 from rmqstore.errors import InvalidArgumentError
 
 cnp.import_array()
@@ -459,7 +461,7 @@ def check_columns(columns):
 
 # -------------------------------------------------------------------------- drivers
 
-def decode(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc, store, columns=None):
+def decode(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_crc, store, columns=None):
     """The records in ``[pos, limit)`` of ``seg`` as a ``pyarrow.RecordBatch`` of ``columns``
     (default: all of ``SCHEMA``), plus where and why decoding stopped: ``(batch, info)``,
     info holding ``count``, ``bytes`` (record bytes), ``end_pos`` (file position), ``stop``
@@ -467,43 +469,30 @@ def decode(MappedSegment seg, int64_t pos, int64_t limit, bint check_crc, store,
     a BLANK record or the first corrupt record."""
     cdef RecView r
     cdef Fields f
-    cdef int code = 1
-    cdef int64_t n = 0, i, p = pos, body_total = 0, topic_total = 0, props_total = 0
+    cdef Extent x
+    cdef int64_t i, p
     cdef _Batch out
     columns = check_columns(columns)
-    if limit > seg.m.size:
-        limit = seg.m.size
-    seg.check_range(pos, limit - pos)
-    seg.hold()
+    limit = seg.pin_range(pos, limit)
     try:
         with nogil:
-            while p < limit:
-                code = parse_record(seg.m.base + p, limit - p, check_crc, &r)
-                if code != 0:
-                    break
-                n += 1
-                body_total += r.body_len
-                topic_total += r.topic_len
-                props_total += r.props_len
-                p += r.total
-                code = 1
-        out = _Batch(columns, n, topic_total, body_total, props_total, store)
+            measure(seg.m.base, pos, limit, check_crc, &x)
+        out = _Batch(columns, x.count, x.topic_bytes, x.body_bytes, x.props_bytes, store)
         with nogil:
             p = pos
-            for i in range(n):
+            for i in range(x.count):
                 parse_record(seg.m.base + p, limit - p, False, &r)
                 fields_of_record(seg.m.base + p, &r, &f)
                 add_row(&out.b, i, &f)
                 p += r.total
     finally:
-        seg.release()
-    info = {"count": n, "bytes": p - pos, "end_pos": p + (r.total if code == 2 else 0),
-            "stop": "blank" if code == 2 else ("end" if code == 1 else _REASONS[code])}
+        unpin(seg)
+    info = {"count": x.count, "bytes": x.end - pos, "end_pos": x.end + x.blank_size, "stop": status_of(x.code)}
     return out.record_batch(), info
 
 
-def from_columns(dict cols, store, columns=None):
-    """``_codec.decode_batch`` columns as a ``pyarrow.RecordBatch`` of ``columns``."""
+def from_columns(dict cols not None, store, columns=None):
+    """``_columns.decode_batch`` columns as a ``pyarrow.RecordBatch`` of ``columns``."""
     cdef Fields f
     cdef int64_t n = cols["count"], i
     cdef const int64_t *fx[15]
@@ -523,7 +512,6 @@ def from_columns(dict cols, store, columns=None):
     cdef const int64_t *po = <const int64_t *>cnp.PyArray_DATA(offs["props"])
     cdef const uint8_t *ba = <const uint8_t *>cnp.PyArray_DATA(born)
     cdef const uint8_t *sa = <const uint8_t *>cnp.PyArray_DATA(store_addr)
-    cdef int32_t born_v6 = SYSFLAG_BORNHOST_V6, store_v6 = SYSFLAG_STOREHOST_V6
     cdef _Batch out = _Batch(columns, n, to[n] - to[0] if n else 0, bo[n] - bo[0] if n else 0,
                              po[n] - po[0] if n else 0, store)
     with nogil:
@@ -535,7 +523,7 @@ def from_columns(dict cols, store, columns=None):
             f.topic, f.topic_len = td + to[i], <int32_t>(to[i + 1] - to[i])
             f.body, f.body_len = bd + bo[i], <int32_t>(bo[i + 1] - bo[i])
             f.props, f.props_len = pd + po[i], <int32_t>(po[i + 1] - po[i])
-            f.born, f.born_len = ba + 16 * i, 16 if f.sys_flag & born_v6 else 4
-            f.store, f.store_len = sa + 16 * i, 16 if f.sys_flag & store_v6 else 4
+            f.born, f.born_len = ba + 16 * i, 16 if f.sys_flag & BORN_V6 else 4
+            f.store, f.store_len = sa + 16 * i, 16 if f.sys_flag & STORE_V6 else 4
             add_row(&out.b, i, &f)
     return out.record_batch()

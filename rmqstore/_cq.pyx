@@ -6,15 +6,18 @@ from libc.string cimport memcmp
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
-from rmqstore._segment cimport MappedSegment
+from rmqstore._layout cimport CqEntry, HOLE
+from rmqstore._segment cimport MappedSegment, pin, unpin
+from rmqstore.errors import OutOfRangeError
 
 cnp.import_array()
 
-ENTRY_SIZE = 20
+ENTRY_SIZE = sizeof(CqEntry)
 ENTRY_DTYPE = np.dtype([("phy_offset", "<i8"), ("size", "<i4"), ("tags_code", "<i8")], align=False)
+assert ENTRY_DTYPE.itemsize == sizeof(CqEntry)
 
 
-def append_entry(MappedSegment seg, int64_t phy_offset, int32_t size, int64_t tags_code):
+def append_entry(MappedSegment seg not None, int64_t phy_offset, int32_t size, int64_t tags_code):
     """Write one entry at the write position and publish it."""
     cdef int64_t pos = seg.wrote_pos
     seg.check_range(pos, 20)
@@ -25,7 +28,7 @@ def append_entry(MappedSegment seg, int64_t phy_offset, int32_t size, int64_t ta
     seg.wrote_pos = pos + 20
 
 
-def read_entries(MappedSegment seg, int64_t pos, int64_t count):
+def read_entries(MappedSegment seg not None, int64_t pos, int64_t count):
     """``count`` entries from file position ``pos`` as a numpy array of ENTRY_DTYPE."""
     cdef int64_t i
     cdef const char *src
@@ -34,7 +37,7 @@ def read_entries(MappedSegment seg, int64_t pos, int64_t count):
     out = np.empty(count, ENTRY_DTYPE)
     if count == 0:
         return out
-    seg.hold()
+    pin(seg)
     src = seg.m.base + pos
     dst = <char *>cnp.PyArray_DATA(out)
     try:
@@ -46,38 +49,39 @@ def read_entries(MappedSegment seg, int64_t pos, int64_t count):
                 src += 20
                 dst += 20
     finally:
-        seg.release()
+        unpin(seg)
     return out
 
 
-def valid_end(MappedSegment seg, int64_t pos, int64_t limit):
+def valid_end(MappedSegment seg not None, int64_t pos, int64_t limit):
     """First position at or after ``pos`` whose entry is not valid (offset >= 0 and size > 0),
     as RocketMQ's ConsumeQueue.recover walks; returns (end, max_physic_end)."""
     cdef int64_t off, end_phy = -1
     cdef int32_t size
-    if limit > seg.m.size:
-        limit = seg.m.size
-    seg.check_range(pos, limit - pos)
-    with nogil:
-        while pos + 20 <= limit:
-            off = rmq_ld64(seg.m.base + pos)
-            size = rmq_ld32(seg.m.base + pos + 8)
-            if off < 0 or size <= 0:
-                break
-            if size != 0x7FFFFFFF:
-                end_phy = off + size
-            pos += 20
+    limit = seg.pin_range(pos, limit)
+    try:
+        with nogil:
+            while pos + 20 <= limit:
+                off = rmq_ld64(seg.m.base + pos)
+                size = rmq_ld32(seg.m.base + pos + 8)
+                if off < 0 or size <= 0:
+                    break
+                if size != HOLE:
+                    end_phy = off + size
+                pos += 20
+    finally:
+        unpin(seg)
     return pos, end_phy
 
 
-def append_entries(MappedSegment seg, const int64_t[:] phy, const int32_t[:] size, const int64_t[:] tags,
-                   Py_ssize_t start, Py_ssize_t stop):
+def append_entries(MappedSegment seg not None, const int64_t[:] phy not None, const int32_t[:] size not None,
+                   const int64_t[:] tags not None, Py_ssize_t start, Py_ssize_t stop):
     """Write entries ``[start, stop)`` of the arrays at the write position, as many as the
     segment has room for, and publish them; returns how many were written."""
     cdef Py_ssize_t i, n
     cdef char *p
     if start < 0 or stop > phy.shape[0] or stop > size.shape[0] or stop > tags.shape[0] or start > stop:
-        raise IndexError(f"entry range [{start}, {stop}) outside the arrays")
+        raise OutOfRangeError(f"entry range [{start}, {stop}) outside the arrays")
     n = min(stop - start, (seg.m.size - seg.wrote_pos) // 20)
     seg.check_range(seg.wrote_pos, n * 20)
     p = seg.m.base + seg.wrote_pos
@@ -91,7 +95,8 @@ def append_entries(MappedSegment seg, const int64_t[:] phy, const int32_t[:] siz
     return n
 
 
-def topic_ids(bytes raw, const int32_t[:] off, const int32_t[:] length, dict ids, list names):
+def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:] length not None,
+              dict ids not None, list names not None):
     """Per-row topic number (an index into ``names``) of dispatch rows whose topics lie at
     ``raw[off:off+length]``; new topics are decoded once and appended to ``names``."""
     cdef Py_ssize_t i, n = off.shape[0], size = len(raw)
@@ -101,7 +106,7 @@ def topic_ids(bytes raw, const int32_t[:] off, const int32_t[:] length, dict ids
     cdef int32_t[::1] o = out
     for i in range(n):
         if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
-            raise IndexError(f"topic of row {i} outside the batch bytes")
+            raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
         if prev_id >= 0 and length[i] == prev_len and memcmp(base + off[i], base + prev_off, prev_len) == 0:
             o[i] = prev_id
             continue

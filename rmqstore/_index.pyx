@@ -18,14 +18,16 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
-from rmqstore._segment cimport MappedSegment
-from rmqstore._codec cimport (RecView, record_at, build_ext, prefetch_at, find_property,
-                             TRANSACTION_MASK, TRAN_ROLLBACK)
-from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError
+from rmqstore._segment cimport MappedSegment, pin, unpin
+from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
+from rmqstore._record cimport RecView, find_property
+from rmqstore._message cimport build_ext
+from rmqstore._read cimport record_at, prefetch_at
+from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError, StoreReadOnlyError
 
 cnp.import_array()
 
@@ -33,7 +35,7 @@ cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
 
 HEADER_SIZE = 40
-ENTRY_SIZE = 20
+ENTRY_SIZE = sizeof(IndexEntry)
 DEFAULT_MAX_NUM = 64
 cdef int64_t HDR = 40
 cdef int32_t INT_MAX = 0x7FFFFFFF
@@ -46,17 +48,17 @@ cdef extern from *:
 
 def file_size(int64_t slots, int64_t entries):
     """Bytes of an index file with this geometry."""
-    return HDR + slots * 4 + entries * 20
+    return HDR + slots * 4 + entries * <int64_t>sizeof(IndexEntry)
 
 
-def read_header(MappedSegment seg):
+def read_header(MappedSegment seg not None):
     """(beginTimestamp, endTimestamp, beginPhyOffset, endPhyOffset, hashSlotCount, indexCount)."""
     seg.check_range(0, HDR)
     cdef const char *b = seg.m.base
     return rmq_ld64(b), rmq_ld64(b + 8), rmq_ld64(b + 16), rmq_ld64(b + 24), rmq_ld32(b + 32), rmq_ld32(b + 36)
 
 
-def write_header(MappedSegment seg, int64_t begin_ts, int64_t end_ts, int64_t begin_phy, int64_t end_phy,
+def write_header(MappedSegment seg not None, int64_t begin_ts, int64_t end_ts, int64_t begin_phy, int64_t end_phy,
                  int32_t slot_count, int32_t index_count):
     seg.check_range(0, HDR)
     cdef char *b = seg.m.base
@@ -76,7 +78,7 @@ cdef inline int32_t index_hash(const char *s, Py_ssize_t n) noexcept nogil:
     return -h if h < 0 else h
 
 
-def key_hash(str key):
+def key_hash(str key not None):
     """The index hash of an already built ``topic#key`` string."""
     cdef Py_ssize_t n
     cdef const char *p = PyUnicode_AsUTF8AndSize(key, &n)
@@ -101,15 +103,15 @@ cdef inline Py_ssize_t token_end(const char *p, Py_ssize_t i, Py_ssize_t end) no
     return i
 
 
-cdef int64_t keys_of(const char *raw, int64_t nraw, const char *row, char *buf,
+cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *buf,
                      int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
     """Index keys of one DISPATCH_DTYPE row: UNIQ_KEY, then every non-empty space-separated
     KEYS token; fills the outputs when ``hashes`` is not NULL. Returns how many."""
-    cdef int64_t phy = (<int64_t *>row)[0]
-    cdef int32_t sys_flag = (<int32_t *>(row + 24))[0]
-    cdef int64_t ts = (<int64_t *>(row + 36))[0]
-    cdef int32_t toff = (<int32_t *>(row + 44))[0], tlen = (<int32_t *>(row + 48))[0]
-    cdef int32_t poff = (<int32_t *>(row + 52))[0], plen = (<int32_t *>(row + 56))[0]
+    cdef int64_t phy = d.phy_offset
+    cdef int32_t sys_flag = d.sys_flag
+    cdef int64_t ts = d.store_timestamp
+    cdef int32_t toff = d.topic_off, tlen = d.topic_len
+    cdef int32_t poff = d.props_off, plen = d.props_len
     cdef int32_t voff = 0, vlen = 0, i, j
     cdef int64_t n = 0
     if (sys_flag & TRANSACTION_MASK) == TRAN_ROLLBACK:
@@ -138,16 +140,16 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const char *row, char *buf,
     return n
 
 
-def extract_keys(const uint8_t[:] raw, cnp.ndarray rows):
+def extract_keys(const uint8_t[:] raw not None, cnp.ndarray rows not None):
     """(hashes i32, phy_offsets i64, store_timestamps i64) of every index key of ``rows``
-    (a contiguous _codec.DISPATCH_DTYPE array over ``raw``), in dispatch order; ROLLBACK
+    (a contiguous _read.DISPATCH_DTYPE array over ``raw``), in dispatch order; ROLLBACK
     messages have none."""
     cdef int64_t nrows = rows.shape[0], i, total = 0, k = 0
     cdef int64_t nraw = raw.shape[0]
-    if rows.dtype.itemsize != 60 or not rows.flags.c_contiguous:
+    if rows.dtype.itemsize != sizeof(DispatchRow) or not rows.flags.c_contiguous:
         raise InvalidArgumentError("rows must be a contiguous DISPATCH_DTYPE array")
     cdef const char *base = NULL
-    cdef const char *rp = <const char *>cnp.PyArray_DATA(rows)
+    cdef const DispatchRow *rp = <const DispatchRow *>cnp.PyArray_DATA(rows)
     cdef int32_t *ho
     cdef int64_t *po
     cdef int64_t *to
@@ -161,7 +163,7 @@ def extract_keys(const uint8_t[:] raw, cnp.ndarray rows):
     try:
         with nogil:
             for i in range(nrows):
-                total += keys_of(base, nraw, rp + i * 60, buf, NULL, NULL, NULL)
+                total += keys_of(base, nraw, rp + i, buf, NULL, NULL, NULL)
         hashes = np.empty(total, np.int32)
         phys = np.empty(total, np.int64)
         tss = np.empty(total, np.int64)
@@ -170,7 +172,7 @@ def extract_keys(const uint8_t[:] raw, cnp.ndarray rows):
         to = <int64_t *>cnp.PyArray_DATA(tss)
         with nogil:
             for i in range(nrows):
-                k += keys_of(base, nraw, rp + i * 60, buf, ho + k, po + k, to + k)
+                k += keys_of(base, nraw, rp + i, buf, ho + k, po + k, to + k)
     finally:
         free(buf)
     return hashes, phys, tss
@@ -182,25 +184,25 @@ cdef int check_geometry(MappedSegment seg, int64_t slots, int64_t entries) excep
     if slots <= 0 or entries < 2:
         raise InvalidArgumentError(f"index geometry {slots} slots / {entries} entries")
     seg.check_range(0, 0)
-    if seg.m.size < HDR + slots * 4 + entries * 20:
+    if seg.m.size < HDR + slots * 4 + entries * <int64_t>sizeof(IndexEntry):
         raise CorruptStoreError(f"{seg.path}: {seg.m.size} bytes, too small for {slots} slots / {entries} entries")
     return 0
 
 
-def put_entries(MappedSegment seg, int32_t slots, int32_t entries, const int32_t[:] hashes,
-                const int64_t[:] phys, const int64_t[:] tss, Py_ssize_t start):
+def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, const int32_t[:] hashes not None,
+                const int64_t[:] phys not None, const int64_t[:] tss not None, Py_ssize_t start):
     """RocketMQ IndexFile.putKey for keys ``start..`` until the file is full; returns the
     index of the first key not written. Entry first, then slot, then header, so a
     concurrent reader sees either the old chain or the new one."""
     cdef Py_ssize_t i = start, n = hashes.shape[0]
     cdef char *b
     cdef char *sp
-    cdef char *ep
+    cdef IndexEntry *e
     cdef int32_t count, h, sv
     cdef int64_t diff, bts
     check_geometry(seg, slots, entries)
     if seg.m.readonly:
-        raise PermissionError(f"{seg.path}: opened read-only")
+        raise StoreReadOnlyError(f"{seg.path}: opened read-only")
     if phys.shape[0] < n or tss.shape[0] < n or start < 0:
         raise InvalidArgumentError("hashes, phys and tss differ in length")
     b = seg.m.base
@@ -222,11 +224,11 @@ def put_entries(MappedSegment seg, int32_t slots, int32_t entries, const int32_t
                 diff = 0
             elif diff > INT_MAX:
                 diff = INT_MAX
-            ep = b + HDR + <int64_t>slots * 4 + <int64_t>count * 20
-            rmq_st32(ep, h)
-            rmq_st64(ep + 4, phys[i])
-            rmq_st32(ep + 12, <int32_t>diff)
-            rmq_st32(ep + 16, sv)
+            e = <IndexEntry *>(b + HDR + <int64_t>slots * 4) + count
+            rmq_st32(<char *>&e.key_hash, h)
+            rmq_st64(<char *>&e.phy_offset, phys[i])
+            rmq_st32(<char *>&e.time_diff, <int32_t>diff)
+            rmq_st32(<char *>&e.prev_index, sv)
             rmq_st32(sp, count)
             if count <= 1:
                 rmq_st64(b + 16, phys[i])
@@ -241,29 +243,29 @@ def put_entries(MappedSegment seg, int32_t slots, int32_t entries, const int32_t
     return i
 
 
-def truncate_entries(MappedSegment seg, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit):
+def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit):
     """Keep the longest prefix of entries that is sane (phy offsets non-decreasing and below
     ``phy_end``, prevIndex pointing strictly back, time <= ``ts_limit``), zero the rest,
     repoint slots into the kept prefix and rewrite the header. Returns (kept, dropped)."""
     cdef int64_t bts, prev_phy = -1, phy, i
     cdef int32_t count, keep = 1, s, sv, td, prev, used = 0
     cdef char *b
-    cdef char *ep
+    cdef IndexEntry *e
     check_geometry(seg, slots, entries)
     if seg.m.readonly:
-        raise PermissionError(f"{seg.path}: opened read-only")
+        raise StoreReadOnlyError(f"{seg.path}: opened read-only")
     b = seg.m.base
     count = rmq_ld32(b + 36)
     if count < 1 or count > entries:
         count = entries if count > entries else 1
     bts = rmq_ld64(b)
-    cdef char *ents = b + HDR + <int64_t>slots * 4
+    cdef IndexEntry *ents = <IndexEntry *>(b + HDR + <int64_t>slots * 4)
     with nogil:
         while keep < count:
-            ep = ents + <int64_t>keep * 20
-            phy = rmq_ld64(ep + 4)
-            td = rmq_ld32(ep + 12)
-            prev = rmq_ld32(ep + 16)
+            e = ents + keep
+            phy = rmq_ld64(<char *>&e.phy_offset)
+            td = rmq_ld32(<char *>&e.time_diff)
+            prev = rmq_ld32(<char *>&e.prev_index)
             if phy < prev_phy or phy >= phy_end or td < 0 or prev < 0 or prev >= keep \
                     or bts + <int64_t>td * 1000 > ts_limit:
                 break
@@ -272,7 +274,7 @@ def truncate_entries(MappedSegment seg, int32_t slots, int32_t entries, int64_t 
         for s in range(slots):
             sv = rmq_ld32(b + HDR + s * 4)
             while sv >= keep:     # cut entries link back to older ones: follow them into the prefix
-                prev = rmq_ld32(ents + <int64_t>sv * 20 + 16) if sv < count else 0
+                prev = rmq_ld32(<char *>&ents[sv].prev_index) if sv < count else 0
                 sv = prev if 0 < prev < sv else 0
             if sv < 0:
                 sv = 0
@@ -280,14 +282,11 @@ def truncate_entries(MappedSegment seg, int32_t slots, int32_t entries, int64_t 
             if sv:
                 used += 1
         for i in range(keep, count):   # only now: the walk above reads their links
-            ep = ents + i * 20
-            rmq_st64(ep, 0)
-            rmq_st64(ep + 8, 0)
-            rmq_st32(ep + 16, 0)
+            memset(&ents[i], 0, sizeof(IndexEntry))
     if keep > 1:
-        ep = ents + <int64_t>(keep - 1) * 20
-        rmq_st64(b + 24, rmq_ld64(ep + 4))
-        rmq_st64(b + 8, bts + <int64_t>rmq_ld32(ep + 12) * 1000)
+        e = ents + keep - 1
+        rmq_st64(b + 24, rmq_ld64(<char *>&e.phy_offset))
+        rmq_st64(b + 8, bts + <int64_t>rmq_ld32(<char *>&e.time_diff) * 1000)
     rmq_st32(b + 32, used)
     rmq_st32(b + 36, keep)
     return keep, count - keep
@@ -313,23 +312,23 @@ cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, 
     cdef const char *b = f.base
     cdef int32_t count = rmq_ld32(b + 36), idx, prev, kh, td
     cdef int64_t bts = rmq_ld64(b), t
-    cdef const char *ents = b + HDR + <int64_t>f.slots * 4
-    cdef const char *ep
+    cdef const IndexEntry *ents = <const IndexEntry *>(b + HDR + <int64_t>f.slots * 4)
+    cdef const IndexEntry *e
     if count > f.entries:
         count = f.entries
     idx = rmq_ld32(b + HDR + <int64_t>(h % f.slots) * 4)
     if idx <= 0 or idx >= count or count <= 1:
         return n
     while n < max_num:
-        ep = ents + <int64_t>idx * 20
-        kh = rmq_ld32(ep)
-        td = rmq_ld32(ep + 12)
-        prev = rmq_ld32(ep + 16)
+        e = ents + idx
+        kh = rmq_ld32(<const char *>&e.key_hash)
+        td = rmq_ld32(<const char *>&e.time_diff)
+        prev = rmq_ld32(<const char *>&e.prev_index)
         if td < 0:
             break
         t = bts + <int64_t>td * 1000
         if kh == h and begin <= t <= end:
-            out[n] = rmq_ld64(ep + 4)
+            out[n] = rmq_ld64(<const char *>&e.phy_offset)
             n += 1
         if prev <= 0 or prev >= idx or t < begin:   # chains only point back: always terminates
             break
@@ -346,7 +345,7 @@ cdef class IndexFiles:
     cdef FileView *views
     cdef Py_ssize_t n
 
-    def __cinit__(self, list files):
+    def __cinit__(self, list files not None):
         """``files``: (MappedSegment, slots, entries) tuples, newest first."""
         cdef Py_ssize_t i
         cdef MappedSegment seg
@@ -368,23 +367,24 @@ cdef class IndexFiles:
     def __len__(self):
         return self.n
 
-    cdef int pin(self, bint *pinned) except -1:
+    cdef int pin_all(self, bint *pinned) except -1:
         cdef Py_ssize_t i
         cdef MappedSegment seg
         for i in range(self.n):
             seg = self.segs[i]
             pinned[i] = not seg.closed
             if pinned[i]:
-                seg.hold()
+                pin(seg)
         return 0
 
-    cdef void unpin(self, bint *pinned):
+    cdef int unpin_all(self, bint *pinned) except -1:
         cdef Py_ssize_t i
         cdef MappedSegment seg
         for i in range(self.n):
             if pinned[i]:
                 seg = self.segs[i]
-                seg.release()
+                unpin(seg)
+        return 0
 
     cdef void prefetch_chain(self, bint *pinned, int32_t h, bint entry) noexcept nogil:
         """Start loading the slot of hash ``h`` in every file, or with ``entry`` the newest
@@ -402,7 +402,8 @@ cdef class IndexFiles:
             idx = rmq_ld32(slot)
             count = min(rmq_ld32(self.views[i].base + 36), self.views[i].entries)
             if 0 < idx < count:
-                __builtin_prefetch(self.views[i].base + HDR + <int64_t>self.views[i].slots * 4 + <int64_t>idx * 20)
+                __builtin_prefetch(<const IndexEntry *>(self.views[i].base + HDR + <int64_t>self.views[i].slots * 4)
+                                   + idx)
 
     cdef Py_ssize_t walk(self, bint *pinned, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
                          int64_t *out) noexcept nogil:
@@ -449,13 +450,13 @@ cdef class IndexFiles:
             if buf == NULL or out == NULL or pinned == NULL:
                 raise MemoryError()
             h = build_hash(t, tlen, k, klen, buf)
-            self.pin(pinned)
+            self.pin_all(pinned)
             try:
                 with nogil:
                     n = self.walk(pinned, h, b, e, mn, out)
                     sort_i64(out, n)
             finally:
-                self.unpin(pinned)
+                self.unpin_all(pinned)
             if log is not None:
                 return keyed_messages(log, topic, key, out, n)
             return [out[i] for i in range(n)]
@@ -473,7 +474,7 @@ cdef class IndexFiles:
         queryMessage. ``end`` None is no limit; bad arguments raise InvalidArgumentError."""
         return self._query(topic, key, max_num, begin, end, cap, None)
 
-    def query_messages(self, list log, topic, key, max_num=64, begin=0, end=None, Py_ssize_t cap=64):
+    def query_messages(self, list log not None, topic, key, max_num=64, begin=0, end=None, Py_ssize_t cap=64):
         """``query`` read back from ``log`` (the commitlog's segment list): the messages of
         ``topic`` whose UNIQ_KEY or a KEYS token really is ``key``, newest first."""
         return self._query(topic, key, max_num, begin, end, cap, log)
@@ -513,7 +514,7 @@ cdef class IndexFiles:
             for i in range(nk):
                 k = PyUnicode_AsUTF8AndSize(keys[i], &klen)
                 hs[i] = build_hash(t, tlen, k, klen, buf)
-            self.pin(pinned)
+            self.pin_all(pinned)
             try:
                 with nogil:
                     bd[0] = 0
@@ -526,7 +527,7 @@ cdef class IndexFiles:
                         sort_i64(out + bd[i], n)
                         bd[i + 1] = bd[i] + n
             finally:
-                self.unpin(pinned)
+                self.unpin_all(pinned)
         finally:
             free(buf)
             free(pinned)
@@ -581,17 +582,23 @@ cdef list keyed_messages(list log, str topic, str key, const int64_t *offs, Py_s
     cdef RecView r
     cdef const char *p = NULL
     cdef list out = []
+    cdef int code
+    cdef MappedSegment seg
     for i in range(n - 1, -1, -1):
         if i < n - 1 and offs[i] == offs[i + 1]:
             continue
-        if record_at(log, offs[i], False, &r, &p) != 0:
+        seg = record_at(log, offs[i], False, &r, &p, &code)
+        if seg is None:
             continue
-        if not (r.topic_len == tlen and memcmp(p + r.topic_off, t, tlen) == 0):
-            # the stored name decodes with replacement characters; compare it as str then
-            if "\ufffd" not in topic or PyUnicode_DecodeUTF8(p + r.topic_off, r.topic_len, "replace") != topic:
-                continue
-        if has_key(p + r.props_off, r.props_len, k, klen):
-            out.append(build_ext(p, &r, offs[i]))
+        try:
+            if not (r.topic_len == tlen and memcmp(p + r.topic_off, t, tlen) == 0):
+                # the stored name decodes with replacement characters; compare it as str then
+                if "\ufffd" not in topic or PyUnicode_DecodeUTF8(p + r.topic_off, r.topic_len, "replace") != topic:
+                    continue
+            if has_key(p + r.props_off, r.props_len, k, klen):
+                out.append(build_ext(p, &r, offs[i]))
+        finally:
+            unpin(seg)
     return out
 
 

@@ -13,3 +13,25 @@ cdef class MappedSegment:
     cdef bint closing
     cdef bint unmapped
     cdef int check_range(self, int64_t pos, int64_t n) except -1
+    cdef int64_t pin_range(self, int64_t pos, int64_t limit) except -1
+    cdef int raise_closed(self) except -1
+    cdef int _unmap(self) except -1
+
+
+cdef inline int pin(MappedSegment seg) except -1:
+    """hold(), inline for the kernels' per-record reads: pin the mapping so that unmapping
+    waits for unpin(); StoreClosedError when the segment is closing."""
+    if seg.closing or seg.unmapped:
+        return seg.raise_closed()
+    seg.pins += 1
+    return 0
+
+
+cdef inline int unpin(MappedSegment seg) except -1:
+    """release(): drop a pin; the last one unmaps a closing segment."""
+    seg.pins -= 1
+    if seg.pins == 0 and seg.closing and not seg.unmapped:
+        return seg._unmap()
+    return 0
+
+cdef int check(int rc, object path, str op) except -1

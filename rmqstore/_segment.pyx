@@ -7,13 +7,25 @@ from libc.stdint cimport int64_t
 import os
 
 from rmqstore._cext cimport *
+from rmqstore._layout cimport PF_READ, PF_WRITE, PF_AHEAD
 from rmqstore.errors import (raise_errno, StoreClosedError, CorruptStoreError, InvalidArgumentError,
                              OutOfRangeError, StoreReadOnlyError, ViewExportedError)
 
-# prefault() modes, as rmq_map_prefault takes them.
-PREFAULT_READ = 0       # fault pages in for reading
-PREFAULT_WRITE = 1      # fault in writable pages of a segment nobody uses yet
-PREFAULT_AHEAD = 2      # warm ahead of a live writer without touching its bytes
+# prefault() modes (_layout.PrefaultMode).
+PREFAULT_READ = PF_READ
+PREFAULT_WRITE = PF_WRITE
+PREFAULT_AHEAD = PF_AHEAD
+
+
+cdef int check(int rc, object path, str op) except -1:
+    """The one place a C-layer status becomes an exception: 0 passes, RMQ_ESIZE (a file
+    whose size is not the configured one) is a CorruptStoreError, -errno goes through
+    errors.raise_errno's errno table."""
+    if rc == 0:
+        return 0
+    if rc == RMQ_ESIZE:
+        raise CorruptStoreError(f"{path}: file size differs from the configured size")
+    raise_errno(-rc, path, op)
 
 
 cdef class MappedSegment:
@@ -39,10 +51,7 @@ cdef class MappedSegment:
         self.base_offset = base_offset
         with nogil:
             rc = rmq_map_open(cpath, size, flags, mode, &self.m)
-        if rc == RMQ_ESIZE:
-            raise CorruptStoreError(f"{self.path}: file size differs from the configured {size} bytes")
-        if rc:
-            raise_errno(-rc, self.path, "open/map")
+        check(rc, self.path, "open/map")
 
     def __dealloc__(self):
         if not self.unmapped:
@@ -67,12 +76,21 @@ cdef class MappedSegment:
             raise OutOfRangeError(f"{self.path}: range [{pos}, {pos + n}) outside 0..{self.m.size}")
         return 0
 
+    cdef int64_t pin_range(self, int64_t pos, int64_t limit) except -1:
+        """Check ``[pos, limit)`` (``limit`` clamped to the file) and hold(): a kernel then
+        reads it with the GIL released and calls release(). Returns the clamped limit."""
+        if limit > self.m.size:
+            limit = self.m.size
+        self.check_range(pos, limit - pos)
+        pin(self)
+        return limit
+
     def read(self, int64_t pos, int64_t n):
         """Copy ``n`` bytes at ``pos`` (file-relative) out of the mapping."""
         self.check_range(pos, n)
         return PyBytes_FromStringAndSize(self.m.base + pos, n)
 
-    def write(self, int64_t pos, const unsigned char[:] data):
+    def write(self, int64_t pos, const unsigned char[:] data not None):
         """Copy ``data`` into the mapping at ``pos``; does not move ``wrote_pos``."""
         cdef int64_t n = data.shape[0]
         if self.m.readonly:
@@ -100,14 +118,13 @@ cdef class MappedSegment:
         if least_pages > 0 and wrote < self.m.size and (wrote // ps - flushed // ps) < least_pages:
             return flushed
         self.check_range(flushed, wrote - flushed)
-        self.pins += 1
+        pin(self)
         try:
             with nogil:
                 rc = rmq_map_sync(&self.m, flushed, wrote - flushed)
         finally:
-            self._unpin()
-        if rc:
-            raise_errno(-rc, self.path, "msync")
+            unpin(self)
+        check(rc, self.path, "msync")
         if wrote > self.flushed_pos:
             self.flushed_pos = wrote
         return self.flushed_pos
@@ -118,48 +135,42 @@ cdef class MappedSegment:
         self.check_range(0, 0)
         with nogil:
             rc = rmq_map_sync(&self.m, 0, self.m.size)
-        if rc:
-            raise_errno(-rc, self.path, "msync")
+        check(rc, self.path, "msync")
 
-    def prefault(self, int64_t pos=0, int64_t n=-1, int mode=PREFAULT_WRITE):
+    def prefault(self, int64_t pos=0, int64_t n=-1, int mode=PF_WRITE):
         """Fault pages in with the GIL released: PREFAULT_WRITE warms a segment nobody uses
         yet, PREFAULT_AHEAD warms ahead of a live writer without touching bytes,
         PREFAULT_READ for reading."""
         cdef int rc
         if n < 0:
             n = self.m.size - pos
-        if mode not in (PREFAULT_READ, PREFAULT_WRITE, PREFAULT_AHEAD):
+        if mode != PF_READ and mode != PF_WRITE and mode != PF_AHEAD:
             raise InvalidArgumentError(f"prefault mode {mode} is not a PREFAULT_* constant")
         self.check_range(pos, n)
-        self.pins += 1
+        pin(self)
         try:
             with nogil:
                 rc = rmq_map_prefault(&self.m, pos, n, mode)
         finally:
-            self._unpin()
-        if rc:
-            raise_errno(-rc, self.path, "prefault")
+            unpin(self)
+        check(rc, self.path, "prefault")
 
     def hold(self):
         """Pin the mapping (unmapping waits for the last release()); raises
-        ``StoreClosedError`` when the segment is already closing."""
-        if self.closing or self.unmapped:
-            raise StoreClosedError(f"{self.path}: segment is closed")
-        self.pins += 1
+        ``StoreClosedError`` when the segment is already closing. Kernels call pin()."""
+        pin(self)
 
     def release(self):
-        self._unpin()
+        """Drop a pin hold() took; the last one unmaps a closing segment."""
+        unpin(self)
 
-    def _unpin(self):
-        self.pins -= 1
-        if self.pins == 0 and self.closing and not self.unmapped:
-            self._unmap()
+    cdef int raise_closed(self) except -1:
+        raise StoreClosedError(f"{self.path}: segment is closed")
 
-    def _unmap(self):
+    cdef int _unmap(self) except -1:
         cdef int rc = rmq_map_close(&self.m)
         self.unmapped = True
-        if rc:
-            raise_errno(-rc, self.path, "munmap")
+        return check(rc, self.path, "munmap")
 
     def close(self):
         """Unmap now, or when the last pin is released. Idempotent."""
@@ -184,20 +195,20 @@ cdef class MappedSegment:
         return f"<MappedSegment {self.path} wrote={self.wrote_pos} flushed={self.flushed_pos}>"
 
 
-def inject_fault(str op, int64_t nth, int err, str match=""):
+def inject_fault(str op not None, int64_t nth, int err, str match=""):
     """Tests only: make the ``nth`` next ``op`` ("open", "msync", "fallocate", "ftruncate",
     "fsync") on a file whose path contains ``match`` fail with errno ``err``; nth 0 disarms.
     The same as the RMQ_FAULTS environment variable (cext/rmq_fault.h)."""
     cdef bytes bop = op.encode(), bmatch = match.encode()
     if rmq_fault_set(rmq_fault_op(bop), nth, err, bmatch) < 0:
-        raise ValueError(f"bad fault {op!r} nth={nth} errno={err} match={match!r}")
+        raise InvalidArgumentError(f"bad fault {op!r} nth={nth} errno={err} match={match!r}")
 
 
 FAULT_OPEN = RMQ_OP_OPEN
 FAULT_FSYNC = RMQ_OP_FSYNC
 
 
-def fault_point(int op, str path):
+def fault_point(int op, str path not None):
     """Raise the OSError an armed fault asks for at this ``op`` (FAULT_OPEN, FAULT_FSYNC)
     on ``path``: how the Python-level writers (files.py) join the injection. When no fault
     is armed this is one flag test."""

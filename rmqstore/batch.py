@@ -1,12 +1,12 @@
 """Public batch decoder: commitlog segment byte ranges into columns and Arrow record batches.
 
-This is the API the Spark data source and jobs use (never ``_codec`` directly). A range
+This is the API the Spark data source and jobs use (never the kernels directly). A range
 ``[start, end)`` of a segment file owns the records that *start* inside it, so ranges cut at
 arbitrary byte positions partition a segment exactly: a range that does not begin at 0 finds
 its first record by searching for a record header whose PHYSICALOFFSET field equals its own
 commitlog offset (the same search resynchronizes after a corrupt record in ``mode="skip"``).
 
-Columns are ``_codec.decode_batch``'s dict of numpy arrays; ``to_arrow`` turns them into a
+Columns are ``_columns.decode_batch``'s dict of numpy arrays; ``to_arrow`` turns them into a
 ``pyarrow.RecordBatch``, and ``iter_arrow`` decodes records straight into Arrow batches of
 the columns asked for (both with the ``_arrow`` kernel; pyarrow is needed only for them).
 """
@@ -15,14 +15,16 @@ import re
 
 import numpy as np
 
-from rmqstore import _codec
+import rmqstore._columns as _columns
+import rmqstore._read as _read
+from rmqstore import _record
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError
 from rmqstore.segments import list_segment_files
 
 MODES = ("fail", "skip")
-_HEADER = re.compile(re.escape((_codec.MAGIC_V1 & 0xFFFFFFFF).to_bytes(4, "big")) + b"|"
-                     + re.escape((_codec.MAGIC_V2 & 0xFFFFFFFF).to_bytes(4, "big")))
+_HEADER = re.compile(re.escape((_record.MAGIC_V1 & 0xFFFFFFFF).to_bytes(4, "big")) + b"|"
+                     + re.escape((_record.MAGIC_V2 & 0xFFFFFFFF).to_bytes(4, "big")))
 
 
 def segment_files(store_path):
@@ -58,7 +60,7 @@ class DecodeStats:
 
 def iter_columns(path, base_offset, start=0, end=None, *, check_crc=False, mode="fail",
                  batch_bytes=32 << 20, stats=None, aligned=False):
-    """Yield column dicts (see ``_codec.decode_batch``) for the records of segment file
+    """Yield column dicts (see ``_columns.decode_batch``) for the records of segment file
     ``path`` that start in ``[start, end)``, about ``batch_bytes`` of records per dict.
 
     ``mode="fail"`` raises CorruptRecordError (naming the path and commitlog offset) at the
@@ -68,7 +70,7 @@ def iter_columns(path, base_offset, start=0, end=None, *, check_crc=False, mode=
     no header search, and nothing at or after ``end`` is read even if written meanwhile.
     """
     def decode(seg, pos, window):
-        cols = _codec.decode_batch(seg, pos, window, check_crc, True)
+        cols = _columns.decode_batch(seg, pos, window, check_crc, True)
         return cols, {"count": cols["count"], "bytes": int(cols["store_size"].sum()),
                       "end_pos": cols["end_pos"], "stop": cols["stop"]}
     return _iter_decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, aligned)
@@ -141,7 +143,7 @@ def end_offset(store_path, hint=0):
         seg = MappedSegment(path, base, 0, readonly=True)
         try:
             pos = hint - base if base <= hint < base + size else 0
-            end, _, status = _codec.scan_segment(seg, pos, size, False)
+            end, _, status = _read.scan_segment(seg, pos, size, False)
         finally:
             seg.close()
         if end > 0 or status != "end" or base <= hint:
@@ -155,7 +157,7 @@ def count_records(store_path):
     for path, base, size in segment_files(store_path):
         seg = MappedSegment(path, base, 0, readonly=True)
         try:
-            end, count, status = _codec.scan_segment(seg, 0, size, False)
+            end, count, status = _read.scan_segment(seg, 0, size, False)
         finally:
             seg.close()
         records, nbytes = records + count, nbytes + end
@@ -174,10 +176,10 @@ def advance(store_path, start, max_bytes):
         seg = MappedSegment(path, base, 0, readonly=True)
         try:
             rel = pos - base
-            end, count, status = _codec.scan_segment(seg, rel, min(size, rel + budget), False)
+            end, count, status = _read.scan_segment(seg, rel, min(size, rel + budget), False)
             if count == 0 and pos == start and status not in ("end", "blank") and rel + 4 <= size:
                 total = int.from_bytes(seg.read(rel, 4), "big", signed=True)   # one record over budget
-                end, count, status = _codec.scan_segment(seg, rel, min(size, rel + max(total, 0)), False)
+                end, count, status = _read.scan_segment(seg, rel, min(size, rel + max(total, 0)), False)
         finally:
             seg.close()
         budget -= end - rel
@@ -195,7 +197,7 @@ def decode_segment(path, base_offset, start=0, end=None, check_crc=False, mode="
     if not parts:   # no records: empty columns
         seg = MappedSegment(path, base_offset, 0, readonly=True)
         try:
-            return _codec.decode_batch(seg, 0, 0)
+            return _columns.decode_batch(seg, 0, 0)
         finally:
             seg.close()
     return concat_columns(parts)

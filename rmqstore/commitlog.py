@@ -1,16 +1,15 @@
 """CommitLog: every message of every topic, appended to one run of segments."""
 from concurrent.futures import ThreadPoolExecutor
 
-from rmqstore import _codec
-from rmqstore._codec import MessageExt
+import rmqstore._append as _append
+import rmqstore._read as _read
+from rmqstore import _record
+from rmqstore._message import MessageExt
 from rmqstore._segment import PREFAULT_AHEAD
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError, StoreReadOnlyError
 from rmqstore.index import UniqKeyGenerator
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import SCHEDULE_TOPIC, validate_topic
-
-TRAN_MASK = _codec.TRANSACTION_TYPE_MASK
-_NO_CQ = (_codec.TRANSACTION_PREPARED, _codec.TRANSACTION_ROLLBACK)
 
 
 class CommitLog:
@@ -21,7 +20,7 @@ class CommitLog:
     and the record goes first in the next one. Zero TOTALSIZE marks the end of data.
 
     Thread-safety: ``put``/``put_batch`` serialize on one lock (append + roll + queue
-    offset counters, all in ``_codec.Appender``); reads take no lock and see only
+    offset counters, all in ``_append.Appender``); reads take no lock and see only
     published bytes. Pages ahead of the writer are faulted in on a background thread.
     Crash behaviour: see recovery.py; a torn tail is cut at the last valid record.
     """
@@ -32,10 +31,10 @@ class CommitLog:
         self.segments = SegmentQueue(f"{root}/commitlog", segment_size or config.commitlog_file_size, readonly,
                                      config.file_mode, config.dir_mode,
                                      preallocate=config.warm_mapped_file, prefault_bytes=config.warm_ahead_bytes)
-        self.store_host = _codec.pack_host(config.store_host)
+        self.store_host = _record.pack_host(config.store_host)
         self._delay_levels = config.delay_levels_ms()
         stamp = UniqKeyGenerator(self.store_host).stamp if config.generate_uniq_key else None
-        self._appender = _codec.Appender(self.segments, self.store_host, config.message_version,
+        self._appender = _append.Appender(self.segments, self.store_host, config.message_version,
                                          config.max_message_size, config.default_queue_nums,
                                          self._check_topic, self._delay, self._warm_ahead, stamp)
         self.lock = self._appender   # the write lock: ``with commitlog.lock:`` excludes appends
@@ -83,7 +82,7 @@ class CommitLog:
         already on SCHEDULE_TOPIC_XXXX (a delayed record copied from another store, e.g. by
         ``rmqstore dump`` and ``put``) keeps its topic, queue and properties."""
         delay = props.get("DELAY")
-        if not delay or topic == SCHEDULE_TOPIC or (msg.sys_flag & TRAN_MASK) in _NO_CQ:
+        if not delay or topic == SCHEDULE_TOPIC or not _record.gets_cq_entry(msg.sys_flag):
             return topic, queue_id, props
         try:
             level = int(delay)
@@ -127,7 +126,7 @@ class CommitLog:
     # -- reading --------------------------------------------------------------------------
     def get(self, offset, check_crc=False):
         """The MessageExt whose record starts at commitlog ``offset``."""
-        return _codec.get_message(self.segments.segments, offset, check_crc)
+        return _read.get_message(self.segments.segments, offset, check_crc)
 
     def read(self, offset, size):
         """Raw bytes ``[offset, offset+size)`` if they lie in one segment's written part."""
@@ -156,7 +155,7 @@ class CommitLog:
             seg = self.segments.find(pos)
             if seg is None:
                 return
-            r = _codec.decode_record(seg, pos - seg.base_offset, seg.wrote_pos, check_crc)
+            r = _read.decode_record(seg, pos - seg.base_offset, seg.wrote_pos, check_crc)
             if isinstance(r, MessageExt):
                 if r.phy_offset != pos:     # its msgId would name another message
                     raise CorruptRecordError(f"record at commitlog offset {pos}: its PHYSICALOFFSET field says "

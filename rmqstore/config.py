@@ -96,7 +96,7 @@ class StoreConfig:
         for h in self.delete_when.split(";"):
             if not (h.strip().isascii() and h.strip().isdigit() and int(h) <= 23):
                 raise InvalidArgumentError(f"delete_when must be hours 00..23 joined by ';', not {self.delete_when!r}")
-        from rmqstore._codec import pack_host
+        from rmqstore._record import pack_host
         pack_host(self.store_host)
         if not self.delay_levels_ms():
             raise InvalidArgumentError("message_delay_level must name at least one level")

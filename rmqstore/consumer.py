@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from rmqstore import _codec
-from rmqstore._codec import java_hash
+import rmqstore._read as _read
+from rmqstore._record import java_hash
 from rmqstore.errors import InvalidArgumentError
 from rmqstore.topics import is_safe_dirname
 
@@ -100,7 +100,7 @@ def get_message(queues: ConsumeQueueTable, commitlog: CommitLog, config: StoreCo
     if len(entries) == 0:
         per_file = config.consume_queue_entries
         return GetMessageResult(S.OFFSET_FOUND_NULL, offset - offset % per_file + per_file, lo, hi)
-    msgs, used, removing, problems = _codec.gather_messages(
+    msgs, used, removing, problems = _read.gather_messages(
         commitlog.segments.segments, entries, max_count, config.max_transfer_count_on_message_in_memory,
         config.max_transfer_bytes_on_message_in_memory, commitlog.max_offset, commitlog.segments.file_size,
         flt.codes, flt.tags)

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from rmqstore import _codec, _cq
+import rmqstore._read as _read
+from rmqstore import _cq, _record
+from rmqstore._record import Status
 from rmqstore.errors import CorruptRecordError, StoreIOError
 from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 
@@ -21,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class DispatchBatch:
-    """Consecutive records read in one pass: ``rows`` (numpy, _codec.DISPATCH_DTYPE), the
+    """Consecutive records read in one pass: ``rows`` (numpy, _read.DISPATCH_DTYPE), the
     records' ``raw`` bytes, each row's ``topic_ids`` (int32 indexes into ``topic_names``,
     which the dispatcher shares across batches) and each record's properties on demand."""
 
@@ -44,7 +46,7 @@ class DispatchBatch:
 
     def properties(self, i: int) -> dict[str, str]:
         row = self.rows[i]
-        return _codec.properties_from(self.raw, int(row["props_off"]), int(row["props_len"]))
+        return _record.properties_from(self.raw, int(row["props_off"]), int(row["props_len"]))
 
 
 class Dispatcher:
@@ -86,14 +88,14 @@ class Dispatcher:
         if seg is None:
             return False
         pos = start - seg.base_offset
-        rows, raw, end, status = _codec.scan_dispatch(seg, pos, seg.wrote_pos, self.batch_records)
+        rows, raw, end, status = _read.scan_dispatch(seg, pos, seg.wrote_pos, self.batch_records)
         if len(rows):
             batch = DispatchBatch(rows, raw, self._topic_numbers, self._topic_names)
             for consumer in self.consumers:
                 consumer(batch)
-        if status == "blank" or (status == "end" and end >= seg.size):
+        if status is Status.BLANK or (status is Status.END and end >= seg.size):
             nxt = seg.base_offset + seg.size
-        elif status == "end":
+        elif status is Status.END:
             nxt = seg.base_offset + end
         else:
             self.error = CorruptRecordError(f"commitlog offset {seg.base_offset + end}: {status}")
@@ -192,11 +194,6 @@ def cq_tags(batch: DispatchBatch, delays: Sequence[int]) -> np.ndarray:
     return tags
 
 
-def gets_cq_entry(sys_flag: np.ndarray) -> np.ndarray:
-    """Which rows get a consume-queue entry: all but PREPARED and ROLLBACK transaction messages."""
-    tran = sys_flag & _codec.TRANSACTION_TYPE_MASK
-    return (tran != _codec.TRANSACTION_PREPARED) & (tran != _codec.TRANSACTION_ROLLBACK)
-
 
 class ConsumeQueueBuilder:
     """CommitLogDispatcherBuildConsumeQueue: one CQ entry per message, except PREPARED and
@@ -217,7 +214,7 @@ class ConsumeQueueBuilder:
 
     def __call__(self, batch: DispatchBatch) -> None:
         rows = batch.rows
-        wanted = gets_cq_entry(rows["sys_flag"])
+        wanted = _record.gets_cq_entry(rows["sys_flag"])
         unsafe = [i for i, name in enumerate(batch.topic_names) if not is_safe_dirname(name)]
         if unsafe:
             bad = wanted & np.isin(batch.topic_ids, unsafe)

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from rmqstore import _index
+import rmqstore._index as _index
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
 from rmqstore.files import file_size, make_dirs, refuse_symlink

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rmqstore import _codec
+import rmqstore._read as _read
+from rmqstore import _message
 from rmqstore.errors import CorruptRecordError
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,10 @@ def _first_store_timestamp(seg):
     """Store time of the segment's first record; 0 when it is not a message (RocketMQ
     isMappedFileMatchedRecover)."""
     try:
-        r = _codec.decode_record(seg, 0, seg.size, False)
+        r = _read.decode_record(seg, 0, seg.size, False)
     except CorruptRecordError:
         return 0
-    return r.store_timestamp if isinstance(r, _codec.MessageExt) else 0
+    return r.store_timestamp if isinstance(r, _message.MessageExt) else 0
 
 
 def _start_index(segments, clean, checkpoint, index_enabled):
@@ -87,7 +88,7 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     end = rep.start_offset
     next_log = t0 + _PROGRESS_SECONDS
     for seg in segs[i:]:
-        pos, count, status = _codec.scan_segment(seg, 0, seg.size, check_crc)
+        pos, count, status = _read.scan_segment(seg, 0, seg.size, check_crc)
         rep.segments_scanned += 1
         rep.records_verified += count
         if progress is not None:

@@ -180,19 +180,17 @@ class SegmentQueue:
                     self._pending = (nxt, self._alloc.submit(self._warm, nxt))
         return seg
 
-    def make_room(self, last, sizes):
-        """Create now the segments that appending records of ``sizes`` after ``last`` rolls
-        into, so a full disk fails a batch before any of it is written. All or none: on
-        an error the files made here are removed."""
-        pos, base, made = last.wrote_pos, last.base_offset, []
+    def make_room(self, last, rolls):
+        """Create now the ``rolls`` segments after ``last`` that an append is about to roll
+        into, so a full disk fails a batch before any of it is written. All or none: on an
+        error the files made here are removed."""
+        made = []
         try:
-            for size in sizes:
-                if size + 8 > self.file_size - pos:   # the encoder's rule: BLANK, then roll
-                    base, pos = base + self.file_size, 0
-                    if base not in self._made and not self._pending_ok(base):
-                        self._made[base] = seg = self._open_new(base)
-                        made.append(seg)
-                pos += size
+            for k in range(1, rolls + 1):
+                base = last.base_offset + k * self.file_size
+                if base not in self._made and not self._pending_ok(base):
+                    self._made[base] = seg = self._open_new(base)
+                    made.append(seg)
         except BaseException:
             for seg in made:
                 del self._made[seg.base_offset]

@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence, TypeVa
 
 import numpy as np
 
-from rmqstore import _codec, ownership
+import rmqstore._columns as _columns
+from rmqstore import _message, _record, ownership
 from rmqstore._cq import ENTRY_DTYPE
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import CommitLog
@@ -54,8 +55,8 @@ _TIMES = ("begin", "end", "timestamp")     # times clamp to the stored range, as
 
 def _int(name: str, v: Any) -> Any:
     """An int (no bool, float or str); an int64 unless it is a time, which may be any int."""
-    return _codec.int_arg(name, v, float("-inf"), float("inf")) if name in _TIMES else \
-        _codec.int_arg(name, v, -(1 << 63), (1 << 63) - 1)
+    return _message.int_arg(name, v, float("-inf"), float("inf")) if name in _TIMES else \
+        _message.int_arg(name, v, -(1 << 63), (1 << 63) - 1)
 
 
 def _bad_type(name: str, v: Any, due: str) -> NoReturn:
@@ -104,8 +105,8 @@ def _config(name: str, v: Any) -> Any:
 
 
 _ARG_CHECKS: dict[str, Callable[[str, Any], Any]] = {
-    "str": _codec.text_arg,
-    "str | None": lambda name, v: v if v is None else _codec.text_arg(name, v),
+    "str": _message.text_arg,
+    "str | None": lambda name, v: v if v is None else _message.text_arg(name, v),
     "int": _int,
     "int | None": lambda name, v: v if v is None else _int(name, v),
     "bool": _bool,
@@ -400,7 +401,7 @@ class MessageStore:
     # -- writing --------------------------------------------------------------------------
     @_gated
     @_kernel_checks_args
-    def put(self, msg: _codec.Message, queue_id: int | None = None) -> _codec.PutResult:
+    def put(self, msg: _message.Message, queue_id: int | None = None) -> _message.PutResult:
         """Append one message; returns a PutResult. In SYNC mode it is durable on return."""
         self._check_open()
         res = self.commitlog.put(msg, queue_id)
@@ -410,7 +411,7 @@ class MessageStore:
 
     @_gated
     @_kernel_checks_args
-    def put_batch(self, msgs: Iterable[_codec.Message], queue_id: int | None = None) -> list[_codec.PutResult]:
+    def put_batch(self, msgs: Iterable[_message.Message], queue_id: int | None = None) -> list[_message.PutResult]:
         """Append many messages under one lock and (SYNC) one flush; list of PutResult."""
         self._check_open()
         res = self.commitlog.put_batch(msgs, queue_id)
@@ -429,15 +430,15 @@ class MessageStore:
 
     # -- reading the commitlog ------------------------------------------------------------
     @_gated
-    def get_by_offset(self, phy_offset: int) -> _codec.MessageExt:
+    def get_by_offset(self, phy_offset: int) -> _message.MessageExt:
         self._check_open()
         return self.commitlog.get(phy_offset)
 
     @_gated
-    def get_by_msg_id(self, msg_id: str) -> _codec.MessageExt:
+    def get_by_msg_id(self, msg_id: str) -> _message.MessageExt:
         """The message a msgId names (it encodes the store host and commitlog offset)."""
         self._check_open()
-        host, offset = _codec.parse_msg_id(msg_id)
+        host, offset = _record.parse_msg_id(msg_id)
         m = self.commitlog.get(offset)
         if m.store_host_packed != host:
             raise MessageNotFoundError(f"msgId {msg_id}: stored by another host")
@@ -445,7 +446,7 @@ class MessageStore:
 
     @_gated
     def scan(self, from_offset: int = 0, to_offset: int | None = None,
-             check_crc: bool = False) -> Iterator[_codec.MessageExt]:
+             check_crc: bool = False) -> Iterator[_message.MessageExt]:
         self._check_open()
         return self.commitlog.scan(from_offset, to_offset, check_crc)
 
@@ -515,14 +516,14 @@ class MessageStore:
     def read_queue_columns(self, topic: str, queue_id: int, offset: int = 0, count: int | None = None,
                            check_crc: bool = False) -> dict[str, np.ndarray]:
         """The messages of one queue from ``offset`` (``count`` consume-queue entries, default
-        all) decoded into columns as ``_codec.decode_batch`` lays them out, in one pass with
+        all) decoded into columns as ``_columns.decode_batch`` lays them out, in one pass with
         the GIL released; ``missing`` lists the queue offsets whose record could not be read."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         start = max(offset, cq.min_offset) if cq is not None else offset
         entries = cq.read(start, cq.max_offset - start if count is None else count) if cq is not None \
             else np.empty(0, ENTRY_DTYPE)
-        cols = _codec.decode_entries(self.commitlog.segments.segments, entries, check_crc)
+        cols = _columns.decode_entries(self.commitlog.segments.segments, entries, check_crc)
         cols["missing"] += start
         return cols
 
@@ -578,7 +579,7 @@ class MessageStore:
 
     @_gated
     def query_by_key(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
-                     end: int | None = None) -> list[_codec.MessageExt]:
+                     end: int | None = None) -> list[_message.MessageExt]:
         """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest
         first: query_offsets minus hash collisions (each candidate's record is checked in
         place, in C, before a message is built)."""
@@ -587,13 +588,13 @@ class MessageStore:
 
     @_gated
     def query_keys(self, topic: str, keys: Sequence[str], max_num: int = 64, begin: int = 0,
-                   end: int | None = None) -> list[list[_codec.MessageExt]]:
+                   end: int | None = None) -> list[list[_message.MessageExt]]:
         """query_by_key for many keys in one index pass; a list per key, in ``keys`` order."""
         return self._index_or_raise().view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch,
                                                       self.commitlog.segments.segments)
 
     @_gated
-    def query_by_uniq_key(self, topic: str, uniq_key: str) -> _codec.MessageExt:
+    def query_by_uniq_key(self, topic: str, uniq_key: str) -> _message.MessageExt:
         """The newest message of ``topic`` whose UNIQ_KEY is ``uniq_key``."""
         self._check_open()
         for m in self.query_by_key(topic, uniq_key, self.config.max_msgs_num_batch):

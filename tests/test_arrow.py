@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 import pytest
 
 from rmqstore import MessageStore, StoreConfig, batch
-from rmqstore._codec import Message, decode_record
+from rmqstore._message import Message
+from rmqstore._read import decode_record
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import InvalidArgumentError
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqstore import CorruptRecordError, InvalidArgumentError, Message, _codec
+from rmqstore import CorruptRecordError, InvalidArgumentError, Message, _append, _read, _record
 from rmqstore._segment import MappedSegment
 
 import reference_codec as ref
@@ -35,8 +35,8 @@ class KernelCodec:
             msg = Message(topic, body, properties=props, flag=flag, sys_flag=sys_flag,
                           born_timestamp=born_timestamp, born_host=born_host, reconsume_times=reconsume_times,
                           prepared_transaction_offset=prepared_transaction_offset)
-            r = _codec.append_message(seg, msg, topic, dict(props), queue_id, queue_offset, store_timestamp,
-                                      _codec.pack_host(store_host), version, 4 << 20)
+            r = _append.append_message(seg, msg, topic, dict(props), queue_id, queue_offset, store_timestamp,
+                                      _record.pack_host(store_host), version, 4 << 20)
             assert r.phy_offset == phy_offset
             return seg.read(0, r.size)
         finally:
@@ -44,7 +44,7 @@ class KernelCodec:
 
     @staticmethod
     def decode(data, offset=0, check_crc=False):
-        m = _codec.decode_bytes(data, offset, check_crc)
+        m = _read.decode_bytes(data, offset, check_crc)
         return {"store_size": m.store_size, "magic": m.magic, "body_crc": m.body_crc, "queue_id": m.queue_id,
                 "flag": m.flag, "queue_offset": m.queue_offset, "phy_offset": m.phy_offset, "sys_flag": m.sys_flag,
                 "born_timestamp": m.born_timestamp, "born_host": m.born_host, "store_timestamp": m.store_timestamp,
@@ -276,16 +276,16 @@ def test_seeded_corruption_agrees_with_reference(tmp_path):
 def test_blank_and_end_are_not_messages():
     blank = struct.pack(">ii", 64, -875286124) + bytes(56)
     with pytest.raises(CorruptRecordError):
-        _codec.decode_bytes(blank, 0)
+        _read.decode_bytes(blank, 0)
     assert ref.decode_record(blank) == ("blank", 64)
     with pytest.raises(CorruptRecordError):
-        _codec.decode_bytes(bytes(100), 0)
+        _read.decode_bytes(bytes(100), 0)
     assert ref.decode_record(bytes(100)) == ("end", 0)
 
 
 # ---------------------------------------------------------------------------- hashes, ids, hosts
 
-@pytest.mark.parametrize("impl", [_codec.java_hash, ref.java_hash], ids=["kernel", "reference"])
+@pytest.mark.parametrize("impl", [_record.java_hash, ref.java_hash], ids=["kernel", "reference"])
 def test_java_hash(impl):
     assert impl("") == 0
     assert impl("a") == 97
@@ -306,38 +306,38 @@ def test_java_hash(impl):
 @given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40))
 @settings(max_examples=200, deadline=None)
 def test_java_hash_kernel_matches_reference(s):
-    assert _codec.java_hash(s) == ref.java_hash(s)
-    assert _codec.java_hash(s.encode()) == ref.java_hash(s)
+    assert _record.java_hash(s) == ref.java_hash(s)
+    assert _record.java_hash(s.encode()) == ref.java_hash(s)
 
 
 def test_crc32_body():
-    assert _codec.crc32_body(b"") == 0
-    assert _codec.crc32_body(b"123456789") == 0xCBF43926 & 0x7FFFFFFF
+    assert _record.crc32_body(b"") == 0
+    assert _record.crc32_body(b"123456789") == 0xCBF43926 & 0x7FFFFFFF
 
 
 def test_msg_id_roundtrip_ipv4_and_ipv6():
-    h4 = _codec.pack_host("10.0.0.1:10911")
+    h4 = _record.pack_host("10.0.0.1:10911")
     assert h4 == bytes([10, 0, 0, 1, 0, 0, 0x2A, 0x9F])
-    mid = _codec.msg_id(h4, 262144)
+    mid = _record.msg_id(h4, 262144)
     assert mid == "0A00000100002A9F0000000000040000" and len(mid) == 32
-    assert _codec.parse_msg_id(mid) == (h4, 262144)
-    assert _codec.parse_msg_id(mid.lower()) == (h4, 262144)
-    h6 = _codec.pack_host("[fd00::2]:10911")
+    assert _record.parse_msg_id(mid) == (h4, 262144)
+    assert _record.parse_msg_id(mid.lower()) == (h4, 262144)
+    h6 = _record.pack_host("[fd00::2]:10911")
     assert len(h6) == 20
-    mid6 = _codec.msg_id(h6, 7)
+    mid6 = _record.msg_id(h6, 7)
     assert len(mid6) == 56 and mid6 == "FD000000000000000000000000000002" + "00002A9F" + "%016X" % 7
-    assert _codec.parse_msg_id(mid6) == (h6, 7)
-    assert _codec.pack_host(("fd00::2", 10911)) == h6
-    assert _codec.pack_host("/10.0.0.1:10911") == h4
+    assert _record.parse_msg_id(mid6) == (h6, 7)
+    assert _record.pack_host(("fd00::2", 10911)) == h6
+    assert _record.pack_host("/10.0.0.1:10911") == h4
 
 
 @pytest.mark.parametrize("bad", ["", "XYZ", "0A00", "0A00000100002A9F00000000000400", "G" * 32])
 def test_parse_msg_id_rejects(bad):
     with pytest.raises(InvalidArgumentError):
-        _codec.parse_msg_id(bad)
+        _record.parse_msg_id(bad)
 
 
 @pytest.mark.parametrize("bad", ["10.0.0.1", "nohost:1", "10.0.0.1:-1", "[::1]:x", "1.2.3.4:99999999999"])
 def test_pack_host_rejects(bad):
     with pytest.raises(InvalidArgumentError):
-        _codec.pack_host(bad)
+        _record.pack_host(bad)

@@ -118,7 +118,7 @@ def test_offset_too_small_after_commitlog_head_removed(tmp_path):
 
 
 def test_tag_filter_with_forced_hash_collision(store):
-    from rmqstore._codec import java_hash
+    from rmqstore._record import java_hash
     assert java_hash("Aa") == java_hash("BB")           # the collision is real
     tags = ["Aa", "BB", None, "Aa", "BB", "BB", "TagC", "Aa"]
     _fill(store, "C", 0, tags)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rmqstore
-from rmqstore import CorruptRecordError, Message, MessageExt, MessageStore, StoreConfig, _codec
+from rmqstore import CorruptRecordError, Message, MessageExt, MessageStore, StoreConfig, _read, _record
 from rmqstore._segment import MappedSegment
 
 from reference_codec import encode_record
@@ -355,7 +355,7 @@ VALID = encode_record("FuzzTopic", b"hello fuzz body", {"TAGS": "a", "KEYS": "k1
 @given(st.binary(max_size=600), st.booleans())
 def test_decode_bytes_random(data, crc):
     try:
-        m = _codec.decode_bytes(data, 0, crc)
+        m = _read.decode_bytes(data, 0, crc)
     except CorruptRecordError:
         return
     assert isinstance(m, MessageExt) and 91 <= m.store_size <= len(data)
@@ -370,10 +370,10 @@ def test_decode_bytes_mutated_record(patches, cut):
         data[pos] = val
     data = bytes(data[:cut])
     try:
-        m = _codec.decode_bytes(data, 0, True)
+        m = _read.decode_bytes(data, 0, True)
     except CorruptRecordError:
         return
-    assert m.store_size <= len(data) and m.body_crc == _codec.crc32_body(m.body)
+    assert m.store_size <= len(data) and m.body_crc == _record.crc32_body(m.body)
 
 
 @settings(max_examples=150, deadline=None)
@@ -384,7 +384,7 @@ def test_scan_segment_random(tmp_path_factory, data, crc):
     path.write_bytes(content)
     seg = MappedSegment(str(path), 0, 4096, readonly=True)
     try:
-        end, count, status = _codec.scan_segment(seg, 0, 4096, crc)
+        end, count, status = _read.scan_segment(seg, 0, 4096, crc)
         assert count >= 3 and 3 * len(VALID) <= end <= 4096
         assert status in ("end", "blank", "truncated record", "bad magic code", "bad total size",
                           "field lengths do not add up to the total size", "body CRC mismatch")

@@ -335,7 +335,7 @@ def test_batch_decoder_matches_reference(fixture_store):
     """The columnar batch decoder over every commitlog file equals the reference decoder."""
     import numpy as np
 
-    from rmqstore._codec import decode_batch
+    from rmqstore._columns import decode_batch
     from rmqstore._segment import MappedSegment
     name, path, manifest = fixture_store
     size = manifest["config"]["mappedFileSizeCommitLog"]

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from rmqstore import InvalidArgumentError, Message, MessageNotFoundError, MessageStore, StoreClosedError, StoreConfig
-from rmqstore._codec import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
+from rmqstore._record import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
 
 from conftest import SMALL_INDEX, copy_store
 

@@ -62,3 +62,43 @@ def test_misuse_raises_store_errors_that_match_builtins(tmp_path):
         ro.write(0, b"x")
     assert isinstance(e.value, PermissionError)
     ro.close()
+
+
+_CLOSE_MID_READ = r"""
+import sys
+from rmqstore import Message, MessageStore, StoreConfig, _read
+from rmqstore.errors import StoreClosedError
+
+# no warming thread: its prefault pin would defer the unmap by itself
+store = MessageStore(sys.argv[1], StoreConfig(warm_mapped_file=False, commitlog_file_size=1 << 20))
+store.put(Message("t", b"x" * 3000, tags="A"), queue_id=0)
+store.wait_dispatched()
+segs = store.commitlog.segments.segments
+entries = store.consume_queue_entries("t", 0)
+
+class ClosesTheSegment:
+    # the tag test runs while the record is being read: close its segment right then
+    def __contains__(self, tag):
+        segs[0].close()
+        return tag == "A"
+
+msgs, used, _, problems = _read.gather_messages(segs, entries, 32, 32, 1 << 20, store.max_phy_offset,
+                                                store.commitlog.segments.file_size, None, ClosesTheSegment())
+assert (used, problems) == (1, []) and msgs[0].body == b"x" * 3000, (used, problems)
+try:
+    segs[0].hold()
+except StoreClosedError:
+    print("unmapped after the read")
+"""
+
+
+def test_gather_reads_a_segment_closed_mid_read_under_its_pin(tmp_path):
+    """gather_messages holds the record's segment while it reads it: a close() from a
+    callback during the read (here the tags filter) waits for the pin instead of unmapping
+    the bytes still to be copied. Without the pin the child dies reading unmapped memory."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", _CLOSE_MID_READ, str(tmp_path / "s")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "unmapped after the read"

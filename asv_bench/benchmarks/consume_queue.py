@@ -3,7 +3,7 @@ numpy consume-queue range, as columns through the CQ (read_queue_columns) and by
 decode of the whole log; sqlite3 paging and LMDB cursors as peers."""
 import numpy as np
 
-from rmqstore import _codec
+from rmqstore import _columns
 
 from .peers import QUEUES, TOPIC, Lmdb, PeerCase, Sqlite, StoreCase
 
@@ -59,7 +59,7 @@ class ReadQueues(StoreCase):
     def time_batch_decode_queues(self, body_size):
         """decode_batch of the segments, then each queue's rows picked by a numpy mask."""
         for seg in self.store.commitlog.segments.segments:
-            cols = _codec.decode_batch(seg, 0, seg.wrote_pos)
+            cols = _columns.decode_batch(seg, 0, seg.wrote_pos)
             qid = cols["queue_id"]
             for q in range(QUEUES):
                 np.flatnonzero(qid == q)

@@ -2,7 +2,7 @@
 about as long as one pass (time_parallel) where a loop of two passes takes twice (time_loop)."""
 import threading
 
-from rmqstore import _codec
+from rmqstore import _columns, _read
 
 from .peers import QUEUES, TOPIC, StoreCase
 
@@ -17,9 +17,9 @@ class DecodeGIL(StoreCase):
         self.make(128, fill=True)
         seg = self.store.commitlog.segments.segments[0]
         if kernel == "decode_batch":
-            self.work = lambda: _codec.decode_batch(seg, 0, seg.wrote_pos)
+            self.work = lambda: _columns.decode_batch(seg, 0, seg.wrote_pos)
         else:
-            self.work = lambda: _codec.scan_segment(seg, 0, seg.wrote_pos, True)
+            self.work = lambda: _read.scan_segment(seg, 0, seg.wrote_pos, True)
 
     def time_loop(self, kernel):
         for _ in range(THREADS):

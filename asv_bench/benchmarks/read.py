@@ -1,6 +1,6 @@
 """Reading the commitlog: get_by_offset, scan, decode_batch of whole segments; the peers
 scan the same workload."""
-from rmqstore import _codec
+from rmqstore import _columns
 
 from .peers import Lmdb, PeerCase, Sqlite, StoreCase, StructMmap
 
@@ -24,7 +24,7 @@ class Read(StoreCase):
 
     def time_decode_batch(self, body_size):
         for seg in self.store.commitlog.segments.segments:
-            _codec.decode_batch(seg, 0, seg.wrote_pos)
+            _columns.decode_batch(seg, 0, seg.wrote_pos)
 
 
 class _PeerScan(PeerCase):

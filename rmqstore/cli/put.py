@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 
-from rmqstore._codec import Message, queue_id_arg
+from rmqstore._message import Message, queue_id_arg
 from rmqstore.cli.common import CommandError, byte_size, positive_int, print_line, require_store, store_config
 from rmqstore.errors import StoreError
 from rmqstore.store import MessageStore

@@ -12,7 +12,7 @@ import zlib
 
 from rocketmq.grpc_protocol import definition_pb2
 
-from rmqstore._codec import Message, MessageExt
+from rmqstore._message import Message, MessageExt
 from rmqstore.errors import InvalidArgumentError
 
 Code = definition_pb2.Code

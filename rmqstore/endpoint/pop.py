@@ -28,7 +28,7 @@ from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2
 
-from rmqstore._codec import MessageExt
+from rmqstore._message import MessageExt
 from rmqstore.consumer import TagFilter
 from rmqstore.endpoint.codec import MESSAGE_GROUP, RequestError, deliver_at, to_dead_letter
 from rmqstore.endpoint.state import PopState, QueueState

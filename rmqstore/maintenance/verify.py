@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 import rmqstore._index as _index
-from rmqstore import _codec
+import rmqstore._read as _read
+from rmqstore import _record
 from rmqstore.consume_queue import HOLE_SIZE
-from rmqstore.dispatch import DispatchBatch, cq_tags, gets_cq_entry
+from rmqstore.dispatch import DispatchBatch, cq_tags
 from rmqstore.topics import is_safe_dirname
 
 if TYPE_CHECKING:
@@ -44,8 +45,8 @@ if TYPE_CHECKING:
     from rmqstore.segments import SegmentQueue
     from rmqstore.store import MessageStore
 
-_CRC = _codec.STATUS_CRC
-_STEP_OVER = (_codec.STATUS_CRC, _codec.STATUS_PLACE)
+Status = _record.Status
+_STEP_OVER = (Status.CRC, Status.PLACE)     # statuses naming one bad record, which can be stepped over
 _CHUNK_BYTES = 1 << 20       # record bytes per dispatch-scan call
 _WORKERS = min(4, len(os.sched_getaffinity(0)))
 _COLUMNS = {"phy": np.int64, "size": np.int32, "queue_id": np.int32, "queue_offset": np.int64, "tags": np.int64,
@@ -112,17 +113,17 @@ class _Segment:
         records, scan status). A bad CRC or offset field is reported and stepped over."""
         seg, pos = self.seg, 0
         while True:
-            end, n, status = _codec.scan_segment(seg, pos, limit, True, True)
+            end, n, status = _read.scan_segment(seg, pos, limit, True, True)
             self.records += n
             if status not in _STEP_OVER:
                 break
             off = seg.base_offset + end
-            rec = _codec.decode_record(seg, end, limit, False)
-            why = "body CRC mismatch" if status == _CRC else f"its PHYSICALOFFSET field says {rec.phy_offset}"
+            rec = _read.decode_record(seg, end, limit, False)
+            why = "body CRC mismatch" if status is Status.CRC else f"its PHYSICALOFFSET field says {rec.phy_offset}"
             self.problem(off, f"record at commitlog offset {off}: {why}")
             self.records += 1
             pos = end + rec.store_size
-        if status not in ("end", "blank"):
+        if status not in (Status.END, Status.BLANK):
             off = seg.base_offset + end
             self.problem(off, f"record at commitlog offset {off}: {status}; the {seg.size - end} bytes after "
                          f"it in {os.path.basename(seg.path)} are unreadable")
@@ -133,11 +134,11 @@ class _Segment:
         copy costs fresh pages, a smaller one calls)."""
         pos, per_call = 0, 256
         while pos < end:
-            rows, raw, nxt, status = _codec.scan_dispatch(self.seg, pos, end, per_call)
+            rows, raw, nxt, status = _read.scan_dispatch(self.seg, pos, end, per_call)
             if len(rows):
                 self._add(rows, raw)
                 per_call = max(16, _CHUNK_BYTES * len(rows) // len(raw))
-            if status != "end" or nxt <= pos:
+            if status is not Status.END or nxt <= pos:
                 break
             pos = nxt
 
@@ -150,7 +151,7 @@ class _Segment:
         p["queue_offset"].append(rows["queue_offset"])
         p["tags"].append(cq_tags(batch, self.delays))
         p["topic"].append(batch.topic_ids)
-        cq = gets_cq_entry(rows["sys_flag"])
+        cq = _record.gets_cq_entry(rows["sys_flag"])
         unsafe = [i for i, name in enumerate(batch.topic_names) if not is_safe_dirname(name)]
         if unsafe:          # dispatch gives these no entry (dispatch.ConsumeQueueBuilder)
             bad = np.isin(batch.topic_ids, unsafe)
@@ -167,12 +168,12 @@ class _Segment:
 
     def _segment_end(self, end, status, last, limit):
         seg = self.seg
-        if status == "blank":
+        if status is Status.BLANK:
             if end != seg.size:
                 self.problem(seg.base_offset + end, f"BLANK record ends at commitlog offset "
                              f"{seg.base_offset + end}, not at the segment end {seg.base_offset + seg.size}")
             return
-        if status != "end" or end >= limit:
+        if status is not Status.END or end >= limit:
             return
         with memoryview(seg) as mv:
             tail = np.frombuffer(mv, np.uint8)[end:limit]

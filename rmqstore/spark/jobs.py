@@ -14,7 +14,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from rmqstore import MessageStore, batch
+from rmqstore import MessageStore, _record, batch
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher, deliver_time
@@ -197,11 +197,10 @@ def _cq_entries(parts, delays):
     for path, base, start, end in parts:
         for cols in batch.iter_columns(path, base, start, end):
             topics = _topics(cols)
-            tx = cols["sys_flag"] & 0xC
             tags = cols["tags_code"].copy()
             for i in np.nonzero(np.array([t == SCHEDULE_TOPIC for t in topics]))[0]:
                 tags[i] = deliver_time(_property(cols, i, "DELAY"), int(cols["store_timestamp"][i]), tags[i], delays)
-            for i in np.nonzero((tx != 0x4) & (tx != 0xC))[0]:
+            for i in np.nonzero(_record.gets_cq_entry(cols["sys_flag"]))[0]:
                 out.setdefault((topics[i], int(cols["queue_id"][i])), []).append(
                     (int(cols["queue_offset"][i]), int(cols["phy_offset"][i]), int(cols["store_size"][i]),
                      int(tags[i])))

@@ -1,0 +1,72 @@
+# The layouts every kernel shares, written once: record constants, sys_flag bits, the
+# decoder status codes and the packed rows the kernels exchange through numpy arrays.
+from libc.stdint cimport int32_t, int64_t
+
+# MAGICCODE of a commitlog record (V1: 1-byte topic length, V2: 2-byte) and of a BLANK.
+cdef enum:
+    C_MAGIC_V1 = -626843481
+    C_MAGIC_V2 = -626843477
+    C_BLANK = -875286124
+
+# sys_flag bits; the transaction type is (sys_flag & TRANSACTION_MASK).
+cdef enum:
+    COMPRESSED = 0x1
+    MULTI_TAGS = 0x2
+    TRANSACTION_MASK = 0xC
+    TRAN_NOT_TYPE = 0x0
+    TRAN_PREPARED = 0x4
+    TRAN_COMMIT = 0x8
+    TRAN_ROLLBACK = 0xC
+    BORN_V6 = 0x10
+    STORE_V6 = 0x20
+
+# Decoder statuses (parse_record, record_at); _record.status_error is their one translator.
+cdef enum RecStatus:
+    REC_OK = 0
+    REC_END = 1          # TOTALSIZE 0: end of written data
+    REC_BLANK = 2        # BLANK end-of-file record
+    REC_NOSEG = 3        # no segment holds the offset (read path only)
+    REC_SHORT = -1       # fewer bytes left than the record claims / than a header needs
+    REC_MAGIC = -2       # unknown MAGICCODE
+    REC_SIZE = -3        # TOTALSIZE out of range
+    REC_FIELDS = -4      # field lengths do not add up to TOTALSIZE
+    REC_CRC = -5         # BODYCRC mismatch
+    REC_PLACE = -6       # a valid record that says it is at another offset (read path only)
+
+# MappedSegment.prefault modes, as rmq_map_prefault takes them.
+cdef enum PrefaultMode:
+    PF_READ = 0          # fault pages in for reading
+    PF_WRITE = 1         # fault in writable pages of a segment nobody uses yet
+    PF_AHEAD = 2         # warm ahead of a live writer without touching its bytes
+
+cdef enum:
+    HOLE = 0x7FFFFFFF    # size of a consume-queue entry that names no message
+
+# _cq.ENTRY_DTYPE: one consume-queue entry, native order (20 bytes).
+cdef packed struct CqEntry:
+    int64_t phy_offset
+    int32_t size
+    int64_t tags_code
+
+# _read.DISPATCH_DTYPE: one record indexed for dispatch, native order (60 bytes); topic and
+# properties positions are relative to the raw bytes returned beside the rows.
+cdef packed struct DispatchRow:
+    int64_t phy_offset
+    int32_t size
+    int32_t queue_id
+    int64_t queue_offset
+    int32_t sys_flag
+    int64_t tags_code
+    int64_t store_timestamp
+    int32_t topic_off
+    int32_t topic_len
+    int32_t props_off
+    int32_t props_len
+
+# One index-file entry as stored (big-endian, 20 bytes): read and write its fields with
+# rmq_ld*/rmq_st* at their addresses.
+cdef packed struct IndexEntry:
+    int32_t key_hash
+    int64_t phy_offset
+    int32_t time_diff    # seconds since the file's beginTimestamp
+    int32_t prev_index   # older entry of the same slot, 0 = none

@@ -1,0 +1,33 @@
+# The message classes the read and append kernels build.
+from libc.stdint cimport int32_t, int64_t
+from rmqstore._record cimport RecView
+
+cdef class Message:
+    cdef public str topic
+    cdef public object body
+    cdef public dict properties
+    cdef public int32_t flag
+    cdef public int32_t sys_flag
+    cdef public int64_t born_timestamp
+    cdef public bytes born_host_packed
+    cdef public int32_t reconsume_times
+    cdef public int64_t prepared_transaction_offset
+
+cdef class PutResult:
+    cdef readonly int64_t phy_offset
+    cdef readonly int32_t size
+    cdef readonly str topic
+    cdef readonly int32_t queue_id
+    cdef readonly int64_t queue_offset
+    cdef readonly int64_t store_timestamp
+    cdef bytes store_host
+
+cdef class MessageExt:
+    cdef bytes _raw
+    cdef RecView r
+    cdef object _topic, _props, _body
+    cdef readonly int64_t store_offset   # where the record was read (== phy_offset when sane)
+
+cpdef str text_arg(str name, object s)
+cdef object body_arg(object body)
+cdef MessageExt build_ext(const char *p, RecView *r, int64_t store_offset)

@@ -1,0 +1,222 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""The message classes: Message (to put), PutResult (where a put landed), MessageExt (a
+stored message decoded from its record), and the argument checks their constructors and
+the store's methods share."""
+cimport cython
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.buffer cimport PyObject_CheckBuffer
+from libc.stdint cimport int32_t, int64_t
+from rmqstore._layout cimport C_MAGIC_V1, TRANSACTION_MASK
+from rmqstore._record cimport RecView, format_host, make_msg_id, parse_properties, tags_code_of
+from rmqstore._record import pack_host
+from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+
+
+cpdef str text_arg(str name, object s):
+    """``s`` if it is a str that encodes as UTF-8 (no lone surrogates), else InvalidArgumentError."""
+    cdef Py_ssize_t n
+    if not isinstance(s, str):
+        raise InvalidArgumentTypeError(f"{name} must be str, not {type(s).__name__}")
+    if type(s) is not str:
+        s = str.__str__(s)
+    try:
+        PyUnicode_AsUTF8AndSize(s, &n)      # also caches the UTF-8 form the encoder uses
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(f"{name} is not valid Unicode text ({e.reason} at {e.start})") from None
+    return s
+
+
+cdef object body_arg(object body):
+    """``body`` if it is a bytes-like object (bytes, bytearray, memoryview, numpy bytes...)."""
+    if isinstance(body, str) or not PyObject_CheckBuffer(body):
+        raise InvalidArgumentTypeError(f"body must be bytes-like (bytes, bytearray, memoryview), "
+                                       f"not {type(body).__name__}")
+    return body
+
+
+def int_arg(str name not None, object v, object lo, object hi):
+    """``v`` as an int in [lo, hi]; bool, float and str are refused with InvalidArgumentError."""
+    if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+        raise InvalidArgumentTypeError(f"{name} must be an int, not {type(v).__name__}")
+    v = v.__index__()
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(f"{name} {v} out of range [{lo}, {hi}]")
+    return v
+
+
+def queue_id_arg(queue_id):
+    """None (round robin) or a queue id in [0, 2^31 - 1]; bool, float and str are refused."""
+    return None if queue_id is None else int_arg("queue_id", queue_id, 0, 0x7FFFFFFF)
+
+
+cdef class Message:
+    """A message to put. ``tags`` and ``keys`` live in ``properties`` as TAGS / KEYS,
+    like RocketMQ's Message. ``sys_flag`` carries the transaction type and COMPRESSED."""
+
+    def __init__(self, topic, body=b"", tags=None, keys=None, properties=None, *, flag=0, sys_flag=0,
+                 born_timestamp=0, born_host=None, reconsume_times=0, prepared_transaction_offset=0,
+                 delay_level=None):
+        cdef dict props = {}
+        self.topic = text_arg("topic", topic)
+        self.body = body_arg(body)
+        if properties is not None:
+            if not hasattr(properties, "items"):
+                raise InvalidArgumentTypeError(f"properties must be a mapping of str to str, not "
+                                               f"{type(properties).__name__}")
+            for k, v in properties.items():
+                props[text_arg("property name", k)] = None if v is None else text_arg(f"property {k!r}", v)
+        if tags is not None:
+            props["TAGS"] = text_arg("tags", tags)
+        if keys is not None:
+            if isinstance(keys, (bytes, bytearray)) or not hasattr(keys, "__iter__"):
+                raise InvalidArgumentTypeError(f"keys must be a str or a sequence of str, not {type(keys).__name__}")
+            props["KEYS"] = text_arg("keys", keys) if isinstance(keys, str) else \
+                " ".join([text_arg("key", k) for k in keys])
+        if delay_level is not None and int_arg("delay_level", delay_level, 0, 0x7FFFFFFF):
+            props["DELAY"] = str(int(delay_level))
+        self.properties = props
+        self.flag = int_arg("flag", flag, -0x80000000, 0x7FFFFFFF)
+        self.sys_flag = int_arg("sys_flag", sys_flag, 0, 0x7FFFFFFF)
+        self.born_timestamp = int_arg("born_timestamp", born_timestamp, 0, 0x7FFFFFFFFFFFFFFF)
+        self.born_host_packed = pack_host(born_host) if born_host is not None else None
+        self.reconsume_times = int_arg("reconsume_times", reconsume_times, 0, 0x7FFFFFFF)
+        self.prepared_transaction_offset = int_arg("prepared_transaction_offset", prepared_transaction_offset,
+                                                   0, 0x7FFFFFFFFFFFFFFF)
+
+    @property
+    def tags(self):
+        return self.properties.get("TAGS")
+
+    @property
+    def keys(self):
+        return self.properties.get("KEYS", "").split()
+
+    def __repr__(self):
+        return f"Message(topic={self.topic!r}, body={len(self.body)} bytes, properties={self.properties!r})"
+
+
+@cython.no_gc
+cdef class PutResult:
+    """Where a put landed: commitlog offset and size, queue id/offset, store time."""
+
+    def __init__(self, *args, **kwargs):
+        raise InvalidArgumentTypeError("PutResult comes from put(); it is not built directly")
+
+    @property
+    def msg_id(self):
+        return make_msg_id(PyBytes_AS_STRING(self.store_host), PyBytes_GET_SIZE(self.store_host) - 4, self.phy_offset)
+
+    def __repr__(self):
+        return (f"PutResult(msg_id={self.msg_id!r}, phy_offset={self.phy_offset}, size={self.size}, "
+                f"topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset})")
+
+
+@cython.no_gc
+cdef class MessageExt:
+    """A stored message, decoded from its record. Numeric fields are parsed eagerly;
+    topic, body and properties are decoded from the record bytes on first access. Not
+    GC-tracked (batch reads build many): it refers only to bytes, str and its properties
+    dict, so it cannot be part of a cycle unless stored into that dict."""
+
+    def __init__(self, *args, **kwargs):
+        raise InvalidArgumentTypeError("MessageExt comes from the store's reads; it is not built directly")
+
+    @property
+    def phy_offset(self): return self.r.phy_offset
+    @property
+    def commitlog_offset(self): return self.r.phy_offset
+    @property
+    def store_size(self): return self.r.total
+    @property
+    def magic(self): return self.r.magic
+    @property
+    def version(self): return 1 if self.r.magic == C_MAGIC_V1 else 2
+    @property
+    def body_crc(self): return self.r.body_crc
+    @property
+    def queue_id(self): return self.r.queue_id
+    @property
+    def flag(self): return self.r.flag
+    @property
+    def queue_offset(self): return self.r.queue_offset
+    @property
+    def sys_flag(self): return self.r.sys_flag
+    @property
+    def born_timestamp(self): return self.r.born_ts
+    @property
+    def store_timestamp(self): return self.r.store_ts
+    @property
+    def reconsume_times(self): return self.r.reconsume
+    @property
+    def prepared_transaction_offset(self): return self.r.prepared
+    @property
+    def transaction_type(self): return self.r.sys_flag & TRANSACTION_MASK
+
+    @property
+    def born_host(self):
+        return format_host(PyBytes_AS_STRING(self._raw) + self.r.born_off, self.r.born_len)
+
+    @property
+    def store_host(self):
+        return format_host(PyBytes_AS_STRING(self._raw) + self.r.store_off, self.r.store_len)
+
+    @property
+    def store_host_packed(self):
+        return self._raw[self.r.store_off:self.r.store_off + self.r.store_len + 4]
+
+    @property
+    def msg_id(self):
+        return make_msg_id(PyBytes_AS_STRING(self._raw) + self.r.store_off, self.r.store_len, self.r.phy_offset)
+
+    @property
+    def topic(self):
+        if self._topic is None:
+            self._topic = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(self._raw) + self.r.topic_off, self.r.topic_len, "replace")
+        return self._topic
+
+    @property
+    def body(self):
+        if self._body is None:
+            self._body = self._raw[self.r.body_off:self.r.body_off + self.r.body_len]
+        return self._body
+
+    @property
+    def properties(self):
+        if self._props is None:
+            self._props = parse_properties(PyBytes_AS_STRING(self._raw) + self.r.props_off, self.r.props_len)
+        return self._props
+
+    @property
+    def properties_raw(self):
+        return self._raw[self.r.props_off:self.r.props_off + self.r.props_len]
+
+    @property
+    def tags(self): return self.properties.get("TAGS")
+    @property
+    def keys(self): return self.properties.get("KEYS", "").split()
+    @property
+    def uniq_key(self): return self.properties.get("UNIQ_KEY")
+    @property
+    def tags_code(self):
+        return tags_code_of(PyBytes_AS_STRING(self._raw) + self.r.props_off, self.r.props_len)
+
+    def raw(self):
+        """The whole record as stored."""
+        return self._raw
+
+    def __repr__(self):
+        return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset}, "
+                f"phy_offset={self.phy_offset}, size={self.store_size}, msg_id={self.msg_id!r})")
+
+
+cdef MessageExt build_ext(const char *p, RecView *r, int64_t store_offset):
+    cdef MessageExt m = MessageExt.__new__(MessageExt)
+    m._raw = PyBytes_FromStringAndSize(p, r.total)
+    m.r = r[0]
+    m.store_offset = store_offset
+    return m
+

@@ -1,0 +1,296 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""Reads from commitlog segments: one record (decode_record, get_message), getMessage's
+gather over consume-queue entries, and the GIL-free walks over a segment (scan_segment,
+scan_dispatch). Every mapping is pinned (hold/release) while it is read."""
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.list cimport PyList_GET_SIZE
+from libc.stdint cimport int32_t, int64_t
+import numpy as np
+cimport numpy as cnp
+from rmqstore._layout cimport *
+from rmqstore._record cimport RecView, parse_record, parse_at, find_property, tags_code_of, status_of, \
+    status_text, raise_status, prefetch_bytes
+from rmqstore._message cimport build_ext
+from rmqstore._segment cimport MappedSegment, pin, unpin
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError
+from rmqstore._cq import ENTRY_DTYPE
+
+cnp.import_array()
+
+def decode_record(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_crc=False):
+    """Decode the record at file position ``pos`` of ``seg``, reading no further than
+    ``limit`` (the published write position). Returns a MessageExt, or a tuple
+    ("blank"|"end", size) at a BLANK record / end of data; raises CorruptRecordError."""
+    cdef RecView r
+    cdef int code
+    pin(seg)      # StoreClosedError when the segment is closed
+    if pos < 0 or pos > seg.m.size:
+        unpin(seg)
+        raise InvalidArgumentError(f"{seg.path}: position {pos} outside 0..{seg.m.size}")
+    try:
+        code = parse_at(seg.m.base, seg.m.size, limit, pos, check_crc, &r)
+        if code == REC_OK:
+            return build_ext(seg.m.base + pos, &r, seg.base_offset + pos)
+    finally:
+        unpin(seg)
+    if code == REC_END:
+        return ("end", 0)
+    if code == REC_BLANK:
+        return ("blank", r.total)
+    raise_status(code, seg.base_offset + pos, NULL)
+
+
+cdef inline Py_ssize_t seg_index(list segs, int64_t offset) noexcept:
+    """Index of the last segment of ``segs`` whose base is <= ``offset`` (-1: none)."""
+    cdef Py_ssize_t lo = 0, hi = PyList_GET_SIZE(segs), mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if (<MappedSegment>segs[mid]).base_offset <= offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+cdef MappedSegment record_at(list segs, int64_t offset, bint check_crc, RecView *r, const char **p, int *code):
+    """Parse the record starting at commitlog ``offset`` in ``segs`` (a snapshot of the
+    segment list, ascending). ``*code`` gets REC_OK, REC_NOSEG / REC_END / REC_BLANK when
+    no message starts there, or a negative REC_* when it is invalid (REC_PLACE: it says it
+    is elsewhere). On REC_OK the segment holding it is returned pinned, ``*p`` at the
+    record: the caller reads, then calls its release(). Otherwise None, nothing pinned.
+    A closed segment raises StoreClosedError."""
+    cdef Py_ssize_t i = seg_index(segs, offset)
+    cdef MappedSegment seg
+    code[0] = REC_NOSEG
+    if offset < 0 or i < 0:
+        return None
+    seg = <MappedSegment>segs[i]
+    pin(seg)
+    if offset - seg.base_offset < seg.m.size:
+        code[0] = parse_at(seg.m.base, seg.m.size, seg.wrote_pos, offset - seg.base_offset, check_crc, r)
+        if code[0] == REC_OK and r.phy_offset != offset:
+            code[0] = REC_PLACE
+    if code[0] != REC_OK:
+        unpin(seg)
+        return None
+    p[0] = seg.m.base + (offset - seg.base_offset)
+    return seg
+
+
+cdef void prefetch_at(list segs, int64_t offset) noexcept:
+    """Start loading the first 256 bytes of the record at commitlog ``offset`` into cache
+    (GIL held; no pin: a prefetch reads nothing)."""
+    cdef Py_ssize_t i = seg_index(segs, offset)
+    cdef MappedSegment seg
+    if offset < 0 or i < 0:
+        return
+    seg = <MappedSegment>segs[i]
+    if not (seg.closing or seg.unmapped):
+        prefetch_bytes(seg.m.base, offset - seg.base_offset, 256, min(seg.wrote_pos, seg.m.size))
+
+
+def get_message(list segs not None, offset, bint check_crc=False):
+    """The MessageExt whose record starts at commitlog ``offset`` in ``segs`` (a segment
+    list snapshot); MessageNotFoundError when none does, CorruptRecordError when invalid."""
+    cdef RecView r
+    cdef const char *p = NULL
+    cdef int64_t off
+    cdef int code
+    cdef MappedSegment seg
+    try:
+        off = offset
+    except OverflowError:
+        raise MessageNotFoundError(f"no commitlog segment holds offset {offset}") from None
+    seg = record_at(segs, off, check_crc, &r, &p, &code)
+    if seg is None:
+        raise_status(code, off, &r)
+    try:
+        return build_ext(p, &r, off)
+    finally:
+        unpin(seg)
+
+
+cdef const char *entry_rows(cnp.ndarray entries, Py_ssize_t *n, Py_ssize_t *stride) except NULL:
+    """The first CqEntry of ``entries`` (checked to be a 1-d ENTRY_DTYPE array), with their
+    count and the bytes from one to the next."""
+    if entries.dtype != ENTRY_DTYPE or entries.ndim != 1:
+        raise InvalidArgumentError("entries must be a 1-d array of consume-queue ENTRY_DTYPE")
+    n[0] = entries.shape[0]
+    stride[0] = entries.strides[0]
+    return <const char *>cnp.PyArray_DATA(entries)
+
+
+def gather_messages(list segs not None, cnp.ndarray entries not None, Py_ssize_t max_count, Py_ssize_t max_msgs,
+                    int64_t max_bytes, int64_t cl_max, int64_t file_size, codes, tags):
+    """RocketMQ getMessage's loop over consume-queue ``entries`` (ENTRY_DTYPE, queue order)
+    reading ``segs`` (a commitlog segment list snapshot, files of ``file_size``): hole
+    entries are skipped; an entry must pass the tags-code filter ``codes`` (a set, None for
+    all), point inside ``cl_max``, lead to a record of its size at its offset and, when
+    ``tags`` (a set of str) is given, that record's TAGS must be one of them. Stops before
+    the entry that would pass ``max_count`` / ``max_msgs`` messages or ``max_bytes``; after
+    a record that is gone, skips the rest of its commitlog file.
+
+    Returns (messages, entries consumed, removing, problems): ``removing`` when a record
+    was gone before any message was found; problems are (entry index, phy, size, text to
+    log or None). Each record's segment is pinned while it is read."""
+    cdef RecView r
+    cdef const char *p = NULL
+    cdef const char *row
+    cdef const CqEntry *e
+    cdef Py_ssize_t n, k, used = 0, nmsg = 0
+    cdef Py_ssize_t stride
+    cdef int64_t phy, total = 0, skip_below = 0
+    cdef int32_t size, voff = 0, vlen = 0
+    cdef int code
+    cdef bint skipping = False, removing = False, wanted
+    cdef list msgs = [], problems = []
+    cdef MappedSegment seg
+    row = entry_rows(entries, &n, &stride)
+    for k in range(n):
+        e = <const CqEntry *>(row + k * stride)
+        phy = e.phy_offset
+        size = e.size
+        if skipping and phy < skip_below:
+            used += 1
+            continue
+        if nmsg and (nmsg >= max_count or total + size > max_bytes or nmsg > max_msgs - 1):
+            break
+        used += 1
+        if size == HOLE:
+            continue
+        if codes is not None and e.tags_code not in codes:
+            continue
+        if phy < 0 or size <= 0 or phy + size > cl_max:
+            problems.append((k, phy, size, f"CQ entry ({phy}, {size}) points outside the commitlog"))
+            continue
+        seg = record_at(segs, phy, False, &r, &p, &code)
+        if code > 0:
+            removing |= not nmsg
+            skipping = True
+            skip_below = phy + file_size - phy % file_size
+            continue
+        if code < 0:
+            problems.append((k, phy, size, status_text(code, phy, &r)))
+            continue
+        wanted = False
+        try:
+            if r.total != size:
+                problems.append((k, phy, size, None))
+                continue
+            wanted = tags is None or (find_property(p + r.props_off, r.props_len, b"TAGS", 4, &voff, &vlen)
+                                      and PyUnicode_DecodeUTF8(p + r.props_off + voff, vlen, "replace") in tags)
+            if wanted:
+                msgs.append(build_ext(p, &r, phy))
+        finally:
+            unpin(seg)
+        if wanted:
+            total += size
+            nmsg += 1
+            skipping = False
+    return msgs, used, removing, problems
+
+
+def decode_bytes(const unsigned char[:] data not None, int64_t offset=0, bint check_crc=False):
+    """Decode the record at the start of ``data`` (read from commitlog ``offset``)."""
+    cdef RecView r
+    cdef bytes b = bytes(data)
+    cdef int code = parse_record(PyBytes_AS_STRING(b), len(b), check_crc, &r)
+    if code == REC_OK:
+        return build_ext(PyBytes_AS_STRING(b), &r, offset)
+    if code == REC_END or code == REC_BLANK:
+        raise CorruptRecordError(f"commitlog offset {offset}: no message here", offset)
+    raise_status(code, offset, NULL)
+
+
+def scan_segment(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_crc, bint check_place=False):
+    """Walk records from ``pos`` with the GIL released. Returns (end_pos, count, status)
+    where status (a _record.Status) is END (zero TOTALSIZE / limit), BLANK (BLANK record:
+    end_pos is the file end) or why the record at end_pos is invalid. ``check_place`` also
+    stops at a record whose PHYSICALOFFSET field is not where it lies (verify; recovery,
+    like RocketMQ's, does not look at that field)."""
+    cdef RecView r
+    cdef int code = REC_END
+    cdef int64_t count = 0, base_offset = seg.base_offset
+    cdef const char *base
+    limit = seg.pin_range(pos, limit)
+    base = seg.m.base
+    try:
+        with nogil:
+            while pos < limit:
+                code = parse_record(base + pos, limit - pos, check_crc, &r)
+                if code != REC_OK:
+                    break
+                if check_place and r.phy_offset != base_offset + pos:
+                    code = REC_PLACE
+                    break
+                pos += r.total
+                count += 1
+            if pos >= limit and code == REC_OK:
+                code = REC_END
+    finally:
+        unpin(seg)
+    if code == REC_BLANK:
+        pos += r.total
+    return (pos, count, status_of(code))
+
+
+DISPATCH_DTYPE = np.dtype([("phy_offset", "<i8"), ("size", "<i4"), ("queue_id", "<i4"),
+                           ("queue_offset", "<i8"), ("sys_flag", "<i4"), ("tags_code", "<i8"),
+                           ("store_timestamp", "<i8"), ("topic_off", "<i4"), ("topic_len", "<i4"),
+                           ("props_off", "<i4"), ("props_len", "<i4")], align=False)
+assert DISPATCH_DTYPE.itemsize == sizeof(DispatchRow)
+
+
+def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_t max_records=1 << 30):
+    """Index the records in ``[pos, limit)`` for dispatch with the GIL released.
+
+    Returns (rows of DISPATCH_DTYPE, raw bytes of the records read, end_pos, status):
+    topic/props positions are relative to ``raw``; status (a _record.Status) is END, BLANK
+    (end_pos is then the file end) or why the record at end_pos is invalid."""
+    cdef RecView r
+    cdef int code = REC_END
+    cdef int64_t n = 0, start = pos, end = pos
+    limit = seg.pin_range(pos, limit)
+    try:
+        with nogil:
+            while end < limit and n < max_records:
+                code = parse_record(seg.m.base + end, limit - end, False, &r)
+                if code != REC_OK:
+                    break
+                end += r.total
+                n += 1
+                code = REC_END
+        rows = np.empty(n, DISPATCH_DTYPE)
+        dispatch_fill(seg.m.base + start, limit - start, n, <DispatchRow *>cnp.PyArray_DATA(rows),
+                      seg.base_offset + start)
+        raw = PyBytes_FromStringAndSize(seg.m.base + start, end - start)
+    finally:
+        unpin(seg)
+    if code == REC_BLANK:
+        end += r.total
+    return rows, raw, end, status_of(code)
+
+
+cdef void dispatch_fill(const char *base, int64_t avail, int64_t n, DispatchRow *row, int64_t phy) noexcept:
+    """Fill ``n`` rows from records already validated by the caller's first pass."""
+    cdef RecView r
+    cdef int64_t i, pos = 0
+    cdef const char *p
+    with nogil:
+        for i in range(n):
+            p = base + pos
+            parse_record(p, avail - pos, False, &r)
+            row.phy_offset = phy + pos
+            row.size = r.total
+            row.queue_id = r.queue_id
+            row.queue_offset = r.queue_offset
+            row.sys_flag = r.sys_flag
+            row.tags_code = tags_code_of(p + r.props_off, r.props_len)
+            row.store_timestamp = r.store_ts
+            row.topic_off = <int32_t>(pos + r.topic_off)
+            row.topic_len = r.topic_len
+            row.props_off = <int32_t>(pos + r.props_off)
+            row.props_len = r.props_len
+            pos += r.total
+            row += 1
