@@ -3,7 +3,7 @@
 segment, and the Appender that puts messages and batches under the commitlog's write
 lock."""
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact, PyBytes_FromStringAndSize
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy, memchr
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
@@ -15,6 +15,7 @@ from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg
 from rmqstore._segment cimport MappedSegment
+import numpy as np
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, StoreClosedError
 
 cdef extern from "Python.h":
@@ -213,6 +214,66 @@ def append_message(MappedSegment seg not None, Message msg not None, str topic n
     return encode(seg, msg, topic, props, queue_id, queue_offset, store_ts, store_host, version, max_size)
 
 
+cdef inline void encode_row(char *p, int64_t phy, int64_t total, int version, int32_t queue_id,
+                            int64_t queue_offset, int32_t sys_flag, int64_t ts, const char *host,
+                            int32_t hlen, const char *body, int64_t blen, const char *tp, Py_ssize_t tlen,
+                            const char *props, int64_t plen) noexcept nogil:
+    """One record of ``put_columns`` at ``p`` (born host and time = store host and time)."""
+    cdef char *start = p
+    rmq_st32(p, <int32_t>total)
+    rmq_st32(p + 4, C_MAGIC_V1 if version == 1 else C_MAGIC_V2)
+    rmq_st32(p + 12, queue_id)
+    rmq_st32(p + 16, 0)
+    rmq_st64(p + 20, queue_offset)
+    rmq_st64(p + 28, phy)
+    rmq_st32(p + 36, sys_flag)
+    rmq_st64(p + 40, ts)
+    p += 48
+    memcpy(p, host, hlen)
+    p += hlen
+    rmq_st64(p, ts)
+    memcpy(p + 8, host, hlen)
+    p += 8 + hlen
+    rmq_st32(p, 0)
+    rmq_st64(p + 4, 0)
+    rmq_st32(p + 12, <int32_t>blen)
+    p += 16
+    rmq_st32(start + 8, copy_crc(p, body, blen))
+    p += blen
+    if version == 1:
+        p[0] = <char>tlen
+        p += 1
+    else:
+        rmq_st16(p, <int16_t>tlen)
+        p += 2
+    memcpy(p, tp, tlen)
+    p += tlen
+    rmq_st16(p, <int16_t>plen)
+    memcpy(p + 2, props, plen)
+
+
+cdef const int64_t[::1] column_offsets(object offsets, Py_ssize_t data_len, str what) except *:
+    """``offsets`` as int64, checked: n + 1 non-decreasing values within [0, data_len]."""
+    cdef const int64_t[::1] o = np.ascontiguousarray(offsets, dtype=np.int64)
+    cdef Py_ssize_t i
+    if o.shape[0] < 1 or o[0] < 0 or o[o.shape[0] - 1] > data_len:
+        raise InvalidArgumentError(f"{what} offsets must run from >= 0 to <= {data_len}")
+    for i in range(o.shape[0] - 1):
+        if o[i + 1] < o[i]:
+            raise InvalidArgumentError(f"{what} offsets must not decrease (row {i})")
+    return o
+
+
+cdef const int32_t[::1] index_column(object values, Py_ssize_t n, int64_t limit, str what) except *:
+    """``values`` as ``n`` int32s in [0, limit)."""
+    a = np.asarray(values)
+    if a.shape != (n,) or (n and a.dtype.kind not in "iu"):
+        raise InvalidArgumentTypeError(f"{what} must be {n} ints")
+    if n and (a.min() < 0 or a.max() >= limit):
+        raise InvalidArgumentError(f"{what} must be in [0, {limit - 1}]")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
 cdef inline int64_t now_ms() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_REALTIME, &ts)
@@ -344,23 +405,154 @@ cdef class Appender:
                 plans.append(self._plan(<Message>m, queue_id))
             ts = now_ms()
             self.seg = self._last()
-            self._make_room([plan[5] for plan in plans])
+            sizes = [plan[5] for plan in plans]
+            if sum(sizes) + 8 > self.seg.m.size - self.seg.wrote_pos:   # it rolls
+                self._make_room(np.array(sizes, np.int64))
             for plan in plans:
                 out.append(self._write(plan, ts))
             return out
         finally:
             PyThread_release_lock(self._lock)
 
-    cdef _make_room(self, sizes):
+    def put_columns(self, list topics not None, topic_ids, body_data not None, body_offsets not None,
+                    props_data=None, props_offsets=None, queue_ids=None):
+        """Append ``n`` messages from columns, with no Python object per message: row i goes
+        to ``topics[topic_ids[i]]`` (``topic_ids`` None: all to ``topics[0]``), its body is
+        ``body_data[body_offsets[i]:body_offsets[i + 1]]`` and its properties string
+        (RocketMQ's ``name\\x01value\\x02...``, checked by the caller) likewise from
+        ``props_data``/``props_offsets`` (None: none). ``queue_ids``: None (round robin per
+        topic), an int, or ``n`` ints. Born host and time are the store's. One store
+        timestamp, one lock; all or nothing: every size and queue id is checked, and every
+        segment the batch rolls into is made, before the first record is written.
+        Returns numpy arrays (phy_offset, size, queue_id, queue_offset)."""
+        cdef const unsigned char[::1] bd = body_data
+        cdef const unsigned char[::1] pd = props_data if props_data is not None else b""
+        cdef const int64_t[::1] bo = column_offsets(body_offsets, bd.shape[0], "body")
+        cdef const int64_t[::1] po
+        cdef const int32_t[::1] tids
+        cdef Py_ssize_t n = bo.shape[0] - 1, i, nt = len(topics), tlen
+        cdef const char *host = PyBytes_AS_STRING(self.store_host)
+        cdef int32_t hlen = <int32_t>len(self.store_host), q, t = 0
+        cdef int32_t sys_flag = STORE_V6 | BORN_V6 if hlen == 20 else 0
+        cdef int64_t fixed, plen, total, ts, wpos, seg_size = self.segments.file_size
+        cdef list names = [], encoded = [], states = []
+        cdef const int64_t[::1] slots
+        cdef int64_t[::1] next_off
+        next_a = None
+        cdef int64_t[::1] tlens = np.empty(len(topics), np.int64)
+        cdef _TopicState st
+        cdef MappedSegment seg
+        cdef const char *empty = ""
+        sizes_a, phys_a = np.empty(n, np.int64), np.empty(n, np.int64)
+        qids_a, qoffs_a = np.empty(n, np.int32), np.empty(n, np.int64)
+        cdef int64_t[::1] sizes = sizes_a, phys = phys_a, qoffs = qoffs_a
+        cdef int32_t[::1] qids = qids_a
+        if props_data is None:
+            po = np.zeros(n + 1, np.int64)
+        else:
+            po = column_offsets(props_offsets, pd.shape[0], "properties")
+            if po.shape[0] != n + 1:
+                raise InvalidArgumentError(f"{po.shape[0] - 1} properties for {n} bodies")
+        if nt == 0:
+            raise InvalidArgumentError("put_columns needs a topic")
+        tids_a = np.zeros(n, np.int32) if topic_ids is None else np.asarray(index_column(topic_ids, n, nt, "topic_ids"))
+        tids = tids_a
+        for i, name in enumerate(topics):
+            name = text_arg("topic", name)
+            PyUnicode_AsUTF8AndSize(name, &tlen)
+            if self.version == 1 and tlen > 255 or tlen > 32767:
+                raise InvalidArgumentError(f"topic of {tlen} bytes does not fit message version {self.version}")
+            names.append(name)
+            encoded.append(name.encode())
+            tlens[i] = tlen
+        fixed = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + hlen + 8 + hlen + 4 + 8 + 4 + (1 if self.version == 1 else 2) + 2
+        for i in range(n):
+            plen = po[i + 1] - po[i]
+            if plen > 32767:
+                raise MessageTooLargeError(f"row {i}: properties of {plen} bytes exceed 32767")
+            total = fixed + tlens[tids[i]] + bo[i + 1] - bo[i] + plen
+            if total > self.max_size or total + 8 > seg_size:
+                raise MessageTooLargeError(f"row {i}: message of {total} bytes exceeds the limit "
+                                           f"({min(self.max_size, seg_size - 8)} bytes)")
+            sizes[i] = total
+        if queue_ids is not None and not isinstance(queue_ids, int):
+            qids_a[:] = index_column(queue_ids, n, 0x80000000, "queue_ids")
+        elif queue_ids is not None:
+            qids_a[:] = queue_id_arg(queue_ids)
+        self._acquire()
+        try:
+            for name in names:
+                st = self.topics.get(name)
+                if st is None or not st.checked:
+                    self.check_topic(name)
+                    st = self._state(name)
+                    st.checked = True
+                states.append(st)
+            if queue_ids is None:
+                for i in range(n):
+                    st = states[tids[i]]
+                    qids[i] = st.next_qid
+                    st.next_qid = (st.next_qid + 1) % self.queue_nums
+            # every (topic, queue) the batch touches gets a slot; its next offset sits in a C array
+            top = int(qids_a.max()) + 1 if n else 1
+            if nt * top <= 1 << 16:   # few topics and queues: dense slots, no sort
+                dense = tids_a.astype(np.int64) * top + qids_a
+                used = np.flatnonzero(np.bincount(dense, minlength=nt * top))
+                keys_a = (used // top) << 32 | used % top
+                slot_of = np.empty(nt * top, np.int64)
+                slot_of[used] = np.arange(len(used))
+                slots_v = slot_of[dense]
+            else:
+                keys_a, slots_v = np.unique(tids_a.astype(np.int64) << 32 | qids_a, return_inverse=True)
+                slots_v = slots_v.astype(np.int64)
+            slots = slots_v
+            next_a = np.array([(<_TopicState>states[k >> 32]).offsets.get(k & 0xFFFFFFFF, 0) for k in keys_a.tolist()],
+                              np.int64)
+            next_off = next_a
+            seg = self.seg = self._last()
+            self._make_room(sizes_a)
+            ts = now_ms()
+            for i in range(n):
+                wpos = seg.wrote_pos
+                if sizes[i] + 8 > seg.m.size - wpos:
+                    if seg.m.size - wpos >= 8:
+                        rmq_st32(seg.m.base + wpos, <int32_t>(seg.m.size - wpos))
+                        rmq_st32(seg.m.base + wpos + 4, C_BLANK)
+                    seg.wrote_pos = seg.m.size
+                    seg = self.seg = self.segments.roll()
+                    wpos = 0
+                if seg.m.readonly or seg.closing or seg.unmapped:
+                    raise StoreClosedError(f"{seg.path}: segment not writable")
+                t, q = tids[i], qids[i]
+                qoffs[i] = next_off[slots[i]]
+                next_off[slots[i]] += 1
+                phys[i] = seg.base_offset + wpos
+                encode_row(seg.m.base + wpos, phys[i], sizes[i], self.version, q, qoffs[i], sys_flag, ts, host, hlen,
+                           <const char *>&bd[0] + bo[i] if bd.shape[0] else empty, bo[i + 1] - bo[i],
+                           PyBytes_AS_STRING(encoded[t]), tlens[t],
+                           <const char *>&pd[0] + po[i] if pd.shape[0] else empty, po[i + 1] - po[i])
+                seg.wrote_pos = wpos + sizes[i]
+                seg.store_timestamp = ts
+                if phys[i] + sizes[i] >= self.warm_mark:
+                    self.warm(seg)
+        finally:
+            if next_a is not None:   # the offsets taken, also by rows written before an error
+                for k, nxt in zip(keys_a.tolist(), next_a.tolist()):
+                    (<_TopicState>states[k >> 32]).offsets[k & 0xFFFFFFFF] = nxt
+            PyThread_release_lock(self._lock)
+        return phys_a, sizes_a, qids_a, qoffs_a
+
+    cdef _make_room(self, const int64_t[::1] sizes):
         """Have the segment queue create now every segment that appending records of
         ``sizes`` after the last one rolls into (the encoder's rule: a record and an
         8-byte BLANK must fit, else BLANK and roll)."""
-        cdef int64_t pos = self.seg.wrote_pos, seg_size = self.seg.m.size, size, rolls = 0
-        for size in sizes:
-            if size + 8 > seg_size - pos:
+        cdef int64_t pos = self.seg.wrote_pos, seg_size = self.seg.m.size, rolls = 0
+        cdef Py_ssize_t i
+        for i in range(sizes.shape[0]):
+            if sizes[i] + 8 > seg_size - pos:
                 rolls += 1
                 pos = 0
-            pos += size
+            pos += sizes[i]
         if rolls:
             self.segments.make_room(self.seg, rolls)
 
@@ -424,3 +616,62 @@ cdef class Appender:
         return res
 
 
+
+
+def properties_rows(bytes common not None, list names not None, list columns not None, Py_ssize_t n):
+    """The properties column of ``n`` rows for put_columns: per row ``common`` (already laid
+    out), then ``names[j]\\x01value`` for each column j whose value is not None, joined by
+    \\x02. Values must be str without a \\x01/\\x02 inside. Returns (bytes, int64 offsets)."""
+    cdef Py_ssize_t i, j, vl, nc = len(columns), cl = len(common)
+    cdef int64_t row, pos
+    cdef const char *vp
+    cdef char *out
+    cdef list col
+    offsets = np.zeros(n + 1, np.int64)
+    cdef int64_t[::1] off = offsets
+    cdef list name_bytes = [name.encode() for name in names]
+    for col in columns:
+        if len(col) != n:
+            raise InvalidArgumentError(f"{len(col)} values for {n} messages")
+    for i in range(n):
+        row = cl
+        for j in range(nc):
+            v = (<list>columns[j])[i]
+            if v is None:
+                continue
+            vp = _checked_text(v, names[j], &vl)
+            row += (1 if row else 0) + len(<bytes>name_bytes[j]) + 1 + vl
+        off[i + 1] = off[i] + row
+    data = PyBytes_FromStringAndSize(NULL, off[n])
+    out = PyBytes_AS_STRING(data)
+    for i in range(n):
+        pos = off[i]
+        memcpy(out + pos, PyBytes_AS_STRING(common), cl)
+        pos += cl
+        for j in range(nc):
+            v = (<list>columns[j])[i]
+            if v is None:
+                continue
+            vp = PyUnicode_AsUTF8AndSize(v, &vl)
+            if pos > off[i]:
+                out[pos] = 2
+                pos += 1
+            memcpy(out + pos, PyBytes_AS_STRING(name_bytes[j]), len(<bytes>name_bytes[j]))
+            pos += len(<bytes>name_bytes[j])
+            out[pos] = 1
+            memcpy(out + pos + 1, vp, vl)
+            pos += 1 + vl
+    return data, offsets
+
+
+cdef const char *_checked_text(object v, str what, Py_ssize_t *n) except NULL:
+    cdef const char *p
+    if type(v) is not str:
+        raise InvalidArgumentTypeError(f"{what} must be str, not {type(v).__name__}")
+    try:
+        p = PyUnicode_AsUTF8AndSize(v, n)
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{what} {v!r}: not valid Unicode text (a lone surrogate?)") from None
+    if memchr(p, 1, n[0]) or memchr(p, 2, n[0]):
+        raise InvalidArgumentError(f"a {what} value holds a \\x01/\\x02 separator")
+    return p

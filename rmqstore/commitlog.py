@@ -33,10 +33,11 @@ class CommitLog:
                                      preallocate=config.warm_mapped_file, prefault_bytes=config.warm_ahead_bytes)
         self.store_host = _record.pack_host(config.store_host)
         self._delay_levels = config.delay_levels_ms()
-        stamp = UniqKeyGenerator(self.store_host).stamp if config.generate_uniq_key else None
+        self.uniq_key = UniqKeyGenerator(self.store_host) if config.generate_uniq_key else None
         self._appender = _append.Appender(self.segments, self.store_host, config.message_version,
                                          config.max_message_size, config.default_queue_nums,
-                                         self._check_topic, self._delay, self._warm_ahead, stamp)
+                                         self._check_topic, self._delay, self._warm_ahead,
+                                         self.uniq_key.stamp if self.uniq_key is not None else None)
         self.lock = self._appender   # the write lock: ``with commitlog.lock:`` excludes appends
         warm = config.warm_mapped_file and config.warm_ahead_bytes > 0 and not readonly
         self._warmer = ThreadPoolExecutor(1, thread_name_prefix="rmq-warm") if warm else None
@@ -122,6 +123,13 @@ class CommitLog:
         if self.readonly or self.failed is not None:
             self._check_writable()
         return self._appender.put_batch(msgs, queue_id)
+
+    def put_columns(self, topics, topic_ids, body, props, queue_ids):
+        """Append rows given as columns (see _append.Appender.put_columns)."""
+        if self.readonly or self.failed is not None:
+            self._check_writable()
+        return self._appender.put_columns(topics, topic_ids, body[0], body[1], *(props or (None, None)),
+                                          queue_ids)
 
     # -- reading --------------------------------------------------------------------------
     def get(self, offset, check_crc=False):

@@ -10,12 +10,12 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Sequence, TypeVar
 
 import numpy as np
 
 import rmqstore._columns as _columns
-from rmqstore import _message, _record, ownership
+from rmqstore import _message, _record, ingest, ownership
 from rmqstore._cq import ENTRY_DTYPE
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import CommitLog
@@ -418,6 +418,54 @@ class MessageStore:
         if res and self._sync:
             self.flusher.wait_flushed(res[-1].phy_offset + res[-1].size)
         return res
+
+    @_gated
+    def put_columns(self, topic: Any, bodies: Any, queue_ids: Any = None, tags: Any = None, keys: Any = None,
+                    properties: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
+        """Append many messages given as columns, with no Python object per message.
+
+        Args:
+            topic: one topic for every message, or one per message.
+            bodies: a sequence of bytes-like objects, or an Arrow binary array.
+            queue_ids: None (round robin per topic), one queue id, or one per message.
+            tags: None, one tag for every message, or one (or None) per message.
+            keys: None, or per message a key, a list of keys or None.
+            properties: properties every message gets (no DELAY: delayed messages go
+                through ``put``).
+
+        Born host and time are the store's; with ``generate_uniq_key`` each message gets a
+        UNIQ_KEY. The records are the ones ``put`` writes for the same messages. All or
+        nothing, under one lock and (SYNC) one flush wait.
+
+        Returns:
+            numpy arrays ``phy_offset``, ``size``, ``queue_id`` and ``queue_offset``.
+
+        Raises:
+            InvalidArgumentError, MessageTooLargeError, DiskFullError: nothing was written.
+        """
+        self._check_open()
+        if properties is not None and "DELAY" in properties:
+            raise InvalidArgumentError("put_columns does not delay messages: put them one by one with DELAY")
+        body = ingest.binary_column(bodies, "bodies")
+        n = len(body[1]) - 1
+        names, ids = ingest.topic_column(topic, n)
+        props = ingest.properties_column(n, tags, keys, properties, self.commitlog.uniq_key)
+        return self._put_columns(names, ids, body, props, queue_ids)
+
+    @_gated
+    def put_arrow(self, data: Any) -> dict[str, np.ndarray]:
+        """``put_columns`` of a pyarrow Table or RecordBatch with columns ``topic`` and
+        ``body`` and optional ``queue_id``, ``tags``, ``keys`` (string or list of strings)
+        and ``properties`` (map of strings) per row. Returns and raises as put_columns."""
+        self._check_open()
+        names, ids, body, props, queue_ids = ingest.arrow_columns(data, self.commitlog.uniq_key)
+        return self._put_columns(names, ids, body, props, queue_ids)
+
+    def _put_columns(self, names: list[str], ids: Any, body: Any, props: Any, queue_ids: Any) -> dict[str, np.ndarray]:
+        phy, size, qid, qoff = self.commitlog.put_columns(names, ids, body, props, queue_ids)
+        if len(phy) and self._sync:
+            self.flusher.wait_flushed(int(phy[-1] + size[-1]))
+        return {"phy_offset": phy, "size": size, "queue_id": qid, "queue_offset": qoff}
 
     @_gated
     def flush(self) -> None:

@@ -1,5 +1,7 @@
-"""Append: put in a loop, put_batch, 16 KiB bodies; the peers write the same workload."""
-from .peers import Lmdb, PeerCase, Sqlite, StoreCase, StructMmap
+"""Append: put in a loop, put_batch, put_columns, 16 KiB bodies; the peers write the same workload."""
+from rmqstore.bench import TAGS
+
+from .peers import TOPIC, Lmdb, PeerCase, Sqlite, StoreCase, StructMmap
 
 BODY_SIZES = [128, 16384]
 
@@ -28,6 +30,23 @@ class PutBatch(StoreCase):
         put_batch, msgs = self.store.put_batch, self.msgs
         for i in range(0, len(msgs), batch):
             put_batch(msgs[i:i + batch])
+
+
+class PutColumns(StoreCase):
+    """The same workload as columns (bodies, one tag, a key each) in chunks of ``chunk``
+    rows: no Python object per message."""
+    params = [BODY_SIZES, [10_000, 100_000]]
+    param_names = ["body_size", "chunk"]
+
+    def setup(self, body_size, chunk):
+        self.make(body_size)
+        self.bodies = [m.body for m in self.msgs]
+        self.keys = [m.keys[0] for m in self.msgs]
+
+    def time_put_columns(self, body_size, chunk):
+        put_columns, bodies, keys = self.store.put_columns, self.bodies, self.keys
+        for i in range(0, len(bodies), chunk):
+            put_columns(TOPIC, bodies[i:i + chunk], tags=TAGS, keys=keys[i:i + chunk])
 
 
 class _PeerWrite(PeerCase):
