@@ -338,7 +338,7 @@ def test_use_after_close(tmp_path):
 # plausible arguments, by parameter name, for any public MessageStore method
 _ARGS = {"msg": Message("T", b"y"), "msgs": [Message("T", b"y")], "queue_id": 0, "phy_offset": 0,
          "msg_id": "0A0000010000270F0000000000000000", "topic": "T", "offset": 0, "group": "g", "key": "k",
-         "keys": ["k"], "uniq_key": "u", "timestamp": 0}
+         "keys": ["k"], "uniq_key": "u", "timestamp": 0, "bodies": [b"y"], "data": None}
 
 
 @pytest.mark.parametrize("read_only", [False, True])
