@@ -114,6 +114,7 @@ class StoreConfig:
         return out
 
     def with_(self, **changes):
+        """A copy with the fields in ``changes`` replaced (checked like a new StoreConfig)."""
         return replace(self, **changes)
 
     @classmethod

@@ -35,6 +35,11 @@ class GetMessageStatus(str, Enum):
 
 @dataclass
 class GetMessageResult:
+    """What get_messages found: ``status`` (RocketMQ's GetMessageStatus), ``messages``
+    (MessageExt, in queue order), ``next_offset`` (where the next call starts),
+    ``min_offset``/``max_offset`` of the queue, and ``problems``: (queue offset, commitlog
+    offset, size) of entries that could not be followed to a record."""
+
     status: GetMessageStatus
     next_offset: int
     min_offset: int

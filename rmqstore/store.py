@@ -201,6 +201,20 @@ class MessageStore:
     @_checked
     def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None, read_only: bool = False,
                  progress: Progress | None = None) -> None:
+        """Open (or, writing, create) the store at ``path`` and recover it.
+
+        Args:
+            path: the store directory (a str or os.PathLike; not empty).
+            config: sizes, intervals and limits (StoreConfig(); segment sizes of an
+                existing store are taken from its files).
+            read_only: open without the writer lock and change no byte; any number of
+                read-only handles may be open, also beside a live writer.
+            progress: called with a byte count as recovery proceeds (CLI progress bars).
+
+        Raises:
+            InvalidArgumentError: a bad argument. StoreNotFoundError: no directory
+            (read-only). StoreLockedError: another writer holds it. CorruptStoreError,
+            StoreIOError: files it cannot use."""
         self.path = os.path.abspath(str(path))
         cfg = config or StoreConfig()
         self.read_only = read_only
@@ -314,6 +328,7 @@ class MessageStore:
     # -- lifecycle ------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
+        """Whether close() has run (or begun)."""
         return self._closed
 
     def _check_open(self) -> None:
@@ -402,7 +417,19 @@ class MessageStore:
     @_gated
     @_kernel_checks_args
     def put(self, msg: _message.Message, queue_id: int | None = None) -> _message.PutResult:
-        """Append one message; returns a PutResult. In SYNC mode it is durable on return."""
+        """Append one message.
+
+        Args:
+            msg: the Message.
+            queue_id: its queue (None: round robin over ``default_queue_nums``).
+
+        Returns:
+            PutResult (msgId, commitlog offset and size, queue id and offset). In SYNC
+            flush mode the message is durable when this returns.
+
+        Raises:
+            InvalidArgumentError, MessageTooLargeError: nothing was stored.
+            StoreReadOnlyError: read-only, or a flush failed earlier. DiskFullError."""
         self._check_open()
         res = self.commitlog.put(msg, queue_id)
         if self._sync:
@@ -412,7 +439,17 @@ class MessageStore:
     @_gated
     @_kernel_checks_args
     def put_batch(self, msgs: Iterable[_message.Message], queue_id: int | None = None) -> list[_message.PutResult]:
-        """Append many messages under one lock and (SYNC) one flush; list of PutResult."""
+        """Append many messages under one lock with one store time (SYNC: one flush).
+
+        Args:
+            msgs: an iterable of Message.
+            queue_id: the queue of all of them (None: round robin per message).
+
+        Returns:
+            a PutResult per message, in order.
+
+        Raises:
+            as put; all or nothing: a bad message anywhere, or a full disk, stores none."""
         self._check_open()
         res = self.commitlog.put_batch(msgs, queue_id)
         if res and self._sync:
@@ -454,9 +491,13 @@ class MessageStore:
 
     @_gated
     def put_arrow(self, data: Any) -> dict[str, np.ndarray]:
-        """``put_columns`` of a pyarrow Table or RecordBatch with columns ``topic`` and
-        ``body`` and optional ``queue_id``, ``tags``, ``keys`` (string or list of strings)
-        and ``properties`` (map of strings) per row. Returns and raises as put_columns."""
+        """``put_columns`` of a pyarrow Table or RecordBatch.
+
+        Args:
+            data: columns ``topic`` and ``body``, optional ``queue_id``, ``tags``, ``keys``
+                (string or list of strings) and ``properties`` (map of strings).
+
+        Returns and raises as put_columns."""
         self._check_open()
         names, ids, body, props, queue_ids = ingest.arrow_columns(data, self.commitlog.uniq_key)
         return self._put_columns(names, ids, body, props, queue_ids)
@@ -479,12 +520,29 @@ class MessageStore:
     # -- reading the commitlog ------------------------------------------------------------
     @_gated
     def get_by_offset(self, phy_offset: int) -> _message.MessageExt:
+        """The message whose record starts at commitlog offset ``phy_offset``.
+
+        Returns:
+            MessageExt.
+
+        Raises:
+            MessageNotFoundError: no record starts there. CorruptRecordError."""
         self._check_open()
         return self.commitlog.get(phy_offset)
 
     @_gated
     def get_by_msg_id(self, msg_id: str) -> _message.MessageExt:
-        """The message a msgId names (it encodes the store host and commitlog offset)."""
+        """The message a msgId names (it encodes the store host and commitlog offset).
+
+        Args:
+            msg_id: 32 (IPv4) or 56 (IPv6) hex digits.
+
+        Returns:
+            MessageExt.
+
+        Raises:
+            InvalidArgumentError: not a msgId. MessageNotFoundError: no such record,
+            or one stored by another host."""
         self._check_open()
         host, offset = _record.parse_msg_id(msg_id)
         m = self.commitlog.get(offset)
@@ -495,22 +553,40 @@ class MessageStore:
     @_gated
     def scan(self, from_offset: int = 0, to_offset: int | None = None,
              check_crc: bool = False) -> Iterator[_message.MessageExt]:
+        """Every message in commitlog order, BLANK records skipped.
+
+        Args:
+            from_offset: commitlog offset to start at (clamped to the minimum).
+            to_offset: stop before this offset (None: the end).
+            check_crc: verify each body CRC (CorruptRecordError on a mismatch).
+
+        Returns:
+            an iterator of MessageExt."""
         self._check_open()
         return self.commitlog.scan(from_offset, to_offset, check_crc)
 
     @property
     def min_phy_offset(self) -> int:
+        """The smallest commitlog offset still stored."""
         self._check_open()
         return self.commitlog.min_offset
 
     @property
     def max_phy_offset(self) -> int:
+        """The commitlog offset where the next message will be written (end of data)."""
         self._check_open()
         return self.commitlog.max_offset
 
     # -- dispatch state -------------------------------------------------------------------
     @_checked
     def wait_dispatched(self, timeout: float | None = None) -> bool:
+        """Wait until the consume queues and index hold every message put so far.
+
+        Args:
+            timeout: seconds to wait at most (None: no limit).
+
+        Returns:
+            True when caught up (always on a read-only store), False on timeout."""
         self._check_open()
         if self.read_only:
             return True
@@ -522,28 +598,33 @@ class MessageStore:
 
     @property
     def dispatch_lag(self) -> int:
+        """Commitlog bytes not yet dispatched to the consume queues and index."""
         self._check_open()
         return self.dispatcher.lag if not self.read_only else 0
 
     # -- consume queues -------------------------------------------------------------------
     @_gated
     def topics(self) -> list[str]:
+        """The topics that have consume queues, sorted."""
         self._check_open()
         return self.consume_queues.topics()
 
     @_gated
     def queue_ids(self, topic: str) -> list[int]:
+        """The queue ids of ``topic`` that have a consume queue, sorted ([] if none)."""
         self._check_open()
         return self.consume_queues.queue_ids(topic)
 
     @_gated
     def min_offset(self, topic: str, queue_id: int) -> int:
+        """The smallest queue offset still stored in queue ``queue_id`` of ``topic`` (0 if no queue)."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
     @_gated
     def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next message of ``queue_id`` of ``topic`` gets (0 if no queue)."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.max_offset if cq is not None else 0
@@ -551,7 +632,15 @@ class MessageStore:
     @_gated
     def consume_queue_entries(self, topic: str, queue_id: int, offset: int = 0,
                               count: int | None = None) -> np.ndarray:
-        """Raw CQ entries as a numpy structured array (phy_offset, size, tags_code)."""
+        """Raw consume-queue entries of one queue.
+
+        Args:
+            topic, queue_id: the queue.
+            offset: first queue offset (clamped to the minimum).
+            count: entries to read (None: to the end).
+
+        Returns:
+            a numpy structured array (phy_offset, size, tags_code)."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         if cq is None:
@@ -563,9 +652,16 @@ class MessageStore:
     @_gated
     def read_queue_columns(self, topic: str, queue_id: int, offset: int = 0, count: int | None = None,
                            check_crc: bool = False) -> dict[str, np.ndarray]:
-        """The messages of one queue from ``offset`` (``count`` consume-queue entries, default
-        all) decoded into columns as ``_columns.decode_batch`` lays them out, in one pass with
-        the GIL released; ``missing`` lists the queue offsets whose record could not be read."""
+        """The messages of one queue decoded into numpy columns, GIL released.
+
+        Args:
+            topic, queue_id: the queue.
+            offset: first queue offset; count: entries to read (None: all).
+            check_crc: verify body CRCs.
+
+        Returns:
+            a dict of numpy arrays as ``_columns.decode_batch`` lays them out; ``missing``
+            lists the queue offsets whose record could not be read."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         start = max(offset, cq.min_offset) if cq is not None else offset
@@ -578,19 +674,33 @@ class MessageStore:
     @_gated
     def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
                      tags: str | None = None) -> GetMessageResult:
-        """RocketMQ DefaultMessageStore.getMessage (consumer.get_message): up to
-        ``max_count`` messages of one queue from ``offset``, filtered by a tag expression."""
+        """RocketMQ's getMessage: up to ``max_count`` messages of one queue.
+
+        Args:
+            topic, queue_id: the queue.
+            offset: first queue offset to read.
+            max_count: at most this many messages (positive).
+            tags: a tag expression (``TagA || TagB``; None or ``*``: all).
+
+        Returns:
+            GetMessageResult: status, messages, next/min/max offsets and ``problems``
+            (entries that could not be followed)."""
         self._check_open()
         return get_message(self.consume_queues, self.commitlog, self.config, topic, queue_id, offset, max_count, tags)
 
     @_gated
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
-        """RocketMQ getOffsetInQueueByTime: the queue offset for ``timestamp`` (ms since the
-        epoch). ``boundary="lower"`` (default): the first message stored at or after it (the
-        max offset when there is none); ``"upper"``: the last one stored at or before it (the
-        min offset when there is none); ``"nearest"``: RocketMQ 4.9's rule, exactly (see
-        ConsumeQueue.offset_by_time). 0 for a queue that does not exist. Raises
-        InvalidArgumentError for an unknown ``boundary``."""
+        """The queue offset for a store time (RocketMQ getOffsetInQueueByTime).
+
+        Args:
+            topic, queue_id: the queue (0 when it does not exist).
+            timestamp: ms since the epoch.
+            boundary: ``"lower"`` (the first message stored at or after it; the max offset
+                when none), ``"upper"`` (the last stored at or before it; the min offset
+                when none) or ``"nearest"`` (RocketMQ 4.9's rule exactly).
+
+        Raises:
+            InvalidArgumentError: an unknown ``boundary``."""
         self._check_open()
         check_boundary(boundary)
         cq = self.consume_queues.get(topic, queue_id)
@@ -601,12 +711,17 @@ class MessageStore:
     # -- consumer offsets -----------------------------------------------------------------
     @_gated
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Record that ``group`` has consumed ``topic``/``queue_id`` up to ``offset``
+        (kept in ``config/consumerOffset.json`` as a broker keeps it).
+
+        Raises:
+            StoreReadOnlyError: on a read-only store."""
         self._check_writable()
         self.offsets.commit(group, topic, queue_id, offset)
 
     @_gated
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
-        """The committed offset, or -1 when the group never committed one."""
+        """The offset ``group`` committed for ``topic``/``queue_id``, or -1 if none."""
         self._check_open()
         return self.offsets.get(group, topic, queue_id)
 
@@ -620,30 +735,54 @@ class MessageStore:
     @_gated
     def query_offsets(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
                       end: int | None = None) -> list[int]:
-        """What RocketMQ's DefaultMessageStore.queryMessage finds for ``key`` in ``topic``
-        stored in [begin, end] ms: the commitlog offsets of the newest ``max_num`` (at most
-        max_msgs_num_batch) index entries whose key *hash* matches, sorted ascending."""
+        """RocketMQ's queryMessage: commitlog offsets whose index key hash matches.
+
+        Args:
+            topic, key: what to look up.
+            max_num: newest entries at most (capped at max_msgs_num_batch).
+            begin, end: store time range in ms (end None: no limit).
+
+        Returns:
+            offsets sorted ascending (hash collisions included, as RocketMQ returns them).
+
+        Raises:
+            InvalidArgumentError: message_index_enable is off."""
         return self._index_or_raise().query_offsets(topic, key, max_num, begin, end)
 
     @_gated
     def query_by_key(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
                      end: int | None = None) -> list[_message.MessageExt]:
-        """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest
-        first: query_offsets minus hash collisions (each candidate's record is checked in
-        place, in C, before a message is built)."""
+        """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest first.
+
+        Args:
+            topic, key: what to look up.
+            max_num, begin, end: as query_offsets.
+
+        Returns:
+            a list of MessageExt (hash collisions removed)."""
         return self._index_or_raise().view.query_messages(self.commitlog.segments.segments, topic, key, max_num,
                                                           begin, end, self.config.max_msgs_num_batch)
 
     @_gated
     def query_keys(self, topic: str, keys: Sequence[str], max_num: int = 64, begin: int = 0,
                    end: int | None = None) -> list[list[_message.MessageExt]]:
-        """query_by_key for many keys in one index pass; a list per key, in ``keys`` order."""
+        """query_by_key for many keys in one index pass.
+
+        Args:
+            topic: the topic; keys: a sequence of str.
+            max_num, begin, end: as query_offsets, per key.
+
+        Returns:
+            a list of MessageExt lists, one per key in ``keys`` order."""
         return self._index_or_raise().view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch,
                                                       self.commitlog.segments.segments)
 
     @_gated
     def query_by_uniq_key(self, topic: str, uniq_key: str) -> _message.MessageExt:
-        """The newest message of ``topic`` whose UNIQ_KEY is ``uniq_key``."""
+        """The newest message of ``topic`` whose UNIQ_KEY is ``uniq_key``.
+
+        Raises:
+            MessageNotFoundError: none."""
         self._check_open()
         for m in self.query_by_key(topic, uniq_key, self.config.max_msgs_num_batch):
             if m.uniq_key == uniq_key:
