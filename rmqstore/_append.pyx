@@ -304,6 +304,8 @@ cdef class Appender:
     queue_id, props)`` -> (topic, queue_id, props) for a message with a DELAY property, and
     ``warm(seg)`` once the end of written data reaches ``warm_mark`` (a commitlog offset),
     and ``stamp(msg)`` (None: off) on every message before it is checked (UNIQ_KEY).
+    The segment queue is used through its public face only: ``last``, ``roll()``,
+    ``make_room()`` and ``file_size``.
     Thread-safe: ``put``/``put_batch`` hold the appender's own write lock, a C lock taken
     without a Python call when free (waiting for it releases the GIL). ``with appender:``
     holds it for other writers of the commitlog (retention, truncation)."""
@@ -390,11 +392,17 @@ cdef class Appender:
 
     def put_batch(self, msgs, queue_id=None):
         """Append every message of ``msgs`` with one store timestamp; list of PutResult.
+        ``queue_id``: None (round robin), one queue id, or a list/tuple of one per message
+        (each a queue id or None).
         All or nothing: every message is checked (type, topic, properties, size, queue id),
         and every segment it rolls into is created, before the first is written, so a bad
         message anywhere or a full disk stores none of them."""
-        cdef list plans = [], out = []
-        queue_id = queue_id_arg(queue_id)
+        cdef list plans = [], out = [], qids = None
+        cdef Py_ssize_t i = 0
+        if isinstance(queue_id, (list, tuple)):
+            qids = [queue_id_arg(q) for q in queue_id]
+        else:
+            queue_id = queue_id_arg(queue_id)
         if isinstance(msgs, (str, bytes, Message)) or not hasattr(msgs, "__iter__"):
             raise InvalidArgumentTypeError(f"put_batch takes an iterable of Message, not {type(msgs).__name__}")
         self._acquire()
@@ -402,7 +410,14 @@ cdef class Appender:
             for m in msgs:
                 if not isinstance(m, Message):
                     raise InvalidArgumentTypeError(f"put_batch: {type(m).__name__} where a Message is due")
+                if qids is not None:
+                    if i >= len(qids):
+                        raise InvalidArgumentError(f"put_batch: more messages than the {len(qids)} queue ids")
+                    queue_id = qids[i]
+                    i += 1
                 plans.append(self._plan(<Message>m, queue_id))
+            if qids is not None and i != len(qids):
+                raise InvalidArgumentError(f"put_batch: {i} messages for {len(qids)} queue ids")
             ts = now_ms()
             self.seg = self._last()
             sizes = [plan[5] for plan in plans]
@@ -557,8 +572,8 @@ cdef class Appender:
             self.segments.make_room(self.seg, rolls)
 
     cdef MappedSegment _last(self):
-        segs = self.segments.segments
-        return segs[len(segs) - 1] if segs else self.segments.roll(0)
+        last = self.segments.last
+        return last if last is not None else self.segments.roll(0)
 
     cdef tuple _plan(self, Message msg, object queue_id):
         """Check ``msg`` and decide where it goes: (msg, topic, props, queue id, topic state).

@@ -438,12 +438,14 @@ class MessageStore:
 
     @_gated
     @_kernel_checks_args
-    def put_batch(self, msgs: Iterable[_message.Message], queue_id: int | None = None) -> list[_message.PutResult]:
+    def put_batch(self, msgs: Iterable[_message.Message],
+                  queue_id: int | Sequence[int | None] | None = None) -> list[_message.PutResult]:
         """Append many messages under one lock with one store time (SYNC: one flush).
 
         Args:
             msgs: an iterable of Message.
-            queue_id: the queue of all of them (None: round robin per message).
+            queue_id: the queue of all of them, a list or tuple of one queue id (or None)
+                per message, or None (round robin per message).
 
         Returns:
             a PutResult per message, in order.

@@ -72,6 +72,19 @@ def test_a_bad_line_stores_none_of_its_chunk(tmp_path, bad):
     assert len(run("dump", store).stdout.splitlines()) == 3
 
 
+def test_an_oversized_record_after_other_queues_stores_none_of_its_chunk(tmp_path):
+    """A chunk mixing queue ids (and round robin) is one put_batch: a record too large for
+    the segments, last in the chunk, stores none of it."""
+    store = tmp_path / "s"
+    put(store, GOOD, extra=("--create", "--segment-size", 4096))
+    lines = _lines({**GOOD, "queueId": 0}, {**GOOD, "queueId": 2}, GOOD, {"topic": "T1", "body": "x" * 5000})
+    p = run("put", store, stdin=lines, expect=1)
+    assert "exceeds the limit" in p.stderr
+    assert len(run("dump", store).stdout.splitlines()) == 1
+    out = run("put", store, "--json", stdin=_lines({**GOOD, "queueId": 0}, {**GOOD, "queueId": 2}, GOOD)).stdout
+    assert [json.loads(x)["queueId"] for x in out.splitlines() if "queueId" in x][:2] == [0, 2]
+
+
 @pytest.mark.parametrize("bad", ["not json", json.dumps({"topic": "a/b", "body": "x"}),
                                  json.dumps({"topic": "T1", "body": "x" * 5000})])
 @pytest.mark.parametrize("existing", [False, True])

@@ -147,3 +147,15 @@ def test_put_arrow_equals_put_columns(tmp_path):
     with MessageStore(tmp_path / "arrow", CFG) as s:
         r = s.put_arrow(pa.Table.from_batches([batch]))
         assert _records(s) == expected and len(r["phy_offset"]) == 80
+
+
+def test_put_batch_takes_a_queue_id_per_message(tmp_path):
+    with MessageStore(tmp_path / "s", CFG) as s:
+        r = s.put_batch([Message("T", b"a"), Message("T", b"b"), Message("T", b"c")], [2, None, 2])
+        assert [(x.queue_id, x.queue_offset) for x in r] == [(2, 0), (0, 0), (2, 1)]
+        for qids in ([0, 1], [0, 1, 2, 3], [0, -1, 0], (0, "1", 0)):
+            with pytest.raises(InvalidArgumentError):
+                s.put_batch([Message("T", b"x")] * 3, qids)
+        with pytest.raises(MessageTooLargeError):   # the last one, in another queue: none stored
+            s.put_batch([Message("T", b"d"), Message("T", b"x" * (1 << 16))], [0, 1])
+        assert sum(1 for _ in s.scan()) == 3

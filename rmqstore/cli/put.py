@@ -2,7 +2,6 @@
 all or nothing per chunk of lines."""
 import base64
 import binascii
-import itertools
 import json
 import os
 import shutil
@@ -95,16 +94,9 @@ def _parse_chunk(chunk, config):
 
 
 def _put_chunk(store, parsed):
-    """Write a checked chunk: one put_batch (all or nothing) per run of messages with the
-    same queue id. Only a record-size refusal can stop a later run of a mixed chunk, and the
-    error says how many of the chunk's messages were stored before it."""
-    results = []
-    for queue_id, run in itertools.groupby(parsed, key=lambda mq: mq[1]):
-        try:
-            results += store.put_batch([m for m, _ in run], queue_id)
-        except StoreError as e:
-            raise CommandError(f"{e} ({len(results)} message(s) of this chunk stored before it)") from None
-    return results
+    """Write a checked chunk as one put_batch, each message with its queue id (None: round
+    robin): all or nothing."""
+    return store.put_batch([m for m, _ in parsed], [q for _, q in parsed])
 
 
 def _remove_new_entries(path, before):
