@@ -58,6 +58,7 @@ class SegmentQueue:
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         self._view = ([], [])   # (segments, their base offsets), replaced as one
+        self.last = None        # the newest segment
         self._lock = threading.Lock()
         self._alloc = ThreadPoolExecutor(1, thread_name_prefix="rmq-alloc") if preallocate and not readonly else None
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
@@ -110,6 +111,7 @@ class SegmentQueue:
 
     def _publish(self, segs):
         self._view = (segs, [s.base_offset for s in segs])
+        self.last = segs[-1] if segs else None   # a plain attribute: the appender reads it per put
 
     @property
     def segments(self):
@@ -129,10 +131,6 @@ class SegmentQueue:
         segs = self.segments
         return segs[-1].base_offset + segs[-1].wrote_pos if segs else 0
 
-    @property
-    def last(self):
-        segs = self.segments
-        return segs[-1] if segs else None
 
     def find(self, offset):
         """The segment holding ``offset``, or None."""
