@@ -116,6 +116,50 @@ cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
     return <int32_t>(c & 0x7FFFFFFF)
 
 
+cdef struct RecordHead:
+    # the fields of a record that precede its body (positions as in DESIGN.md)
+    int64_t phy, total, queue_offset, born_ts, store_ts, prepared
+    int32_t queue_id, flag, sys_flag, reconsume
+    int version
+
+
+cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_len, const char *store,
+                        int32_t store_len, const char *body, int64_t blen, const char *tp,
+                        Py_ssize_t tlen) noexcept nogil:
+    """A record up to its properties at ``p`` (``born``/``store``: packed hosts of
+    ``*_len`` bytes), the body CRC taken from the copy; returns where the properties'
+    length goes."""
+    cdef char *start = p
+    rmq_st32(p, <int32_t>h.total)
+    rmq_st32(p + 4, C_MAGIC_V1 if h.version == 1 else C_MAGIC_V2)
+    rmq_st32(p + 12, h.queue_id)
+    rmq_st32(p + 16, h.flag)
+    rmq_st64(p + 20, h.queue_offset)
+    rmq_st64(p + 28, h.phy)
+    rmq_st32(p + 36, h.sys_flag)
+    rmq_st64(p + 40, h.born_ts)
+    p += 48
+    memcpy(p, born, born_len)
+    p += born_len
+    rmq_st64(p, h.store_ts)
+    memcpy(p + 8, store, store_len)
+    p += 8 + store_len
+    rmq_st32(p, h.reconsume)
+    rmq_st64(p + 4, h.prepared)
+    rmq_st32(p + 12, <int32_t>blen)
+    p += 16
+    rmq_st32(start + 8, copy_crc(p, body, blen))
+    p += blen
+    if h.version == 1:
+        p[0] = <char>tlen
+        p += 1
+    else:
+        rmq_st16(p, <int16_t>tlen)
+        p += 2
+    memcpy(p, tp, tlen)
+    return p + tlen
+
+
 cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int32_t queue_id,
                       int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
                       int64_t max_size):
@@ -129,9 +173,11 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int
     cdef bint have_view = False
     cdef bytes born = msg.born_host_packed if msg.born_host_packed is not None else store_host
     cdef int32_t born_alen = len(born) - 4, store_alen = len(store_host) - 4
-    cdef int32_t sys_flag, crc
+    cdef const char *born_p = PyBytes_AS_STRING(born)
+    cdef const char *store_p = PyBytes_AS_STRING(store_host)
     cdef int64_t total, room, wpos
     cdef char *p
+    cdef RecordHead h
     cdef PutResult res
     if seg.m.readonly or seg.closing or seg.unmapped:
         raise StoreClosedError(f"{seg.path}: segment not writable")
@@ -154,41 +200,18 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int
                 rmq_st32(p + 4, C_BLANK)
             seg.wrote_pos = seg.m.size
             return None
-        sys_flag = (msg.sys_flag & ~(BORN_V6 | STORE_V6)) | (BORN_V6 if born_alen == 16 else 0) \
+        h.phy, h.total, h.queue_offset, h.store_ts = seg.base_offset + wpos, total, queue_offset, store_ts
+        h.born_ts = msg.born_timestamp if msg.born_timestamp else store_ts
+        h.prepared, h.queue_id, h.flag, h.reconsume = msg.prepared_transaction_offset, queue_id, msg.flag, \
+            msg.reconsume_times
+        h.sys_flag = (msg.sys_flag & ~(BORN_V6 | STORE_V6)) | (BORN_V6 if born_alen == 16 else 0) \
             | (STORE_V6 if store_alen == 16 else 0)
-        rmq_st32(p, <int32_t>total)
-        rmq_st32(p + 4, C_MAGIC_V1 if version == 1 else C_MAGIC_V2)
-        rmq_st32(p + 12, queue_id)
-        rmq_st32(p + 16, msg.flag)
-        rmq_st64(p + 20, queue_offset)
-        rmq_st64(p + 28, seg.base_offset + wpos)
-        rmq_st32(p + 36, sys_flag)
-        rmq_st64(p + 40, msg.born_timestamp if msg.born_timestamp else store_ts)
-        p += 48
-        memcpy(p, PyBytes_AS_STRING(born), born_alen + 4)
-        p += born_alen + 4
-        rmq_st64(p, store_ts)
-        memcpy(p + 8, PyBytes_AS_STRING(store_host), store_alen + 4)
-        p += 8 + store_alen + 4
-        rmq_st32(p, msg.reconsume_times)
-        rmq_st64(p + 4, msg.prepared_transaction_offset)
-        rmq_st32(p + 12, <int32_t>blen)
-        p += 16
+        h.version = version
         if blen >= 65536:
             with nogil:
-                crc = copy_crc(p, bp, blen)
+                p = write_record(p, &h, born_p, born_alen + 4, store_p, store_alen + 4, bp, blen, tp, tlen)
         else:
-            crc = copy_crc(p, bp, blen)
-        rmq_st32(seg.m.base + wpos + 8, crc)
-        p += blen
-        if version == 1:
-            p[0] = <char>tlen
-            p += 1
-        else:
-            rmq_st16(p, <int16_t>tlen)
-            p += 2
-        memcpy(p, tp, tlen)
-        p += tlen
+            p = write_record(p, &h, born_p, born_alen + 4, store_p, store_alen + 4, bp, blen, tp, tlen)
         rmq_st16(p, <int16_t>(seg.m.base + wpos + total - (p + 2)))    # what remains: the properties
         write_properties(p + 2, props)
     finally:
@@ -212,44 +235,6 @@ def append_message(MappedSegment seg not None, Message msg not None, str topic n
                    int64_t max_size):
     """One record at the segment's write position (see encode); None when it did not fit."""
     return encode(seg, msg, topic, props, queue_id, queue_offset, store_ts, store_host, version, max_size)
-
-
-cdef inline void encode_row(char *p, int64_t phy, int64_t total, int version, int32_t queue_id,
-                            int64_t queue_offset, int32_t sys_flag, int64_t ts, const char *host,
-                            int32_t hlen, const char *body, int64_t blen, const char *tp, Py_ssize_t tlen,
-                            const char *props, int64_t plen) noexcept nogil:
-    """One record of ``put_columns`` at ``p`` (born host and time = store host and time)."""
-    cdef char *start = p
-    rmq_st32(p, <int32_t>total)
-    rmq_st32(p + 4, C_MAGIC_V1 if version == 1 else C_MAGIC_V2)
-    rmq_st32(p + 12, queue_id)
-    rmq_st32(p + 16, 0)
-    rmq_st64(p + 20, queue_offset)
-    rmq_st64(p + 28, phy)
-    rmq_st32(p + 36, sys_flag)
-    rmq_st64(p + 40, ts)
-    p += 48
-    memcpy(p, host, hlen)
-    p += hlen
-    rmq_st64(p, ts)
-    memcpy(p + 8, host, hlen)
-    p += 8 + hlen
-    rmq_st32(p, 0)
-    rmq_st64(p + 4, 0)
-    rmq_st32(p + 12, <int32_t>blen)
-    p += 16
-    rmq_st32(start + 8, copy_crc(p, body, blen))
-    p += blen
-    if version == 1:
-        p[0] = <char>tlen
-        p += 1
-    else:
-        rmq_st16(p, <int16_t>tlen)
-        p += 2
-    memcpy(p, tp, tlen)
-    p += tlen
-    rmq_st16(p, <int16_t>plen)
-    memcpy(p + 2, props, plen)
 
 
 cdef const int64_t[::1] column_offsets(object offsets, Py_ssize_t data_len, str what) except *:
@@ -458,6 +443,8 @@ cdef class Appender:
         cdef _TopicState st
         cdef MappedSegment seg
         cdef const char *empty = ""
+        cdef RecordHead h
+        cdef char *p
         sizes_a, phys_a = np.empty(n, np.int64), np.empty(n, np.int64)
         qids_a, qoffs_a = np.empty(n, np.int32), np.empty(n, np.int64)
         cdef int64_t[::1] sizes = sizes_a, phys = phys_a, qoffs = qoffs_a
@@ -527,6 +514,8 @@ cdef class Appender:
             seg = self.seg = self._last()
             self._make_room(sizes_a)
             ts = now_ms()
+            h.born_ts, h.store_ts, h.prepared, h.flag, h.sys_flag, h.reconsume, h.version = \
+                ts, ts, 0, 0, sys_flag, 0, self.version
             for i in range(n):
                 wpos = seg.wrote_pos
                 if sizes[i] + 8 > seg.m.size - wpos:
@@ -542,10 +531,12 @@ cdef class Appender:
                 qoffs[i] = next_off[slots[i]]
                 next_off[slots[i]] += 1
                 phys[i] = seg.base_offset + wpos
-                encode_row(seg.m.base + wpos, phys[i], sizes[i], self.version, q, qoffs[i], sys_flag, ts, host, hlen,
-                           <const char *>&bd[0] + bo[i] if bd.shape[0] else empty, bo[i + 1] - bo[i],
-                           PyBytes_AS_STRING(encoded[t]), tlens[t],
-                           <const char *>&pd[0] + po[i] if pd.shape[0] else empty, po[i + 1] - po[i])
+                h.phy, h.total, h.queue_offset, h.queue_id = phys[i], sizes[i], qoffs[i], q
+                p = write_record(seg.m.base + wpos, &h, host, hlen, host, hlen,
+                                 <const char *>&bd[0] + bo[i] if bd.shape[0] else empty, bo[i + 1] - bo[i],
+                                 PyBytes_AS_STRING(encoded[t]), tlens[t])
+                rmq_st16(p, <int16_t>(po[i + 1] - po[i]))
+                memcpy(p + 2, <const char *>&pd[0] + po[i] if pd.shape[0] else empty, po[i + 1] - po[i])
                 seg.wrote_pos = wpos + sizes[i]
                 seg.store_timestamp = ts
                 if phys[i] + sizes[i] >= self.warm_mark:
