@@ -39,10 +39,11 @@ def gets_cq_entry(sys_flag):
     return (tran != TRAN_PREPARED) & (tran != TRAN_ROLLBACK)
 
 
-class Status(enum.StrEnum):
+class Status(str, enum.Enum):
     """Why a walk over records stopped (scan_segment, scan_dispatch, decode_batch): END and
     BLANK end a file's data, the others name the invalid record. Each member is its reason
-    text, so it prints as one; match on the member."""
+    text, so it prints as one; match on the member. (str, Enum) with __str__/__format__
+    rather than enum.StrEnum, which Python 3.10 lacks."""
     END = "end"
     BLANK = "blank"
     SHORT = "truncated record"
@@ -51,6 +52,12 @@ class Status(enum.StrEnum):
     FIELDS = "field lengths do not add up to the total size"
     CRC = "body CRC mismatch"
     PLACE = "PHYSICALOFFSET field names another offset"
+
+    def __str__(self):
+        return self.value
+
+    def __format__(self, spec):
+        return format(self.value, spec)
 
 
 _STATUS = {REC_END: Status.END, REC_BLANK: Status.BLANK, REC_SHORT: Status.SHORT, REC_MAGIC: Status.MAGIC,
