@@ -128,9 +128,8 @@ class SegmentQueue:
         """End of written data: last segment's base + its write position (0 when empty)."""
         if self._end is not None:
             return self._end
-        segs = self.segments
-        return segs[-1].base_offset + segs[-1].wrote_pos if segs else 0
-
+        last = self.last
+        return last.base_offset + last.wrote_pos if last is not None else 0
 
     def find(self, offset):
         """The segment holding ``offset``, or None."""
