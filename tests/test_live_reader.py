@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -89,6 +90,7 @@ def _run_live(tmp_path, mode, reader_cmd, timeout):
     try:
         while not os.path.exists(os.path.join(path, "commitlog")):   # the writer has opened once
             assert writer.poll() is None, writer.communicate()
+            time.sleep(0.01)   # not a busy loop: on 2 cores it would starve the writer
         reader = subprocess.run(reader_cmd(path), capture_output=True, text=True, timeout=timeout)
     finally:
         open(stop, "w").close()
