@@ -3,12 +3,18 @@
 #include "rmq_fault.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
+#endif
+#ifndef TMPFS_MAGIC
+#define TMPFS_MAGIC 0x01021994
 #endif
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
@@ -25,23 +31,20 @@ static int map_fd(rmq_map_t *m) {
     return 0;
 }
 
-/* posix_fallocate, or ftruncate where the file system has no fallocate; 0 or errno. */
-static int reserve(int fd, int64_t size) {
+/* Allocate the blocks of [off, off+len) with posix_fallocate; 0 or errno. A file system
+ * without fallocate keeps the file's holes (0): nothing more can be done there. */
+static int reserve(int fd, int64_t off, int64_t len) {
     int rc = RMQ_FAULT(RMQ_OP_FALLOCATE, NULL, fd);
-    if (rc == 0) rc = posix_fallocate(fd, 0, (off_t)size);
-    if (rc == EOPNOTSUPP || rc == EINVAL) {
-        rc = RMQ_FAULT(RMQ_OP_FTRUNCATE, NULL, fd);
-        if (rc == 0) rc = ftruncate(fd, (off_t)size) ? errno : 0;
-    }
-    return rc;
+    if (rc == 0 && len > 0) rc = posix_fallocate(fd, (off_t)off, (off_t)len);
+    return rc == EOPNOTSUPP || rc == EINVAL ? 0 : rc;
 }
 
-int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t *m) {
+int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flags, int mode, rmq_map_t *m) {
     struct stat st;
     int ro = (flags & RMQ_READONLY) != 0;
     int oflags = ro ? O_RDONLY : O_RDWR;
     int created = 0, rc;
-    m->fd = -1; m->base = NULL; m->size = 0; m->readonly = ro;
+    m->fd = -1; m->base = NULL; m->size = 0; m->reserved = 0; m->readonly = ro; m->dense = 0;
     if (size < 0) return -EINVAL;
     if ((rc = RMQ_FAULT(RMQ_OP_OPEN, path, -1))) return -rc;
     /* O_NOFOLLOW: a store file that is a symlink fails with ELOOP, never written through. */
@@ -51,13 +54,25 @@ int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t 
         created = 1;
     }
     if (fd < 0) return -errno;
+    if (reserve_bytes > size) reserve_bytes = size;
+    /* On tmpfs even reading a hole through a mapping takes a page, so a reader past the
+     * data could meet SIGBUS on a full file system: files there are allocated whole. */
+    struct statfs fs;
+    int fs_tmpfs = !ro && size > 0 && fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+    if (fs_tmpfs) reserve_bytes = size;
     if (created) {
-        /* Reserve the blocks now so a full disk fails here, not as SIGBUS later. */
-        rc = reserve(fd, size);
+        /* A sparse file of its full size; the first `reserve_bytes` get their blocks now, so
+         * a full disk fails here, not as SIGBUS later (rmq_map_reserve does the rest). */
+        rc = RMQ_FAULT(RMQ_OP_FTRUNCATE, NULL, fd);
+        if (rc == 0) rc = ftruncate(fd, (off_t)size) ? errno : 0;
+        if (rc == 0) rc = reserve(fd, 0, reserve_bytes);
         if (rc) { close(fd); unlink(path); return -rc; }
     }
     if (fstat(fd, &st)) { rc = -errno; close(fd); return rc; }
     if (size > 0 && st.st_size != size) { close(fd); return RMQ_ESIZE; }
+    if (!created && fs_tmpfs && (rc = reserve(fd, 0, size))) { close(fd); return -rc; }
+    m->reserved = created || fs_tmpfs ? reserve_bytes : 0;
+    m->dense = fs_tmpfs;
     m->fd = fd;
     m->size = st.st_size;
     rc = map_fd(m);
@@ -65,16 +80,23 @@ int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t 
     return rc;
 }
 
-int rmq_map_grow(rmq_map_t *m, int64_t new_size) {
-    if (m->readonly || new_size < m->size) return -EINVAL;
-    if (new_size == m->size) return 0;
-    int rc = reserve(m->fd, new_size);
+int rmq_map_reserve(rmq_map_t *m, int64_t off, int64_t len) {
+    if (m->readonly || off < 0 || len < 0 || off > m->size) return -EINVAL;
+    if (len > m->size - off) len = m->size - off;
+    return -reserve(m->fd, off, len);
+}
+
+int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t len) {
+    if (m->readonly || off < 0 || len < 0 || off > m->size || m->base == NULL) return -EINVAL;
+    if (len > m->size - off) len = m->size - off;
+    if (len == 0) return 0;
+    if (!m->dense) {
+        if (fallocate(m->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0) return 0;
+        if (errno != EOPNOTSUPP && errno != ENOSYS) return -errno;
+    }
+    int rc = reserve(m->fd, off, len);   /* no holes here: zero the bytes, blocks first */
     if (rc) return -rc;
-    if (m->base == NULL) { m->size = new_size; return map_fd(m); }
-    void *p = mremap(m->base, (size_t)m->size, (size_t)new_size, MREMAP_MAYMOVE);
-    if (p == MAP_FAILED) return -errno;
-    m->base = (char *)p;
-    m->size = new_size;
+    memset(m->base + off, 0, (size_t)len);
     return 0;
 }
 

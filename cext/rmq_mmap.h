@@ -18,13 +18,22 @@ typedef struct {
     int fd;
     char *base;      /* NULL when size == 0 */
     int64_t size;    /* bytes mapped == file size as fstat saw it */
+    int64_t reserved; /* [0, reserved) known to have its blocks (set by open; callers move it) */
     int readonly;
+    int dense;        /* on tmpfs: kept wholly allocated, holes are never punched */
 } rmq_map_t;
 
-/* size > 0: the file must be exactly `size` bytes (created so with RMQ_CREATE);
- * size == 0: map the file as fstat finds it. `mode` applies to a created file. */
-int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t *m);
-int rmq_map_grow(rmq_map_t *m, int64_t new_size);
+/* size > 0: the file must be exactly `size` bytes (created so with RMQ_CREATE: sparse,
+ * with the blocks of its first `reserve_bytes` allocated; on tmpfs, and for a writable
+ * open with reserve_bytes == size, the whole file is); size == 0: map the file as fstat
+ * finds it. `mode` applies to a created file. m->reserved tells what is allocated. */
+int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flags, int mode, rmq_map_t *m);
+/* Allocate the blocks of [off, off+len) (clamped to the file), so that writing there
+ * through the mapping can never fault on a full disk: -ENOSPC comes back here instead. */
+int rmq_map_reserve(rmq_map_t *m, int64_t off, int64_t len);
+/* Zero [off, off+len) by punching a hole (its whole blocks are freed), or by writing
+ * zeros over reserved blocks where the file system cannot punch holes or on tmpfs. */
+int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t len);
 int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len);
 /* Fault pages of [off, off+len) in: write 0 read-only, 1 for writing (pages nobody else
  * uses yet), 2 for writing pages a writer may be using (never touches their bytes). */

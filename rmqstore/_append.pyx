@@ -14,7 +14,7 @@ from rmqstore._cext cimport crc32, rmq_st16, rmq_st32, rmq_st64
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg
-from rmqstore._segment cimport MappedSegment
+from rmqstore._segment cimport MappedSegment, ensure
 import numpy as np
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, StoreClosedError
 
@@ -196,10 +196,12 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int
         p = seg.m.base + wpos
         if total + 8 > room:
             if room >= 8:   # a full segment (room 0) already ends with its BLANK record
+                ensure(seg, wpos + 8)
                 rmq_st32(p, <int32_t>room)
                 rmq_st32(p + 4, C_BLANK)
             seg.wrote_pos = seg.m.size
             return None
+        ensure(seg, wpos + total)
         h.phy, h.total, h.queue_offset, h.store_ts = seg.base_offset + wpos, total, queue_offset, store_ts
         h.born_ts = msg.born_timestamp if msg.born_timestamp else store_ts
         h.prepared, h.queue_id, h.flag, h.reconsume = msg.prepared_transaction_offset, queue_id, msg.flag, \
@@ -405,9 +407,7 @@ cdef class Appender:
                 raise InvalidArgumentError(f"put_batch: {i} messages for {len(qids)} queue ids")
             ts = now_ms()
             self.seg = self._last()
-            sizes = [plan[5] for plan in plans]
-            if sum(sizes) + 8 > self.seg.m.size - self.seg.wrote_pos:   # it rolls
-                self._make_room(np.array(sizes, np.int64))
+            self._make_room(np.array([plan[5] for plan in plans], np.int64))
             for plan in plans:
                 out.append(self._write(plan, ts))
             return out
@@ -549,18 +549,22 @@ cdef class Appender:
         return phys_a, sizes_a, qids_a, qoffs_a
 
     cdef _make_room(self, const int64_t[::1] sizes):
-        """Have the segment queue create now every segment that appending records of
-        ``sizes`` after the last one rolls into (the encoder's rule: a record and an
-        8-byte BLANK must fit, else BLANK and roll)."""
-        cdef int64_t pos = self.seg.wrote_pos, seg_size = self.seg.m.size, rolls = 0
+        """Before a batch writes anything, allocate the disk blocks that appending records of
+        ``sizes`` will write: in the last segment, and in every segment it rolls into, which
+        the segment queue creates now (the encoder's rule: a record and an 8-byte BLANK
+        must fit, else BLANK and roll)."""
+        cdef int64_t pos = self.seg.wrote_pos, seg_size = self.seg.m.size
         cdef Py_ssize_t i
+        cdef list ends = []
         for i in range(sizes.shape[0]):
             if sizes[i] + 8 > seg_size - pos:
-                rolls += 1
+                ends.append(min(pos + 8, seg_size))   # the BLANK record
                 pos = 0
             pos += sizes[i]
-        if rolls:
-            self.segments.make_room(self.seg, rolls)
+        ends.append(pos)
+        ensure(self.seg, ends[0])
+        if len(ends) > 1:
+            self.segments.make_room(self.seg, ends[1:])
 
     cdef MappedSegment _last(self):
         last = self.segments.last

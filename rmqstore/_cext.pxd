@@ -17,9 +17,12 @@ cdef extern from "rmq_mmap.h" nogil:
         int fd
         char *base
         int64_t size
+        int64_t reserved
         int readonly
-    int rmq_map_open(const char *path, int64_t size, int flags, int mode, rmq_map_t *m)
-    int rmq_map_grow(rmq_map_t *m, int64_t new_size)
+        int dense
+    int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flags, int mode, rmq_map_t *m)
+    int rmq_map_reserve(rmq_map_t *m, int64_t off, int64_t length)
+    int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t length)
     int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t length)
     int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t length, int write)
     int rmq_map_close(rmq_map_t *m)

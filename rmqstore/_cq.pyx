@@ -7,7 +7,7 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
 from rmqstore._layout cimport CqEntry, HOLE
-from rmqstore._segment cimport MappedSegment, pin, unpin
+from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore.errors import OutOfRangeError
 
 cnp.import_array()
@@ -21,6 +21,7 @@ def append_entry(MappedSegment seg not None, int64_t phy_offset, int32_t size, i
     """Write one entry at the write position and publish it."""
     cdef int64_t pos = seg.wrote_pos
     seg.check_range(pos, 20)
+    ensure(seg, pos + 20)
     cdef char *p = seg.m.base + pos
     rmq_st64(p, phy_offset)
     rmq_st32(p + 8, size)
@@ -84,6 +85,7 @@ def append_entries(MappedSegment seg not None, const int64_t[:] phy not None, co
         raise OutOfRangeError(f"entry range [{start}, {stop}) outside the arrays")
     n = min(stop - start, (seg.m.size - seg.wrote_pos) // 20)
     seg.check_range(seg.wrote_pos, n * 20)
+    ensure(seg, seg.wrote_pos + n * 20)
     p = seg.m.base + seg.wrote_pos
     with nogil:
         for i in range(start, start + n):

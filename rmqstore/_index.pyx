@@ -22,7 +22,7 @@ from libc.string cimport memcmp, memcpy, memset
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
-from rmqstore._segment cimport MappedSegment, pin, unpin
+from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
 from rmqstore._message cimport build_ext
@@ -61,6 +61,7 @@ def read_header(MappedSegment seg not None):
 def write_header(MappedSegment seg not None, int64_t begin_ts, int64_t end_ts, int64_t begin_phy, int64_t end_phy,
                  int32_t slot_count, int32_t index_count):
     seg.check_range(0, HDR)
+    ensure(seg, HDR)
     cdef char *b = seg.m.base
     rmq_st64(b, begin_ts)
     rmq_st64(b + 8, end_ts)
@@ -206,10 +207,10 @@ def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, cons
     if phys.shape[0] < n or tss.shape[0] < n or start < 0:
         raise InvalidArgumentError("hashes, phys and tss differ in length")
     b = seg.m.base
+    count = max(1, rmq_ld32(b + 36))
+    if count < entries:   # the header, the slots and every entry written here
+        ensure(seg, HDR + slots * 4 + min(<int64_t>entries, count + max(0, n - start)) * sizeof(IndexEntry))
     with nogil:
-        count = rmq_ld32(b + 36)
-        if count < 1:
-            count = 1
         while i < n and count < entries:
             h = hashes[i]
             if h < 0:
@@ -258,6 +259,7 @@ def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries,
     count = rmq_ld32(b + 36)
     if count < 1 or count > entries:
         count = entries if count > entries else 1
+    ensure(seg, HDR + slots * 4 + <int64_t>count * sizeof(IndexEntry))
     bts = rmq_ld64(b)
     cdef IndexEntry *ents = <IndexEntry *>(b + HDR + <int64_t>slots * 4)
     with nogil:

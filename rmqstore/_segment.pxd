@@ -8,6 +8,7 @@ cdef class MappedSegment:
     cdef public int64_t wrote_pos
     cdef public int64_t flushed_pos
     cdef public int64_t store_timestamp
+    cdef public int64_t ahead           # how far past a write ensure() reserves (0: the whole file)
     cdef int pins
     cdef int exports
     cdef bint closing
@@ -16,6 +17,15 @@ cdef class MappedSegment:
     cdef int64_t pin_range(self, int64_t pos, int64_t limit) except -1
     cdef int raise_closed(self) except -1
     cdef int _unmap(self) except -1
+    cdef int reserve_to(self, int64_t stop) except -1
+
+
+cdef inline int ensure(MappedSegment seg, int64_t end) except -1:
+    """Have the blocks of ``[0, end)`` allocated before a write there (DiskFullError, and
+    nothing written, when the disk is full): one comparison when they already are."""
+    if end <= seg.m.reserved:
+        return 0
+    return seg.reserve_to(end + seg.ahead if seg.ahead else seg.m.size)
 
 
 cdef inline int pin(MappedSegment seg) except -1:

@@ -2,7 +2,7 @@
 """A typed view over one fixed-size mapped file (a commitlog, consume-queue or index segment)."""
 from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.string cimport memset, memcpy
+from libc.string cimport memcpy
 from libc.stdint cimport int64_t
 import os
 
@@ -40,7 +40,7 @@ cdef class MappedSegment:
     """
 
     def __cinit__(self, path, int64_t base_offset, int64_t size, bint create=False,
-                  bint readonly=False, int mode=0o600):
+                  bint readonly=False, int mode=0o600, int64_t reserve=-1, int64_t ahead=0):
         cdef bytes bpath = str(path).encode()
         cdef const char *cpath = bpath
         cdef int flags = (RMQ_CREATE if create else 0) | (RMQ_READONLY if readonly else 0)
@@ -49,8 +49,13 @@ cdef class MappedSegment:
         self.m.base = NULL
         self.path = str(path)
         self.base_offset = base_offset
+        if reserve < 0 or reserve > size:
+            reserve = size
+        if ahead < 0:
+            raise InvalidArgumentError(f"ahead {ahead} is negative")
+        self.ahead = ahead
         with nogil:
-            rc = rmq_map_open(cpath, size, flags, mode, &self.m)
+            rc = rmq_map_open(cpath, size, reserve, flags, mode, &self.m)
         check(rc, self.path, "open/map")
 
     def __dealloc__(self):
@@ -60,6 +65,13 @@ cdef class MappedSegment:
     @property
     def size(self):
         return self.m.size
+
+    @property
+    def reserved(self):
+        """``[0, reserved)`` has its disk blocks allocated: what a file made here got, 0 for
+        one found on disk (the first write past its data reserves from 0, a no-op on blocks
+        already there)."""
+        return self.m.reserved
 
     @property
     def readonly(self):
@@ -96,17 +108,54 @@ cdef class MappedSegment:
         if self.m.readonly:
             raise StoreReadOnlyError(f"{self.path}: opened read-only")
         self.check_range(pos, n)
+        ensure(self, pos + n)
         if n:
             with nogil:
                 memcpy(self.m.base + pos, &data[0], n)
 
     def zero(self, int64_t pos, int64_t n):
-        """Zero-fill ``[pos, pos+n)`` so truncated bytes never look like data."""
+        """Zero ``[pos, pos+n)`` so truncated bytes never look like data: a hole is punched
+        (its blocks freed), or zeros are written where the file system has no holes."""
+        cdef int rc
         if self.m.readonly:
             raise StoreReadOnlyError(f"{self.path}: opened read-only")
         self.check_range(pos, n)
-        with nogil:
-            memset(self.m.base + pos, 0, n)
+        pin(self)
+        try:
+            with nogil:
+                rc = rmq_map_discard(&self.m, pos, n)
+        finally:
+            unpin(self)
+        check(rc, self.path, "zero")
+        if pos < self.m.reserved and not self.m.dense:   # [0, reserved) must stay allocated
+            self.m.reserved = pos - pos % rmq_page_size()
+
+    def reserve(self, int64_t end):
+        """Allocate the disk blocks of ``[0, end)`` (clamped to the file) now, with the GIL
+        released; DiskFullError when the disk is full. Returns the bytes reserved."""
+        if end > self.m.reserved:
+            self.reserve_to(end)
+        return self.m.reserved
+
+    cdef int reserve_to(self, int64_t stop) except -1:
+        """Allocate the blocks from ``reserved`` to ``stop`` (rounded up to a page, clamped
+        to the file)."""
+        cdef int64_t ps = rmq_page_size(), start = self.m.reserved
+        cdef int rc
+        if self.m.readonly:
+            raise StoreReadOnlyError(f"{self.path}: opened read-only")
+        stop = min(self.m.size, (stop + ps - 1) // ps * ps)
+        self.check_range(0, 0)
+        pin(self)
+        try:
+            with nogil:
+                rc = rmq_map_reserve(&self.m, start, stop - start)
+        finally:
+            unpin(self)
+        check(rc, self.path, "allocate disk blocks for")
+        if stop > self.m.reserved:
+            self.m.reserved = stop
+        return 0
 
     def flush(self, int least_pages=0):
         """msync ``[flushed_pos, wrote_pos)`` if at least ``least_pages`` dirty pages (or the

@@ -30,7 +30,8 @@ class CommitLog:
         self.readonly = readonly
         self.segments = SegmentQueue(f"{root}/commitlog", segment_size or config.commitlog_file_size, readonly,
                                      config.file_mode, config.dir_mode,
-                                     preallocate=config.warm_mapped_file, prefault_bytes=config.warm_ahead_bytes)
+                                     preallocate=config.warm_mapped_file, prefault_bytes=config.warm_ahead_bytes,
+                                     reserve_ahead=config.reserve_ahead_bytes)
         self.store_host = _record.pack_host(config.store_host)
         self._delay_levels = config.delay_levels_ms()
         self.uniq_key = UniqKeyGenerator(self.store_host) if config.generate_uniq_key else None
@@ -109,7 +110,7 @@ class CommitLog:
         ahead = self.config.warm_ahead_bytes
         start, stop = max(self._warm_to, pos), min(end, pos + ahead)
         if stop > start:
-            self._warmer.submit(seg.prefault, start - base, stop - start, PREFAULT_AHEAD)
+            self._warmer.submit(_reserve_and_prefault, seg, start - base, stop - base)
             self._warm_to = stop
         self._appender.warm_mark = min(end, pos + ahead // 2)
 
@@ -180,3 +181,10 @@ class CommitLog:
         if self._warmer is not None:
             self._warmer.shutdown(wait=True, cancel_futures=True)
         self.segments.close()
+
+
+def _reserve_and_prefault(seg, start, stop):
+    """The warmer's job: allocate the blocks of ``[0, stop)`` of ``seg``, then fault
+    ``[start, stop)`` in. A full disk fails here unseen; the writer's own reserve then
+    raises DiskFullError before its write."""
+    seg.prefault(start, min(stop, seg.reserve(stop)) - start, PREFAULT_AHEAD)

@@ -31,6 +31,7 @@ _RANGES = {
     "file_reserved_time": (0, _INT_MAX),
     "disk_max_used_space_ratio": (0, 100),   # a percentage
     "warm_ahead_bytes": (0, _INT_MAX),
+    "reserve_ahead_bytes": (0, _INT_MAX),
     "file_mode": (0o600, 0o777),   # the owner must read and write (the store reopens its files)
     "dir_mode": (0o700, 0o777),
 }
@@ -69,7 +70,8 @@ class StoreConfig:
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     strict_topic_names: bool = True
     warm_mapped_file: bool = True
-    warm_ahead_bytes: int = 64 * 1024 * 1024
+    warm_ahead_bytes: int = 16 * 1024 * 1024
+    reserve_ahead_bytes: int = 16 * 1024 * 1024   # disk blocks allocated ahead of a writer; 0: whole files
     file_mode: int = 0o600
     dir_mode: int = 0o700
 
@@ -112,6 +114,12 @@ class StoreConfig:
                                            f"more than 0 and at most {_MAX_DELAY_MS} ms)")
             out.append(int(n) * _DELAY_UNITS[tok[-1]])
         return out
+
+    def logics_reserve_ahead(self):
+        """How far ahead of their writer consume-queue and index files get their disk blocks:
+        a 16th of the commitlog's window (an entry is 20 bytes, a small record 150 and
+        more), at least a page; 0 (whole files at creation) stays 0."""
+        return max(4096, self.reserve_ahead_bytes // 16) if self.reserve_ahead_bytes else 0
 
     def with_(self, **changes):
         """A copy with the fields in ``changes`` replaced (checked like a new StoreConfig)."""

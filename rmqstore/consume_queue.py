@@ -43,13 +43,14 @@ class ConsumeQueue:
     """
 
     def __init__(self, root: str, topic: str, queue_id: int, entries_per_file: int, readonly: bool = False,
-                 file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
+                 file_mode: int = 0o600, dir_mode: int = 0o700, reserve_ahead: int = 0) -> None:
         if not is_safe_dirname(topic):      # never a path outside consumequeue/
             raise CorruptStoreError(f"topic {topic!r} cannot name a consume-queue directory")
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(root, topic, str(queue_id))
-        self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY, readonly, file_mode, dir_mode)
+        self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY, readonly, file_mode, dir_mode,
+                                     reserve_ahead=reserve_ahead)
         self.max_physic_offset = -1   # end (offset + size) of the last entry's message
         self.min_logic_offset = 0
 
@@ -322,12 +323,13 @@ class ConsumeQueueTable:
     """Every consume queue of a store, created on first dispatch of a topic/queue."""
 
     def __init__(self, root: str, entries_per_file: int, readonly: bool = False, file_mode: int = 0o600,
-                 dir_mode: int = 0o700) -> None:
+                 dir_mode: int = 0o700, reserve_ahead: int = 0) -> None:
         self.root = os.path.join(str(root), "consumequeue")
         self.entries_per_file = entries_per_file
         self.readonly = readonly
         self.file_mode = file_mode
         self.dir_mode = dir_mode
+        self.reserve_ahead = reserve_ahead
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
 
@@ -347,7 +349,7 @@ class ConsumeQueueTable:
                 if not qname.isdigit() or not os.path.isdir(os.path.join(tdir, qname)):
                     continue
                 cq = ConsumeQueue(self.root, topic, int(qname), self.entries_per_file, self.readonly,
-                                  self.file_mode, self.dir_mode)
+                                  self.file_mode, self.dir_mode, self.reserve_ahead)
                 try:
                     cq.load()
                 except CorruptStoreError:
@@ -366,7 +368,7 @@ class ConsumeQueueTable:
                 cq = self.queues.get((topic, queue_id))
                 if cq is None:
                     cq = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file, self.readonly,
-                                      self.file_mode, self.dir_mode)
+                                      self.file_mode, self.dir_mode, self.reserve_ahead)
                     self.queues = {**self.queues, (topic, queue_id): cq}
         return cq
 

@@ -117,7 +117,8 @@ class IndexService:
             path = os.path.join(self.directory, name)
             try:
                 slots, entries = detect_geometry(path, file_size(path), cfg.index_slots, cfg.index_entries)
-                seg = MappedSegment(path, 0, _index.file_size(slots, entries), readonly=self.readonly)
+                seg = MappedSegment(path, 0, _index.file_size(slots, entries), readonly=self.readonly,
+                                    ahead=cfg.logics_reserve_ahead())
             except (OSError, CorruptStoreError) as e:
                 if self.readonly and _being_changed(e, path, name == names[-1]):
                     continue   # a live writer's retention removed it, or it is creating it
@@ -167,7 +168,9 @@ class IndexService:
             if not os.path.exists(path) and (not self.files or path > self.files[-1].seg.path):
                 break
             ms += 1
-        seg = MappedSegment(path, 0, _index.file_size(slots, entries), create=True, mode=cfg.file_mode)
+        ahead = cfg.logics_reserve_ahead()   # the header and slots now, entries as they come
+        seg = MappedSegment(path, 0, _index.file_size(slots, entries), create=True, mode=cfg.file_mode,
+                            reserve=_index.file_size(slots, 0) + ahead if ahead else -1, ahead=ahead)
         if self.files:   # continue from the last file (RocketMQ: only positive values)
             _, end_ts, _, end_phy, _, _ = self.files[-1].header
             _index.write_header(seg, max(end_ts, 0), max(end_ts, 0), max(end_phy, 0), max(end_phy, 0), 0, 1)

@@ -51,7 +51,7 @@ class SegmentQueue:
     """
 
     def __init__(self, directory, file_size, readonly=False, file_mode=0o600, dir_mode=0o700,
-                 preallocate=False, prefault_bytes=-1):
+                 preallocate=False, prefault_bytes=-1, reserve_ahead=0):
         self.directory = str(directory)
         self.file_size = file_size
         self.readonly = readonly
@@ -62,6 +62,7 @@ class SegmentQueue:
         self._lock = threading.Lock()
         self._alloc = ThreadPoolExecutor(1, thread_name_prefix="rmq-alloc") if preallocate and not readonly else None
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
+        self.reserve_ahead = reserve_ahead     # disk blocks allocated ahead of the writer; 0 = whole files
         self._pending = None   # (offset, Future[MappedSegment])
         self._made = {}        # offset -> MappedSegment created ahead by make_room
         self._closed = False
@@ -105,7 +106,7 @@ class SegmentQueue:
             raise CorruptStoreError(
                 f"{path}: starts at {offset}, expected {segs[-1].base_offset + self.file_size}"
                 " (missing segment)")
-        seg = MappedSegment(path, offset, self.file_size, readonly=self.readonly)
+        seg = MappedSegment(path, offset, self.file_size, readonly=self.readonly, ahead=self.reserve_ahead)
         seg.wrote_pos = seg.flushed_pos = self.file_size
         return seg
 
@@ -144,13 +145,15 @@ class SegmentQueue:
     def _open_new(self, offset):
         make_dirs(self.directory, self.dir_mode)
         seg = MappedSegment(os.path.join(self.directory, segment_name(offset)), offset, self.file_size,
-                            create=True, mode=self.file_mode)
+                            create=True, mode=self.file_mode, reserve=self.reserve_ahead or -1,
+                            ahead=self.reserve_ahead)
         seg.wrote_pos = seg.flushed_pos = 0
         return seg
 
     def _warm(self, offset):
         seg = self._open_new(offset)
-        seg.prefault(0, min(self.prefault_bytes, self.file_size) if self.prefault_bytes >= 0 else -1, PREFAULT_WRITE)
+        want = self.prefault_bytes if self.prefault_bytes >= 0 else self.file_size
+        seg.prefault(0, min(want, seg.reserved), PREFAULT_WRITE)   # never a page without its block
         return seg
 
     def roll(self, offset=None):
@@ -177,17 +180,20 @@ class SegmentQueue:
                     self._pending = (nxt, self._alloc.submit(self._warm, nxt))
         return seg
 
-    def make_room(self, last, rolls):
-        """Create now the ``rolls`` segments after ``last`` that an append is about to roll
-        into, so a full disk fails a batch before any of it is written. All or none: on an
-        error the files made here are removed."""
+    def make_room(self, last, ends):
+        """Create now the segments after ``last`` that an append is about to roll into, one
+        per entry of ``ends``, with their disk blocks up to that end allocated, so a full
+        disk fails a batch before any of it is written. All or none: on an error the files
+        made here are removed."""
         made = []
         try:
-            for k in range(1, rolls + 1):
+            for k, end in enumerate(ends, 1):
                 base = last.base_offset + k * self.file_size
-                if base not in self._made and not self._pending_ok(base):
+                seg = self._made.get(base) or self._pending_segment(base)
+                if seg is None:
                     self._made[base] = seg = self._open_new(base)
                     made.append(seg)
+                seg.reserve(end)
         except BaseException:
             for seg in made:
                 del self._made[seg.base_offset]
@@ -258,10 +264,10 @@ class SegmentQueue:
         for s in segs:
             self._delete(s)
 
-    def _pending_ok(self, offset):
-        """Whether the background preallocation of ``offset`` exists and succeeded (waits)."""
+    def _pending_segment(self, offset):
+        """The segment the background preallocation made at ``offset`` (waits), or None."""
         pending = self._pending
-        return pending is not None and pending[0] == offset and pending[1].exception() is None
+        return _made_or_none(pending[1]) if pending is not None and pending[0] == offset else None
 
     def _discard(self, future):
         """Remove an unused preallocated file (it holds no data, so reopening sees none)."""

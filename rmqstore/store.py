@@ -270,7 +270,7 @@ class MessageStore:
         self.checkpoint = Checkpoint(os.path.join(self.path, "checkpoint"), cfg.file_mode).load()
         self.commitlog = CommitLog(self.path, cfg, self.read_only)
         self.consume_queues = ConsumeQueueTable(self.path, cfg.consume_queue_entries, self.read_only,
-                                                cfg.file_mode, cfg.dir_mode)
+                                                cfg.file_mode, cfg.dir_mode, cfg.logics_reserve_ahead())
         self.offsets = ConsumerOffsets(self.path, cfg.file_mode, cfg.dir_mode)
         self.index: IndexService | None = None
         self.dispatcher: Dispatcher          # set by _recover
