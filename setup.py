@@ -3,7 +3,7 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-CEXT = ["cext/rmq_mmap.c", "cext/rmq_fault.c"]
+CEXT = ["cext/rmq_mmap.c", "cext/rmq_fault.c", "cext/rmq_crc.c"]
 KERNELS = ["_segment", "_record", "_message", "_read", "_columns", "_append", "_cq", "_index", "_arrow"]
 
 extensions = [

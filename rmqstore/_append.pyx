@@ -8,9 +8,9 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy, memchr
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
-from libc.stdint cimport int16_t, int32_t, int64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
-from rmqstore._cext cimport crc32, rmq_st16, rmq_st32, rmq_st64
+from rmqstore._cext cimport rmq_crc32, rmq_st16, rmq_st32, rmq_st64
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg
@@ -104,12 +104,12 @@ cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
     """Copy ``n`` bytes to ``dst`` and return BODYCRC of the bytes as they stand at ``dst``:
     one pass in cache-sized chunks, each checksummed right after its copy. The CRC so
     always matches what was stored, even if another thread changes ``src`` meanwhile."""
-    cdef unsigned long c = crc32(0, NULL, 0)
+    cdef uint32_t c = 0
     cdef Py_ssize_t k
     while n > 0:
         k = n if n < 32768 else 32768
         memcpy(dst, src, k)
-        c = crc32(c, <const unsigned char *>dst, <unsigned int>k)
+        c = rmq_crc32(c, dst, <size_t>k)
         dst += k
         src += k
         n -= k

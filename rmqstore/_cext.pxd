@@ -1,5 +1,5 @@
 # C declarations of cext/: every call is nogil and returns 0 or -errno.
-from libc.stdint cimport int16_t, int32_t, int64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
 
 cdef extern from "rmq_endian.h" nogil:
     int16_t rmq_ld16(const char *p)
@@ -29,8 +29,8 @@ cdef extern from "rmq_mmap.h" nogil:
     int64_t rmq_page_size()
     int32_t rmq_java_hash(const char *s, size_t n)
 
-cdef extern from "zlib.h" nogil:
-    unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int length)
+cdef extern from "rmq_crc.h" nogil:
+    uint32_t rmq_crc32(uint32_t crc, const char *buf, size_t length)
 
 cdef extern from "rmq_fault.h" nogil:
     int rmq_fault_armed

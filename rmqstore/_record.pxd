@@ -1,6 +1,6 @@
 # One commitlog record as every kernel reads it: the parsed view and its helpers.
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from rmqstore._cext cimport crc32, rmq_java_hash, rmq_ld16, rmq_ld32, rmq_ld64
+from rmqstore._cext cimport rmq_crc32, rmq_java_hash, rmq_ld16, rmq_ld32, rmq_ld64
 from rmqstore._layout cimport *
 
 cdef extern from *:
@@ -44,13 +44,7 @@ cdef object status_of(int code)
 # dispatch, columns, Arrow) calls them once per record from its own module.
 
 cdef inline int32_t body_crc(const char *p, int64_t n) noexcept nogil:
-    cdef unsigned long c = crc32(0, NULL, 0)
-    while n > 0x40000000:
-        c = crc32(c, <const unsigned char *>p, 0x40000000)
-        p += 0x40000000
-        n -= 0x40000000
-    c = crc32(c, <const unsigned char *>p, <unsigned int>n)
-    return <int32_t>(c & 0x7FFFFFFF)
+    return <int32_t>(rmq_crc32(0, p, <size_t>n) & 0x7FFFFFFF)
 
 
 cdef inline int parse_record(const char *p, int64_t avail, bint check_crc, RecView *r) noexcept nogil:

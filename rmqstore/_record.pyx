@@ -89,7 +89,7 @@ cdef int raise_status(int code, int64_t offset, RecView *r) except -1:
 
 
 def crc32_body(const unsigned char[:] data not None):
-    """BODYCRC as RocketMQ computes it: zlib CRC-32 & 0x7FFFFFFF."""
+    """BODYCRC as RocketMQ computes it: CRC-32 (zlib's, java.util.zip.CRC32's) & 0x7FFFFFFF."""
     if data.shape[0] == 0:
         return 0
     return body_crc(<const char *>&data[0], data.shape[0])
