@@ -15,6 +15,7 @@ from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg
 from rmqstore._segment cimport MappedSegment, ensure
+from rmqstore._gate cimport Gate
 import numpy as np
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, StoreClosedError
 
@@ -626,6 +627,56 @@ cdef class Appender:
         return res
 
 
+
+
+cdef class StoreWriter:
+    """MessageStore.put and put_batch as one C call each: the store's operation gate, the
+    writable check, the append and, in SYNC mode, the wait for the flush, with no Python
+    frame between them (they were 0.7 of the 1.2 us a put cost).
+    ``refuse()`` raises why the store takes no writes; it is called when the commitlog is
+    read-only or ``commitlog.failed`` (a failed flush) is set. ``wait_flushed(offset)``:
+    None in async mode."""
+    cdef Gate gate
+    cdef Appender appender
+    cdef object commitlog, wait_flushed, refuse
+    cdef bint readonly
+
+    def __init__(self, Gate gate not None, Appender appender not None, commitlog, bint readonly, wait_flushed,
+                 refuse not None):
+        self.gate = gate
+        self.appender = appender
+        self.commitlog = commitlog
+        self.readonly = readonly
+        self.wait_flushed = wait_flushed
+        self.refuse = refuse
+
+    def put(self, msg, queue_id=None):
+        cdef PutResult res
+        self.gate.enter()
+        try:
+            if self.readonly or self.commitlog.failed is not None:
+                self.refuse()
+            res = self.appender.put(msg, queue_id)
+            if self.wait_flushed is not None:
+                self.wait_flushed(res.phy_offset + res.size)
+            return res
+        finally:
+            self.gate.leave()
+
+    def put_batch(self, msgs, queue_id=None):
+        cdef list out
+        cdef PutResult last
+        self.gate.enter()
+        try:
+            if self.readonly or self.commitlog.failed is not None:
+                self.refuse()
+            out = self.appender.put_batch(msgs, queue_id)
+            if out and self.wait_flushed is not None:
+                last = out[len(out) - 1]
+                self.wait_flushed(last.phy_offset + last.size)
+            return out
+        finally:
+            self.gate.leave()
 
 
 def properties_rows(bytes common not None, list names not None, list columns not None, Py_ssize_t n):

@@ -35,11 +35,11 @@ class CommitLog:
         self.store_host = _record.pack_host(config.store_host)
         self._delay_levels = config.delay_levels_ms()
         self.uniq_key = UniqKeyGenerator(self.store_host) if config.generate_uniq_key else None
-        self._appender = _append.Appender(self.segments, self.store_host, config.message_version,
+        self.appender = _append.Appender(self.segments, self.store_host, config.message_version,
                                          config.max_message_size, config.default_queue_nums,
                                          self._check_topic, self._delay, self._warm_ahead,
                                          self.uniq_key.stamp if self.uniq_key is not None else None)
-        self.lock = self._appender   # the write lock: ``with commitlog.lock:`` excludes appends
+        self.lock = self.appender   # the write lock: ``with commitlog.lock:`` excludes appends
         warm = config.warm_mapped_file and config.warm_ahead_bytes > 0 and not readonly
         self._warmer = ThreadPoolExecutor(1, thread_name_prefix="rmq-warm") if warm else None
         self._warm_to = 0              # commitlog offset faulted in (or queued) so far
@@ -62,14 +62,14 @@ class CommitLog:
     @property
     def queue_offsets(self):
         """(topic, queue_id) -> next queue offset."""
-        return self._appender.queue_offsets
+        return self.appender.queue_offsets
 
     @queue_offsets.setter
     def queue_offsets(self, table):
-        self._appender.queue_offsets = table
+        self.appender.queue_offsets = table
 
     # -- writing --------------------------------------------------------------------------
-    def _check_writable(self):
+    def check_writable(self):
         if self.readonly:
             raise StoreReadOnlyError("store opened read-only")
         if self.failed is not None:
@@ -105,31 +105,20 @@ class CommitLog:
         base, end = seg.base_offset, seg.base_offset + seg.size
         pos = base + seg.wrote_pos
         if self._warmer is None:
-            self._appender.warm_mark = 1 << 62
+            self.appender.warm_mark = 1 << 62
             return
         ahead = self.config.warm_ahead_bytes
         start, stop = max(self._warm_to, pos), min(end, pos + ahead)
         if stop > start:
             self._warmer.submit(_reserve_and_prefault, seg, start - base, stop - base)
             self._warm_to = stop
-        self._appender.warm_mark = min(end, pos + ahead // 2)
-
-    def put(self, msg, queue_id=None):
-        if self.readonly or self.failed is not None:
-            self._check_writable()
-        return self._appender.put(msg, queue_id)
-
-    def put_batch(self, msgs, queue_id=None):
-        """Append ``msgs`` under one lock acquisition, all with one store timestamp."""
-        if self.readonly or self.failed is not None:
-            self._check_writable()
-        return self._appender.put_batch(msgs, queue_id)
+        self.appender.warm_mark = min(end, pos + ahead // 2)
 
     def put_columns(self, topics, topic_ids, body, props, queue_ids):
         """Append rows given as columns (see _append.Appender.put_columns)."""
         if self.readonly or self.failed is not None:
-            self._check_writable()
-        return self._appender.put_columns(topics, topic_ids, body[0], body[1], *(props or (None, None)),
+            self.check_writable()
+        return self.appender.put_columns(topics, topic_ids, body[0], body[1], *(props or (None, None)),
                                           queue_ids)
 
     # -- reading --------------------------------------------------------------------------

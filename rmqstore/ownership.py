@@ -39,6 +39,7 @@ def check_owner(store: MessageStore) -> None:
 def _disown_in_child() -> None:
     for store in list(_writers):
         store._closed = True
+        store._gate.closing = True   # put and put_batch pass only the gate
     _writers.clear()
 
 

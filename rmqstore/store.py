@@ -14,7 +14,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Sequenc
 
 import numpy as np
 
+import rmqstore._append as _append
 import rmqstore._columns as _columns
+import rmqstore._gate as _gate
 from rmqstore import _message, _record, ingest, ownership
 from rmqstore._cq import ENTRY_DTYPE
 from rmqstore.checkpoint import Checkpoint
@@ -123,8 +125,7 @@ def _arg_checks(method: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[s
     _ARG_CHECKS (InvalidArgumentError, or InvalidArgumentTypeError for a wrong type)."""
     params = list(inspect.signature(method).parameters.values())[1:]
     checks = [(i, p.name, _ARG_CHECKS[p.annotation]) for i, p in enumerate(params)
-              if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS
-              and not getattr(method, "kernel_checks_args", False)]
+              if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS]
 
     def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         for i, name, f in checks:
@@ -155,19 +156,13 @@ def _gated(method: F) -> F:
     @functools.wraps(method)
     def run(self: MessageStore, *args: Any, **kwargs: Any) -> Any:
         check(args, kwargs)
-        self._enter()
+        gate = self._gate
+        gate.enter()
         try:
             return method(self, *args, **kwargs)
         finally:
-            self._leave()
+            gate.leave()
     return run  # type: ignore[return-value]
-
-
-def _kernel_checks_args(method: F) -> F:
-    """Mark a hot method whose arguments the kernel checks itself (put, put_batch), so
-    _gated adds no Python-level check to it."""
-    method.kernel_checks_args = True  # type: ignore[attr-defined]
-    return method
 
 
 def _detect_cq_entries(root: str) -> int | None:
@@ -222,9 +217,8 @@ class MessageStore:
         self._lock_fd: int | None = None
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
-        self._closing = False
         self._maintenance = threading.Lock()   # verify and rebuild: one at a time (rebuild swaps the dispatcher)
-        self._in_flight: list[int] = []     # thread ident of each running operation (see _enter)
+        self._gate = _gate.Gate(self.path, self._check_open)   # see _gate.pyx; put and put_batch pass it too
         self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
         store_dir(self.path, not read_only, cfg.dir_mode)
         if not read_only:
@@ -288,6 +282,9 @@ class MessageStore:
         except BaseException:
             self._teardown()
             raise
+        self._writer = _append.StoreWriter(self._gate, self.commitlog.appender, self.commitlog, self.read_only,
+                                           self.flusher.wait_flushed if self._sync else None,
+                                           self.commitlog.check_writable)
 
     def _recover(self, progress: Progress | None = None) -> None:
         cfg = self.config
@@ -337,23 +334,9 @@ class MessageStore:
             ownership.check_owner(self)
             raise StoreClosedError(f"{self.path}: store is closed")
 
-    def _enter(self) -> None:
-        """Register a running operation, without a lock (a put costs about 1 µs): the ident
-        goes in first and ``_closing`` is read after, while close() sets ``_closing`` first
-        and reads the list after, so either close() waits for the operation or the
-        operation sees ``_closing`` and backs out (list appends and removes are atomic)."""
-        self._in_flight.append(threading.get_ident())
-        if self._closing:
-            self._leave()
-            self._check_open()
-            raise StoreClosedError(f"{self.path}: store is closing")
-
-    def _leave(self) -> None:
-        self._in_flight.remove(threading.get_ident())
-
     def _stop_if_closing(self) -> None:
         """The safe point long operations (verify) pass between steps."""
-        if self._closing:
+        if self._gate.closing:
             raise StoreClosedError(f"{self.path}: store closed during the operation")
 
     def _check_writable(self) -> None:
@@ -369,9 +352,8 @@ class MessageStore:
         with self._close_lock:
             if self._closed:
                 return
-            self._closing = True
-            me = threading.get_ident()
-            while any(t != me for t in list(self._in_flight)):     # not this thread's own (a callback)
+            self._gate.closing = True
+            while self._gate.others_running():     # not this thread's own (a callback)
                 time.sleep(0.0005)
             self._closed = True
             try:
@@ -414,8 +396,6 @@ class MessageStore:
             pass   # a finaliser cannot raise; close() has released everything regardless
 
     # -- writing --------------------------------------------------------------------------
-    @_gated
-    @_kernel_checks_args
     def put(self, msg: _message.Message, queue_id: int | None = None) -> _message.PutResult:
         """Append one message.
 
@@ -429,15 +409,10 @@ class MessageStore:
 
         Raises:
             InvalidArgumentError, MessageTooLargeError: nothing was stored.
-            StoreReadOnlyError: read-only, or a flush failed earlier. DiskFullError."""
-        self._check_open()
-        res = self.commitlog.put(msg, queue_id)
-        if self._sync:
-            self.flusher.wait_flushed(res.phy_offset + res.size)
-        return res
+            StoreReadOnlyError: read-only, or a flush failed earlier. DiskFullError.
+            StoreClosedError."""
+        return self._writer.put(msg, queue_id)   # gated, checked and (SYNC) waited for in C
 
-    @_gated
-    @_kernel_checks_args
     def put_batch(self, msgs: Iterable[_message.Message],
                   queue_id: int | Sequence[int | None] | None = None) -> list[_message.PutResult]:
         """Append many messages under one lock with one store time (SYNC: one flush).
@@ -452,11 +427,7 @@ class MessageStore:
 
         Raises:
             as put; all or nothing: a bad message anywhere, or a full disk, stores none."""
-        self._check_open()
-        res = self.commitlog.put_batch(msgs, queue_id)
-        if res and self._sync:
-            self.flusher.wait_flushed(res[-1].phy_offset + res[-1].size)
-        return res
+        return self._writer.put_batch(msgs, queue_id)
 
     @_gated
     def put_columns(self, topic: Any, bodies: Any, queue_ids: Any = None, tags: Any = None, keys: Any = None,
