@@ -10,7 +10,7 @@ name, else appended), then a generated UNIQ_KEY for a row that has none or an em
 as the store's ``generate_uniq_key`` stamps ``put``'s messages."""
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint8_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memchr, memcmp, memcpy
 import numpy as np
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -93,7 +93,7 @@ cdef struct Lists:       # rows of strings (a list array; a string array is list
 
 
 cdef enum Kind:          # where an entry's value comes from
-    NULL_VALUE, DIRECT, JOINED, GENERATED
+    NULL_VALUE, DIRECT, JOINED
 
 
 cdef struct Entry:       # one name of a row's properties dict
@@ -101,7 +101,7 @@ cdef struct Entry:       # one name of a row's properties dict
     const char *value    # DIRECT
     int64_t name_len, value_len
     Kind kind
-    int col              # JOINED: which of the UNIQ_KEY, TAGS, KEYS columns
+    int col              # JOINED: which of the UNIQ_KEY, TAGS, KEYS columns (values joined by spaces)
 
 
 cdef class _Held:
@@ -135,13 +135,19 @@ cdef class _Held:
 cdef int64_t find(Entry *e, int64_t start, int64_t end, const char *name, int64_t name_len) noexcept nogil:
     cdef int64_t k
     for k in range(start, end):
-        if e[k].name_len == name_len and memcmp(e[k].name, name, name_len) == 0:
+        if e[k].name_len == name_len and (name_len == 0 or e[k].name[0] == name[0]) \
+                and memcmp(e[k].name, name, name_len) == 0:
             return k
     return -1
 
 
 cdef inline bint clean(const char *p, int64_t n) noexcept nogil:
-    return not (memchr(p, 1, n) or memchr(p, 2, n))
+    """No \\x01 or \\x02 separator in ``p[:n]`` (a loop: the strings are short)."""
+    cdef int64_t j
+    for j in range(n):
+        if <uint8_t>(p[j] - 1) < 2:
+            return False
+    return True
 
 
 cdef tuple _NAMES = (b"UNIQ_KEY", b"TAGS", b"KEYS")
@@ -159,19 +165,19 @@ def arrow_rows(Py_ssize_t n, tuple props=None, list columns=None, generate=None)
     properties hold a DELAY value). InvalidArgumentError names the row of an empty name, a
     separator inside a name or value, or a null key in a KEYS list."""
     cdef Py_ssize_t i
-    cdef int64_t m = 0, k, j, c, start, count = 0, total, pos, row_len, a, b
+    cdef int64_t m = 0, k, j, c, a, total = 0, cap, row_len, widest = 0
     cdef _Held held = _Held()
     cdef Strings names, values
     cdef Lists cols[3]
     cdef bint have[3]
+    cdef const char *col_name[3]
+    cdef int64_t col_name_len[3]
     cdef const int64_t *entry_off = NULL
     cdef const uint8_t *entry_valid = NULL
-    cdef Entry *e
-    cdef int64_t *first
-    cdef const char *p
-    cdef char *out
-    cdef list generated = [], delays = []
-    cdef int64_t[::1] row_lens
+    cdef Entry *e = NULL
+    cdef char *out = NULL
+    cdef char *grown
+    cdef list delays = []
     columns = columns if columns is not None else [None, None, None]
     if len(columns) != 3:
         raise InvalidArgumentError("arrow_rows takes the UNIQ_KEY, TAGS and KEYS columns")
@@ -180,14 +186,16 @@ def arrow_rows(Py_ssize_t n, tuple props=None, list columns=None, generate=None)
         row_off = np.ascontiguousarray(row_off, dtype=np.int64)
         if row_off.shape != (n + 1,) or np.asarray(row_valid).shape != (n,):
             raise InvalidArgumentError(f"properties need {n + 1} row offsets and {n} validity flags")
-        m = int(row_off[n]) if n else 0
         if n and (row_off[0] < 0 or np.any(row_off[1:] < row_off[:-1])):
             raise InvalidArgumentError("property row offsets must not decrease")
+        m = int(row_off[n]) if n else 0
+        widest = int(np.diff(row_off).max()) if n else 0
         entry_off = <const int64_t *>held.keep(row_off, np.int64)
         entry_valid = <const uint8_t *>held.keep(row_valid, np.uint8)
         held.strings(&names, name_col, m)
         held.strings(&values, value_col, m)
     for c in range(3):
+        col_name[c], col_name_len[c] = PyBytes_AS_STRING(_NAMES[c]), len(<bytes>_NAMES[c])
         have[c] = columns[c] is not None
         if have[c]:
             list_off, list_valid, strings = columns[c]
@@ -199,20 +207,20 @@ def arrow_rows(Py_ssize_t n, tuple props=None, list columns=None, generate=None)
             cols[c].off = <const int64_t *>held.keep(list_off, np.int64)
             cols[c].valid = <const uint8_t *>held.keep(list_valid, np.uint8)
             held.strings(&cols[c].s, strings, int(list_off[n]) if n else 0)
-    e = <Entry *>malloc(sizeof(Entry) * (m + 4 * n + 1))
-    first = <int64_t *>malloc(sizeof(int64_t) * (n + 1))
-    if e == NULL or first == NULL:
-        free(e)
-        free(first)
-        raise MemoryError()
+    offsets = np.zeros(n + 1, np.int64)
+    cdef int64_t[::1] row_end = offsets
+    cap = 64 * n + 64
+    e = <Entry *>malloc(sizeof(Entry) * (widest + 4))
+    out = <char *>malloc(cap)
     try:
-        # pass 1: each row's dict, in order; count the UNIQ_KEYs to generate
-        k = 0
+        if e == NULL or out == NULL:
+            raise MemoryError()
         for i in range(n):
-            first[i] = start = k
+            # the row's dict, in order: the map's names, then the columns', then a generated UNIQ_KEY
+            k = 0
             if entry_off != NULL and entry_valid[i]:
                 for j in range(entry_off[i], entry_off[i + 1]):
-                    a = find(e, start, k, names.data + names.off[j], names.off[j + 1] - names.off[j])
+                    a = find(e, 0, k, names.data + names.off[j], names.off[j + 1] - names.off[j])
                     if a < 0:
                         a = k
                         k += 1
@@ -221,15 +229,14 @@ def arrow_rows(Py_ssize_t n, tuple props=None, list columns=None, generate=None)
                     e[a].value, e[a].value_len = values.data + values.off[j], values.off[j + 1] - values.off[j]
             for c in range(3):
                 if have[c] and cols[c].valid[i]:
-                    p = PyBytes_AS_STRING(_NAMES[c])
-                    a = find(e, start, k, p, len(<bytes>_NAMES[c]))
+                    a = find(e, 0, k, col_name[c], col_name_len[c])
                     if a < 0:
                         a = k
                         k += 1
-                        e[a].name, e[a].name_len = p, len(<bytes>_NAMES[c])
+                        e[a].name, e[a].name_len = col_name[c], col_name_len[c]
                     e[a].kind, e[a].col = JOINED, c
             if generate is not None:
-                a = find(e, start, k, b"UNIQ_KEY", 8)
+                a = find(e, 0, k, b"UNIQ_KEY", 8)
                 if a < 0:
                     a = k
                     k += 1
@@ -237,59 +244,48 @@ def arrow_rows(Py_ssize_t n, tuple props=None, list columns=None, generate=None)
                     e[a].name_len = 8
                     e[a].kind = NULL_VALUE
                 if e[a].kind == NULL_VALUE or joined_len(cols, &e[a], i) == 0:
-                    e[a].kind, e[a].col = GENERATED, <int>count
-                    count += 1
-        first[n] = k
-        for _ in range(count):
-            key = generate()
-            generated.append(key.encode() if type(key) is str else key)
-        # pass 2: check and measure; pass 3: lay out
-        offsets = np.zeros(n + 1, np.int64)
-        row_lens = offsets
-        total = 0
-        for i in range(n):
+                    key = generate()
+                    key = key.encode() if type(key) is str else bytes(key)   # alive until the row is written
+                    e[a].kind, e[a].value, e[a].value_len = DIRECT, PyBytes_AS_STRING(key), len(key)
+            # check and measure, then lay out
             row_len = 0
-            for k in range(first[i], first[i + 1]):
-                if e[k].kind == NULL_VALUE:
+            for a in range(k):
+                if e[a].kind == NULL_VALUE:
                     continue
-                if e[k].name_len == 0 or not clean(e[k].name, e[k].name_len) or \
-                        (e[k].kind == DIRECT and not clean(e[k].value, e[k].value_len)):
-                    raise InvalidArgumentError(f"row {i}: property {bytes(e[k].name[:e[k].name_len])!r}: empty name "
+                if e[a].name_len == 0 or not clean(e[a].name, e[a].name_len) or \
+                        (e[a].kind == DIRECT and not clean(e[a].value, e[a].value_len)):
+                    raise InvalidArgumentError(f"row {i}: property {bytes(e[a].name[:e[a].name_len])!r}: empty name "
                                                "or a \\x01/\\x02 separator inside")
-                if e[k].kind == JOINED:
-                    check_joined(cols, &e[k], i)
-                elif e[k].kind == GENERATED:
-                    e[k].value = PyBytes_AS_STRING(generated[e[k].col])
-                    e[k].value_len = len(<bytes>generated[e[k].col])
-                    e[k].kind = DIRECT
-                if e[k].name_len == 5 and memcmp(e[k].name, b"DELAY", 5) == 0 and e[k].kind == DIRECT:
-                    delays.append((i, e[k].value[:e[k].value_len]))
-                row_len += (1 if row_len else 0) + e[k].name_len + 1 + \
-                    (e[k].value_len if e[k].kind == DIRECT else joined_len(cols, &e[k], i))
-            total += row_len
-            row_lens[i + 1] = total
-        data = PyBytes_FromStringAndSize(NULL, total)
-        out = PyBytes_AS_STRING(data)
-        pos = 0
-        for i in range(n):
-            for k in range(first[i], first[i + 1]):
-                if e[k].kind == NULL_VALUE:
+                if e[a].kind == JOINED:
+                    check_joined(cols, &e[a], i)
+                elif e[a].name_len == 5 and memcmp(e[a].name, b"DELAY", 5) == 0:
+                    delays.append((i, e[a].value[:e[a].value_len]))
+                row_len += (1 if row_len else 0) + e[a].name_len + 1 + joined_len(cols, &e[a], i)
+            if total + row_len > cap:
+                cap = max(2 * cap, total + row_len)
+                grown = <char *>realloc(out, cap)
+                if grown == NULL:
+                    raise MemoryError()
+                out = grown
+            for a in range(k):
+                if e[a].kind == NULL_VALUE:
                     continue
-                if pos > row_lens[i]:
-                    out[pos] = 2
-                    pos += 1
-                memcpy(out + pos, e[k].name, e[k].name_len)
-                out[pos + e[k].name_len] = 1
-                pos += e[k].name_len + 1
-                if e[k].kind == DIRECT:
-                    memcpy(out + pos, e[k].value, e[k].value_len)
-                    pos += e[k].value_len
+                if total > row_end[i]:
+                    out[total] = 2
+                    total += 1
+                memcpy(out + total, e[a].name, e[a].name_len)
+                out[total + e[a].name_len] = 1
+                total += e[a].name_len + 1
+                if e[a].kind == DIRECT:
+                    memcpy(out + total, e[a].value, e[a].value_len)
+                    total += e[a].value_len
                 else:
-                    pos = write_joined(out, pos, cols, &e[k], i)
-        return data, offsets, delays
+                    total = write_joined(out, total, cols, &e[a], i)
+            row_end[i + 1] = total
+        return PyBytes_FromStringAndSize(out, total), offsets, delays
     finally:
         free(e)
-        free(first)
+        free(out)
 
 
 cdef int64_t joined_len(Lists *cols, Entry *e, Py_ssize_t i) noexcept:

@@ -156,21 +156,27 @@ _MS = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}   # timestamp unit -> d
 
 
 def _arrow_ints(values: Any, what: str, null: int, lo: int | None) -> np.ndarray:
-    """An Arrow integer or timestamp (as ms) array as int64, nulls as ``null``."""
+    """An Arrow integer or timestamp (as ms) array as an int64 numpy array, nulls as
+    ``null`` (numpy only when there is no null: pyarrow compute calls cost more than the
+    rows of a batch)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     arr = _combined(values)
     t = arr.type
     if not (pa.types.is_integer(t) or pa.types.is_timestamp(t)):
         raise InvalidArgumentTypeError(f"{what}: an Arrow column of {t} where integers are due")
-    try:
+    if pa.types.is_uint64(t) and len(arr) and pc.max(arr).as_py() >= 1 << 63:
+        raise InvalidArgumentError(f"{what} {pc.max(arr).as_py()} out of range")
+    if arr.null_count:
         arr = arr.cast(pa.int64())
-    except pa.ArrowInvalid as e:
-        raise InvalidArgumentError(f"{what}: {e}") from None
-    low = pc.min(arr).as_py()
-    if lo is not None and low is not None and low < lo:
-        raise InvalidArgumentError(f"{what} {low} is below {lo}")
-    a = arr.fill_null(null).to_numpy(zero_copy_only=False)
+        low = pc.min(arr).as_py()
+        if lo is not None and low is not None and low < lo:
+            raise InvalidArgumentError(f"{what} {low} is below {lo}")
+        arr = arr.fill_null(null)
+    elif lo is not None and len(arr) and arr.to_numpy().min() < lo:
+        raise InvalidArgumentError(f"{what} {arr.to_numpy().min()} is below {lo}")
+    a = arr.to_numpy(zero_copy_only=False)
+    a = a.view(np.int64) if pa.types.is_timestamp(t) else a.astype(np.int64, copy=False)
     if pa.types.is_timestamp(t) and _MS[t.unit] != 1:
         a = a * 1000 if _MS[t.unit] < 0 else a // _MS[t.unit]
     return a
