@@ -289,11 +289,14 @@ def arrow_rows(Py_ssize_t n, tuple props=None, list columns=None, generate=None)
 
 
 cdef int64_t joined_len(Lists *cols, Entry *e, Py_ssize_t i) noexcept:
-    """Bytes of a JOINED value: the row's strings and a space between each two."""
-    cdef Lists *l = &cols[e.col]
-    cdef int64_t a = l.off[i], b = l.off[i + 1]
+    """Bytes of an entry's value; of a JOINED one, the row's strings and a space between
+    each two."""
+    cdef Lists *l
+    cdef int64_t a, b
     if e.kind != JOINED:
         return e.value_len
+    l = &cols[e.col]
+    a, b = l.off[i], l.off[i + 1]
     return (l.s.off[b] - l.s.off[a]) + (b - a - 1 if b > a else 0)
 
 
