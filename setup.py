@@ -4,7 +4,8 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CEXT = ["cext/rmq_mmap.c", "cext/rmq_fault.c", "cext/rmq_crc.c"]
-KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_append", "_cq", "_index", "_arrow"]
+KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_append", "_cq", "_index", "_arrow",
+           "_properties"]
 
 extensions = [
     Extension(

@@ -3,7 +3,7 @@
 segment, and the Appender that puts messages and batches under the commitlog's write
 lock."""
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy, memchr
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
@@ -252,14 +252,16 @@ cdef const int64_t[::1] column_offsets(object offsets, Py_ssize_t data_len, str 
     return o
 
 
-cdef const int32_t[::1] index_column(object values, Py_ssize_t n, int64_t limit, str what) except *:
-    """``values`` as ``n`` int32s in [0, limit)."""
+cdef const int64_t[::1] int_column(object values, Py_ssize_t n, int64_t lo, int64_t hi, str what) except *:
+    """``values`` as ``n`` int64s in [lo, hi] (None: ``n`` zeros)."""
+    if values is None:
+        return np.zeros(n, np.int64)
     a = np.asarray(values)
     if a.shape != (n,) or (n and a.dtype.kind not in "iu"):
         raise InvalidArgumentTypeError(f"{what} must be {n} ints")
-    if n and (a.min() < 0 or a.max() >= limit):
-        raise InvalidArgumentError(f"{what} must be in [0, {limit - 1}]")
-    return np.ascontiguousarray(a, dtype=np.int32)
+    if n and (a.min() < lo or a.max() > hi):
+        raise InvalidArgumentError(f"{what} must be in [{lo}, {hi}]")
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 cdef inline int64_t now_ms() noexcept nogil:
@@ -416,25 +418,39 @@ cdef class Appender:
             PyThread_release_lock(self._lock)
 
     def put_columns(self, list topics not None, topic_ids, body_data not None, body_offsets not None,
-                    props_data=None, props_offsets=None, queue_ids=None):
+                    props_data=None, props_offsets=None, queue_ids=None, *, flag=None, sys_flag=None,
+                    born_timestamp=None, reconsume_times=None, born_host_data=None, born_host_offsets=None):
         """Append ``n`` messages from columns, with no Python object per message: row i goes
         to ``topics[topic_ids[i]]`` (``topic_ids`` None: all to ``topics[0]``), its body is
         ``body_data[body_offsets[i]:body_offsets[i + 1]]`` and its properties string
         (RocketMQ's ``name\\x01value\\x02...``, checked by the caller) likewise from
         ``props_data``/``props_offsets`` (None: none). ``queue_ids``: None (round robin per
-        topic), an int, or ``n`` ints. Born host and time are the store's. One store
-        timestamp, one lock; all or nothing: every size and queue id is checked, and every
-        segment the batch rolls into is made, before the first record is written.
-        Returns numpy arrays (phy_offset, size, queue_id, queue_offset)."""
+        topic), an int, or ``n`` ints (-1: that row round robin). Optional ``n`` ints each
+        (None: all 0): ``flag``, ``sys_flag`` (the host IPv6 bits are set from the hosts;
+        PREPARED / ROLLBACK rows get queue offset 0, as put gives them),
+        ``born_timestamp`` (ms; 0: the store time) and ``reconsume_times``. Born hosts
+        packed (8 or 20 bytes) as a column like the bodies (None, or 0 bytes: the store
+        host). One store timestamp, one lock; all or nothing: every size and queue id
+        is checked, and every segment the batch rolls into is made, before the first record
+        is written. Returns numpy arrays (phy_offset, size, queue_id, queue_offset)."""
         cdef const unsigned char[::1] bd = body_data
         cdef const unsigned char[::1] pd = props_data if props_data is not None else b""
         cdef const int64_t[::1] bo = column_offsets(body_offsets, bd.shape[0], "body")
-        cdef const int64_t[::1] po
-        cdef const int32_t[::1] tids
         cdef Py_ssize_t n = bo.shape[0] - 1, i, nt = len(topics), tlen
-        cdef const char *host = PyBytes_AS_STRING(self.store_host)
-        cdef int32_t hlen = <int32_t>len(self.store_host), q, t = 0
-        cdef int32_t sys_flag = STORE_V6 | BORN_V6 if hlen == 20 else 0
+        cdef const int64_t[::1] po
+        cdef const int64_t[::1] flg = int_column(flag, n, -0x80000000, 0x7FFFFFFF, "flag")
+        cdef const int64_t[::1] sfl = int_column(sys_flag, n, 0, 0x7FFFFFFF, "sys_flag")
+        cdef const int64_t[::1] bts = int_column(born_timestamp, n, 0, 0x7FFFFFFFFFFFFFFF, "born_timestamp")
+        cdef const int64_t[::1] rct = int_column(reconsume_times, n, 0, 0x7FFFFFFF, "reconsume_times")
+        cdef const unsigned char[::1] hd = born_host_data if born_host_data is not None else b"\0"
+        cdef const int64_t[::1] ho = column_offsets(born_host_offsets, hd.shape[0], "born host") \
+            if born_host_data is not None else np.zeros(n + 1, np.int64)
+        if ho.shape[0] != n + 1:
+            raise InvalidArgumentError(f"{ho.shape[0] - 1} born hosts for {n} bodies")
+        cdef const int64_t[::1] tids = int_column(topic_ids, n, 0, nt - 1, "topic_ids")
+        cdef const char *store_p = PyBytes_AS_STRING(self.store_host)
+        cdef int32_t hlen = <int32_t>len(self.store_host), born_len, q, t = 0, tran
+        cdef int32_t host_bits = STORE_V6 if hlen == 20 else 0
         cdef int64_t fixed, plen, total, ts, wpos, seg_size = self.segments.file_size
         cdef list names = [], encoded = [], states = []
         cdef const int64_t[::1] slots
@@ -458,8 +474,6 @@ cdef class Appender:
                 raise InvalidArgumentError(f"{po.shape[0] - 1} properties for {n} bodies")
         if nt == 0:
             raise InvalidArgumentError("put_columns needs a topic")
-        tids_a = np.zeros(n, np.int32) if topic_ids is None else np.asarray(index_column(topic_ids, n, nt, "topic_ids"))
-        tids = tids_a
         for i, name in enumerate(topics):
             name = text_arg("topic", name)
             PyUnicode_AsUTF8AndSize(name, &tlen)
@@ -468,20 +482,23 @@ cdef class Appender:
             names.append(name)
             encoded.append(name.encode())
             tlens[i] = tlen
-        fixed = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + hlen + 8 + hlen + 4 + 8 + 4 + (1 if self.version == 1 else 2) + 2
+        fixed = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + hlen + 4 + 8 + 4 + (1 if self.version == 1 else 2) + 2
         for i in range(n):
             plen = po[i + 1] - po[i]
             if plen > 32767:
                 raise MessageTooLargeError(f"row {i}: properties of {plen} bytes exceed 32767")
-            total = fixed + tlens[tids[i]] + bo[i + 1] - bo[i] + plen
+            born_len = <int32_t>(ho[i + 1] - ho[i]) if ho[i + 1] > ho[i] else hlen
+            if born_len != 8 and born_len != 20:
+                raise InvalidArgumentError(f"row {i}: a born host packed in {born_len} bytes, not 8 or 20")
+            total = fixed + born_len + tlens[tids[i]] + bo[i + 1] - bo[i] + plen
             if total > self.max_size or total + 8 > seg_size:
                 raise MessageTooLargeError(f"row {i}: message of {total} bytes exceeds the limit "
                                            f"({min(self.max_size, seg_size - 8)} bytes)")
             sizes[i] = total
         if queue_ids is not None and not isinstance(queue_ids, int):
-            qids_a[:] = index_column(queue_ids, n, 0x80000000, "queue_ids")
-        elif queue_ids is not None:
-            qids_a[:] = queue_id_arg(queue_ids)
+            qids_a[:] = int_column(queue_ids, n, -1, 0x7FFFFFFF, "queue_ids")
+        else:
+            qids_a[:] = -1 if queue_ids is None else queue_id_arg(queue_ids)
         self._acquire()
         try:
             for name in names:
@@ -491,32 +508,33 @@ cdef class Appender:
                     st = self._state(name)
                     st.checked = True
                 states.append(st)
-            if queue_ids is None:
-                for i in range(n):
+            for i in range(n):
+                if qids[i] < 0:
                     st = states[tids[i]]
                     qids[i] = st.next_qid
                     st.next_qid = (st.next_qid + 1) % self.queue_nums
             # every (topic, queue) the batch touches gets a slot; its next offset sits in a C array
             top = int(qids_a.max()) + 1 if n else 1
+            tids_a = np.asarray(tids)
             if nt * top <= 1 << 16:   # few topics and queues: dense slots, no sort
-                dense = tids_a.astype(np.int64) * top + qids_a
+                dense = tids_a * top + qids_a
                 used = np.flatnonzero(np.bincount(dense, minlength=nt * top))
                 keys_a = (used // top) << 32 | used % top
                 slot_of = np.empty(nt * top, np.int64)
                 slot_of[used] = np.arange(len(used))
                 slots_v = slot_of[dense]
             else:
-                keys_a, slots_v = np.unique(tids_a.astype(np.int64) << 32 | qids_a, return_inverse=True)
+                keys_a, slots_v = np.unique(tids_a << 32 | qids_a, return_inverse=True)
                 slots_v = slots_v.astype(np.int64)
             slots = slots_v
             next_a = np.array([(<_TopicState>states[k >> 32]).offsets.get(k & 0xFFFFFFFF, 0) for k in keys_a.tolist()],
                               np.int64)
+            first_a = next_a.copy()
             next_off = next_a
             seg = self.seg = self._last()
             self._make_room(sizes_a)
             ts = now_ms()
-            h.born_ts, h.store_ts, h.prepared, h.flag, h.sys_flag, h.reconsume, h.version = \
-                ts, ts, 0, 0, sys_flag, 0, self.version
+            h.store_ts, h.prepared, h.version = ts, 0, self.version
             for i in range(n):
                 wpos = seg.wrote_pos
                 if sizes[i] + 8 > seg.m.size - wpos:
@@ -529,11 +547,20 @@ cdef class Appender:
                 if seg.m.readonly or seg.closing or seg.unmapped:
                     raise StoreClosedError(f"{seg.path}: segment not writable")
                 t, q = tids[i], qids[i]
-                qoffs[i] = next_off[slots[i]]
-                next_off[slots[i]] += 1
+                tran = sfl[i] & TRANSACTION_MASK
+                if tran == TRAN_PREPARED or tran == TRAN_ROLLBACK:
+                    qoffs[i] = 0
+                else:
+                    qoffs[i] = next_off[slots[i]]
+                    next_off[slots[i]] += 1
+                born_len = <int32_t>(ho[i + 1] - ho[i])
                 phys[i] = seg.base_offset + wpos
                 h.phy, h.total, h.queue_offset, h.queue_id = phys[i], sizes[i], qoffs[i], q
-                p = write_record(seg.m.base + wpos, &h, host, hlen, host, hlen,
+                h.flag, h.reconsume, h.born_ts = <int32_t>flg[i], <int32_t>rct[i], bts[i] if bts[i] else ts
+                h.sys_flag = (<int32_t>sfl[i] & ~(BORN_V6 | STORE_V6)) | host_bits \
+                    | (BORN_V6 if born_len == 20 or born_len == 0 and hlen == 20 else 0)
+                p = write_record(seg.m.base + wpos, &h, <const char *>&hd[0] + ho[i] if born_len else store_p,
+                                 born_len if born_len else hlen, store_p, hlen,
                                  <const char *>&bd[0] + bo[i] if bd.shape[0] else empty, bo[i + 1] - bo[i],
                                  PyBytes_AS_STRING(encoded[t]), tlens[t])
                 rmq_st16(p, <int16_t>(po[i + 1] - po[i]))
@@ -544,8 +571,9 @@ cdef class Appender:
                     self.warm(seg)
         finally:
             if next_a is not None:   # the offsets taken, also by rows written before an error
-                for k, nxt in zip(keys_a.tolist(), next_a.tolist()):
-                    (<_TopicState>states[k >> 32]).offsets[k & 0xFFFFFFFF] = nxt
+                for k, first, nxt in zip(keys_a.tolist(), first_a.tolist(), next_a.tolist()):
+                    if nxt != first:
+                        (<_TopicState>states[k >> 32]).offsets[k & 0xFFFFFFFF] = nxt
             PyThread_release_lock(self._lock)
         return phys_a, sizes_a, qids_a, qoffs_a
 
@@ -625,10 +653,6 @@ cdef class Appender:
         if res.phy_offset + res.size >= self.warm_mark:
             self.warm(self.seg)
         return res
-
-
-
-
 cdef class StoreWriter:
     """MessageStore.put and put_batch as one C call each: the store's operation gate, the
     writable check, the append and, in SYNC mode, the wait for the flush, with no Python
@@ -677,62 +701,3 @@ cdef class StoreWriter:
             return out
         finally:
             self.gate.leave()
-
-
-def properties_rows(bytes common not None, list names not None, list columns not None, Py_ssize_t n):
-    """The properties column of ``n`` rows for put_columns: per row ``common`` (already laid
-    out), then ``names[j]\\x01value`` for each column j whose value is not None, joined by
-    \\x02. Values must be str without a \\x01/\\x02 inside. Returns (bytes, int64 offsets)."""
-    cdef Py_ssize_t i, j, vl, nc = len(columns), cl = len(common)
-    cdef int64_t row, pos
-    cdef const char *vp
-    cdef char *out
-    cdef list col
-    offsets = np.zeros(n + 1, np.int64)
-    cdef int64_t[::1] off = offsets
-    cdef list name_bytes = [name.encode() for name in names]
-    for col in columns:
-        if len(col) != n:
-            raise InvalidArgumentError(f"{len(col)} values for {n} messages")
-    for i in range(n):
-        row = cl
-        for j in range(nc):
-            v = (<list>columns[j])[i]
-            if v is None:
-                continue
-            vp = _checked_text(v, names[j], &vl)
-            row += (1 if row else 0) + len(<bytes>name_bytes[j]) + 1 + vl
-        off[i + 1] = off[i] + row
-    data = PyBytes_FromStringAndSize(NULL, off[n])
-    out = PyBytes_AS_STRING(data)
-    for i in range(n):
-        pos = off[i]
-        memcpy(out + pos, PyBytes_AS_STRING(common), cl)
-        pos += cl
-        for j in range(nc):
-            v = (<list>columns[j])[i]
-            if v is None:
-                continue
-            vp = PyUnicode_AsUTF8AndSize(v, &vl)
-            if pos > off[i]:
-                out[pos] = 2
-                pos += 1
-            memcpy(out + pos, PyBytes_AS_STRING(name_bytes[j]), len(<bytes>name_bytes[j]))
-            pos += len(<bytes>name_bytes[j])
-            out[pos] = 1
-            memcpy(out + pos + 1, vp, vl)
-            pos += 1 + vl
-    return data, offsets
-
-
-cdef const char *_checked_text(object v, str what, Py_ssize_t *n) except NULL:
-    cdef const char *p
-    if type(v) is not str:
-        raise InvalidArgumentTypeError(f"{what} must be str, not {type(v).__name__}")
-    try:
-        p = PyUnicode_AsUTF8AndSize(v, n)
-    except UnicodeEncodeError:
-        raise InvalidArgumentError(f"{what} {v!r}: not valid Unicode text (a lone surrogate?)") from None
-    if memchr(p, 1, n[0]) or memchr(p, 2, n[0]):
-        raise InvalidArgumentError(f"a {what} value holds a \\x01/\\x02 separator")
-    return p

@@ -4,6 +4,8 @@ properties string, hosts and msgId, and the one translator of decoder statuses i
 exceptions. Pure functions over bytes; no segment, no store."""
 import enum
 
+import numpy as np
+
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.string cimport memcmp, memcpy
@@ -130,6 +132,63 @@ def pack_host(host):
     if not 0 <= port <= 0x7FFFFFFF:
         raise InvalidArgumentError(f"host {host!r}: port out of range")
     return addr.packed + port.to_bytes(4, "big")
+
+
+cdef int pack_v4(const char *s, Py_ssize_t n, char *out) noexcept nogil:
+    """``a.b.c.d:port`` in its plain form (decimal octets <= 255 without leading zeros, a
+    port of 1 to 10 digits <= 2^31 - 1) packed into ``out`` (8 bytes): 1, else 0 (not that
+    form: pack_host decides)."""
+    cdef Py_ssize_t i = 0, start
+    cdef int part
+    cdef int64_t v
+    for part in range(5):
+        start, v = i, 0
+        while i < n and i - start < 10 and 48 <= <uint8_t>s[i] <= 57:
+            v = v * 10 + (s[i] - 48)
+            i += 1
+        if i == start or (part < 4 and (v > 255 or (i - start > 1 and s[start] == 48))) or v > 0x7FFFFFFF:
+            return 0
+        if part < 4:
+            out[part] = <char>v
+            if i >= n or s[i] != (58 if part == 3 else 46):   # ':' after the last octet, else '.'
+                return 0
+            i += 1
+        else:
+            rmq_st32(out + 4, <int32_t>v)
+    return i == n
+
+
+def pack_hosts(offsets, data, valid):
+    """pack_host of each row of a string column (``offsets`` n + 1 int64 into ``data``,
+    ``valid`` n uint8; a null row: no host, 0 bytes), IPv4 hosts in C: (packed bytes,
+    int64 offsets)."""
+    cdef const int64_t[::1] off = offsets
+    cdef const unsigned char[::1] d = data if len(data) else b"\0"
+    cdef const unsigned char[::1] ok = valid
+    cdef Py_ssize_t i, n = ok.shape[0], pos = 0
+    cdef char *o
+    cdef dict others = {}
+    if off.shape[0] != n + 1 or (n and (off[0] < 0 or off[n] > len(data))):
+        raise InvalidArgumentError(f"hosts: {n + 1} offsets within the data are due")
+    out = PyBytes_FromStringAndSize(NULL, 20 * n)
+    o = PyBytes_AS_STRING(out)
+    result = np.zeros(n + 1, np.int64)
+    cdef int64_t[::1] at = result
+    for i in range(n):
+        if ok[i]:
+            if off[i + 1] < off[i]:
+                raise InvalidArgumentError(f"hosts: offsets decrease at row {i}")
+            if pack_v4(<const char *>&d[0] + off[i], off[i + 1] - off[i], o + pos):
+                pos += 8
+            else:
+                text = bytes(d[off[i]:off[i + 1]]).decode("utf-8", "replace")
+                packed = others.get(text)
+                if packed is None:
+                    packed = others[text] = pack_host(text)
+                memcpy(o + pos, PyBytes_AS_STRING(packed), len(packed))
+                pos += len(packed)
+        at[i + 1] = pos
+    return out[:pos], result
 
 
 cdef str format_host(const char *p, int32_t alen):

@@ -114,12 +114,13 @@ class CommitLog:
             self._warm_to = stop
         self.appender.warm_mark = min(end, pos + ahead // 2)
 
-    def put_columns(self, topics, topic_ids, body, props, queue_ids):
-        """Append rows given as columns (see _append.Appender.put_columns)."""
+    def put_columns(self, topics, topic_ids, body, props, queue_ids, fields):
+        """Append rows given as columns (see _append.Appender.put_columns; ``fields``: its
+        keyword arguments)."""
         if self.readonly or self.failed is not None:
             self.check_writable()
         return self.appender.put_columns(topics, topic_ids, body[0], body[1], *(props or (None, None)),
-                                          queue_ids)
+                                         queue_ids, **fields)
 
     # -- reading --------------------------------------------------------------------------
     def get(self, offset, check_crc=False):

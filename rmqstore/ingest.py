@@ -1,11 +1,12 @@
-"""Columnar ingest: bodies, tags, keys and properties given as sequences, numpy or Arrow
-arrays become the ``(data, offsets)`` columns the append kernel writes with no Python
-object per message (``MessageStore.put_columns`` / ``put_arrow``).
+"""Columnar ingest: bodies, tags, keys, properties and the other message fields given as
+sequences, numpy or Arrow arrays become the columns the append kernel writes with no
+Python object per message (``MessageStore.put_columns`` / ``put_arrow``).
 
-A column is one bytes-like ``data`` buffer and ``n + 1`` int64 ``offsets``: row i is
-``data[offsets[i]:offsets[i + 1]]``. Properties are laid out as a record stores them
+A binary column is one bytes-like ``data`` buffer and ``n + 1`` int64 ``offsets``: row i
+is ``data[offsets[i]:offsets[i + 1]]``. Properties are laid out as a record stores them
 (``name\\x01value`` pairs joined by ``\\x02``), in the order ``Message`` uses: the given
-properties, then TAGS, then KEYS, then UNIQ_KEY.
+properties, then TAGS, then KEYS, then UNIQ_KEY. Integer fields are int64 arrays; born
+hosts are a binary column of packed hosts (an empty row: the store host).
 """
 from __future__ import annotations
 
@@ -13,29 +14,50 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-import rmqstore._append as _append
+import rmqstore._properties as _properties
+from rmqstore._message import Message
+from rmqstore._record import gets_cq_entry, pack_host, pack_hosts
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+from rmqstore.topics import SCHEDULE_TOPIC
 
 Column = tuple[Any, np.ndarray]   # (bytes-like data, int64 offsets)
 _SEPARATORS = (b"\x01", b"\x02")
 
 
-def _arrow_binary(values: Any) -> Column | None:
-    """(data, offsets) of a pyarrow binary/string array (chunks combined), else None."""
-    if not hasattr(values, "buffers") and not hasattr(values, "combine_chunks"):
-        return None
+def _is_arrow(values: Any) -> bool:
+    return hasattr(values, "buffers") or hasattr(values, "combine_chunks")
+
+
+def _combined(values: Any) -> Any:
+    """A pyarrow array (a ChunkedArray's chunks combined)."""
+    return values.combine_chunks() if hasattr(values, "combine_chunks") else values
+
+
+def _arrow_bytes(arr: Any, what: str) -> Column:
+    """(data, offsets) of a pyarrow binary/string array, nulls included (as empty rows)."""
     import pyarrow as pa
-    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    if not (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type) or pa.types.is_large_binary(arr.type)
-            or pa.types.is_large_string(arr.type)):
-        raise InvalidArgumentTypeError(f"an Arrow column of {arr.type} where binary or string is due")
-    if arr.null_count:
-        raise InvalidArgumentError("a column holds nulls")
-    wide = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
+    t = arr.type
+    if not (pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t)
+            or pa.types.is_large_string(t)):
+        raise InvalidArgumentTypeError(f"{what}: an Arrow column of {t} where binary or string is due")
+    if len(arr) == 0:
+        return b"", np.zeros(1, np.int64)
     _, off_buf, data_buf = arr.buffers()
+    wide = pa.types.is_large_binary(t) or pa.types.is_large_string(t)
     offsets = np.frombuffer(off_buf, np.int64 if wide else np.int32)[arr.offset:arr.offset + len(arr) + 1]
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else b""
     return data, offsets.astype(np.int64)
+
+
+def _arrow_binary(values: Any) -> Column | None:
+    """(data, offsets) of a pyarrow binary/string array (chunks combined), else None."""
+    if not _is_arrow(values):
+        return None
+    arr = _combined(values)
+    col = _arrow_bytes(arr, "a column")
+    if arr.null_count:
+        raise InvalidArgumentError("a column holds nulls")
+    return col
 
 
 def binary_column(values: Any, what: str) -> Column:
@@ -116,7 +138,7 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
     if uniq_key is not None:
         names.append("UNIQ_KEY")
         columns.append([uniq_key() for _ in range(n)])
-    data, offsets = _append.properties_rows(common, names, columns, n)
+    data, offsets = _properties.properties_rows(common, names, columns, n)
     return data, offsets
 
 
@@ -130,11 +152,154 @@ def topic_column(topics: Any, n: int) -> tuple[list[str], np.ndarray | None]:
     return list(names), ids
 
 
+_MS = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}   # timestamp unit -> divisor to ms (-: multiplier)
+
+
+def _arrow_ints(values: Any, what: str, null: int, lo: int | None) -> np.ndarray:
+    """An Arrow integer or timestamp (as ms) array as an int64 numpy array, nulls as
+    ``null`` (numpy only when there is no null: pyarrow compute calls cost more than the
+    rows of a batch)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    arr = _combined(values)
+    t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_timestamp(t)):
+        raise InvalidArgumentTypeError(f"{what}: an Arrow column of {t} where integers are due")
+    if pa.types.is_uint64(t) and len(arr) and pc.max(arr).as_py() >= 1 << 63:
+        raise InvalidArgumentError(f"{what} {pc.max(arr).as_py()} out of range")
+    if arr.null_count:
+        arr = arr.cast(pa.int64())
+        low = pc.min(arr).as_py()
+        if lo is not None and low is not None and low < lo:
+            raise InvalidArgumentError(f"{what} {low} is below {lo}")
+        arr = arr.fill_null(null)
+    elif lo is not None and len(arr) and arr.to_numpy().min() < lo:
+        raise InvalidArgumentError(f"{what} {arr.to_numpy().min()} is below {lo}")
+    a = arr.to_numpy(zero_copy_only=False)
+    a = a.view(np.int64) if pa.types.is_timestamp(t) else a.astype(np.int64, copy=False)
+    if pa.types.is_timestamp(t) and _MS[t.unit] != 1:
+        a = a * 1000 if _MS[t.unit] < 0 else a // _MS[t.unit]
+    return a
+
+
+def int_column(values: Any, n: int, what: str, null: int = 0, lo: int | None = None) -> Any:
+    """None, one int for every row, or ``n`` ints (a sequence, a numpy or an Arrow integer
+    or timestamp array: timestamps as ms; None and nulls: ``null``) as an int or an int64
+    array. A value below ``lo``: InvalidArgumentError; the kernel checks the rest of the
+    range."""
+    if values is None:
+        return None
+    if isinstance(values, (bool, np.bool_)) or isinstance(values, (str, bytes, bytearray)):
+        raise InvalidArgumentTypeError(f"{what} must be an int or one per message, not {type(values).__name__}")
+    if isinstance(values, (int, np.integer)):
+        v = int(values)
+        if lo is not None and v < lo or not -(1 << 63) <= v < 1 << 63:
+            raise InvalidArgumentError(f"{what} {v} out of range")
+        return np.full(n, v, np.int64)
+    if _is_arrow(values):
+        a = _arrow_ints(values, what, null, lo)
+    else:
+        rows = values if isinstance(values, np.ndarray) else [null if v is None else v for v in values]
+        present = values if isinstance(values, np.ndarray) else [v for v in values if v is not None]
+        if any(isinstance(v, (bool, np.bool_)) for v in (present if not isinstance(values, np.ndarray) else ())):
+            raise InvalidArgumentTypeError(f"{what} must be ints, not bool")
+        a = np.asarray(rows)
+        if len(a) and a.dtype.kind not in "iu":
+            raise InvalidArgumentTypeError(f"{what} must be ints in the int64 range, not {a.dtype}")
+        if lo is not None and len(present) and min(present) < lo:
+            raise InvalidArgumentError(f"{what} {min(present)} is below {lo}")
+    if a.shape != (n,):
+        raise InvalidArgumentError(f"{len(a)} {what} for {n} messages")
+    return a
+
+
+def host_column(values: Any, n: int) -> Column | None:
+    """Born hosts (None, one "ip:port" for every row, or one per row, a sequence or an Arrow
+    string array; None and nulls: the store host) as a column of packed hosts (an empty
+    row: the store host)."""
+    if values is None:
+        return None
+    if isinstance(values, str):
+        packed = pack_host(values)
+        return packed * n, np.arange(n + 1, dtype=np.int64) * len(packed)
+    if _is_arrow(values):
+        import pyarrow as pa
+        arr = _combined(values)
+        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+            raise InvalidArgumentTypeError(f"born_host: an Arrow column of {arr.type} where strings are due")
+        data, offsets = _arrow_bytes(arr, "born_host")
+        col: Column = pack_hosts(offsets, data, _validity(arr))
+    else:
+        rows = _per_row(values, n, "born hosts") or []
+        packed_of: dict[str, bytes] = {}
+        col = binary_column([b"" if h is None else packed_of.get(h) or packed_of.setdefault(h, pack_host(
+            _text("born_host", h))) for h in rows], "born_host")
+    if len(col[1]) != n + 1:
+        raise InvalidArgumentError(f"{len(col[1]) - 1} born hosts for {n} messages")
+    return col
+
+
+def message_fields(n: int, flag: Any = None, sys_flag: Any = None, born_timestamp: Any = None,
+                   born_host: Any = None, reconsume_times: Any = None) -> dict[str, Any]:
+    """The kernel's keyword arguments for the fields put_columns takes per row or for all."""
+    hosts = host_column(born_host, n)
+    return {"flag": int_column(flag, n, "flag"), "sys_flag": int_column(sys_flag, n, "sys_flag"),
+            "born_timestamp": int_column(born_timestamp, n, "born_timestamp"),
+            "reconsume_times": int_column(reconsume_times, n, "reconsume_times"),
+            "born_host_data": None if hosts is None else hosts[0],
+            "born_host_offsets": None if hosts is None else hosts[1]}
+
+
+def _strings(arr: Any) -> tuple[np.ndarray, Any, np.ndarray]:
+    """(offsets, data, uint8 validity) of a pyarrow string array."""
+    data, offsets = _arrow_bytes(arr, "a string column")
+    return offsets, data, _validity(arr)
+
+
+def _validity(arr: Any) -> np.ndarray:
+    """1 per valid row of a pyarrow array, 0 per null, as uint8."""
+    if not arr.null_count:
+        return np.ones(len(arr), np.uint8)
+    return arr.is_valid().to_numpy(zero_copy_only=False).view(np.uint8)
+
+
+def _lists(values: Any, what: str) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, Any, np.ndarray]]:
+    """(list offsets, uint8 validity, strings) of a pyarrow list-of-strings or string array
+    (a string array as lists of one)."""
+    import pyarrow as pa
+    arr = _combined(values)
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+        start, m = (int(offsets[0]), int(offsets[-1] - offsets[0])) if len(arr) else (0, 0)
+        return offsets - start, _validity(arr), _strings(arr.values.slice(start, m))
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        raise InvalidArgumentTypeError(f"put_arrow: {what} is {arr.type}, not string")
+    strings = _strings(arr)
+    return np.arange(len(arr) + 1, dtype=np.int64), strings[2], strings
+
+
+def _map(values: Any) -> tuple[np.ndarray, np.ndarray, tuple[Any, ...], tuple[Any, ...]]:
+    """(entry offsets, validity, names, values) of a pyarrow map<string, string> array."""
+    import pyarrow as pa
+    arr = _combined(values)
+    if not (pa.types.is_map(arr.type) and pa.types.is_string(arr.type.key_type)
+            and pa.types.is_string(arr.type.item_type)):
+        raise InvalidArgumentTypeError(f"put_arrow: properties are {arr.type}, not map<string, string>")
+    offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    start, m = (int(offsets[0]), int(offsets[-1] - offsets[0])) if len(arr) else (0, 0)
+    return offsets - start, _validity(arr), _strings(arr.keys.slice(start, m)), _strings(arr.items.slice(start, m))
+
+
 def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tuple[Any, ...]:
     """The kernel's columns from an Arrow table or record batch with ``topic`` and ``body``
-    and optional ``queue_id``, ``tags``, ``keys`` (string or list of strings) and
-    ``properties`` (map of strings): (topics, topic ids, body column, properties column,
-    queue ids). Tags and keys are joined with Arrow compute kernels, not per row in Python."""
+    and optional ``queue_id`` (null: round robin), ``tags``, ``keys`` (string or list of
+    strings), ``uniq_key``, ``properties`` (map of strings), ``flag``, ``sys_flag``,
+    ``born_timestamp`` (timestamp or int ms), ``born_host`` ("ip:port") and
+    ``reconsume_times`` (nulls: as put_columns' defaults): (topics, topic ids, body column,
+    properties column, queue ids, the kernel's keyword arguments). Properties are built
+    as ``Message`` builds them (see _properties.arrow_rows), in one C pass. Last, the rows
+    put would move to SCHEDULE_TOPIC_XXXX (a DELAY level): the batch then goes as Messages
+    (arrow_messages)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     if isinstance(batch, pa.Table):
@@ -145,37 +310,56 @@ def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tupl
         raise InvalidArgumentError(f"put_arrow: column(s) {missing} are required")
     n = batch.num_rows
     col = batch.column
-    topics = pc.dictionary_encode(col("topic")).combine_chunks() if isinstance(col("topic"), pa.ChunkedArray) \
-        else pc.dictionary_encode(col("topic"))
+    topics = pc.dictionary_encode(_combined(col("topic")))
     if topics.null_count:
-        raise InvalidArgumentError("put_arrow: a row has no topic")
+        raise InvalidArgumentError(f"put_arrow: row {topics.is_null().index(True).as_py()} has no topic")
     topic_names = [_text("topic", t) for t in topics.dictionary.to_pylist()]
     topic_ids = topics.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-    parts = []   # per row "name\x01value\x02" or "" (no nulls), joined and the last \x02 cut
-    if "properties" in names and col("properties").null_count < n:
-        parts.append(pa.array([b"".join(_pair(_text("property name", k), _text(f"property {k!r}", v)) + b"\x02"
-                                        for k, v in (row or ()) if v is not None)
-                               for row in col("properties").to_pylist()], pa.binary()).cast(pa.string()))
-    for name, prefix in (("tags", "TAGS\x01"), ("keys", "KEYS\x01")):
-        if name not in names:
-            continue
-        values = col(name)
-        if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
-            values = pc.binary_join(values, " ")
-        values = values.cast(pa.string())
-        if pc.any(pc.match_substring_regex(values, "[\x01\x02]")).as_py():
-            raise InvalidArgumentError(f"put_arrow: a {name} value holds a \\x01/\\x02 separator")
-        parts.append(pc.binary_join_element_wise(prefix, values, "\x02", "").fill_null(""))
-    if uniq_key is not None:
-        parts.append(pa.array([f"UNIQ_KEY\x01{uniq_key()}\x02" for _ in range(n)], pa.string()))
-    props = None
-    if parts:
-        joined = pc.binary_join_element_wise(*parts, "") if len(parts) > 1 else parts[0]
-        props = _arrow_binary(pc.utf8_rtrim(joined, characters="\x02").cast(pa.binary()))
-    queue_ids = None
-    if "queue_id" in names:
-        q = col("queue_id")
-        if q.null_count:
-            raise InvalidArgumentError("put_arrow: a row has a null queue_id")
-        queue_ids = q.to_numpy(zero_copy_only=False)
-    return topic_names, topic_ids, binary_column(col("body"), "body"), props, queue_ids
+    if _combined(col("body")).null_count:
+        raise InvalidArgumentError(f"put_arrow: row {col('body').is_null().index(True).as_py()} has no body")
+    props = _map(col("properties")) if "properties" in names else None
+    lists = [_lists(col(c), c) if c in names else None for c in ("uniq_key", "tags", "keys")]
+    data, offsets, delays = _properties.arrow_rows(n, props, lists, uniq_key)
+    fields = message_fields(n, *(col(c) if c in names else None
+                                 for c in ("flag", "sys_flag", "born_timestamp", "born_host", "reconsume_times")))
+    delayed = [row for row, level in delays if topic_names[topic_ids[row]] != SCHEDULE_TOPIC and _delays(level)
+               and gets_cq_entry(0 if fields["sys_flag"] is None else int(fields["sys_flag"][row]))]
+    queue_ids = int_column(col("queue_id"), n, "queue_ids", -1, 0) if "queue_id" in names else None
+    return (topic_names, topic_ids, binary_column(col("body"), "body"), (data, offsets) if len(data) else None,
+            queue_ids, fields, delayed)
+
+
+def arrow_messages(batch: Any, fields: dict[str, Any]) -> list[Message]:
+    """The Messages of an Arrow batch (see arrow_columns; ``fields`` as it gives them), for
+    a batch with a row put would delay: the delay rewrite runs per message in put."""
+    import pyarrow as pa
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks()
+    n, names = batch.num_rows, batch.schema.names
+    none: list[Any] = [None] * n
+    rows: dict[str, list[Any]] = {c: batch.column(c).to_pylist() if c in names else none
+                                  for c in ("topic", "body", "tags", "keys", "uniq_key", "properties")}
+    flag, sys_flag, born_ts, reconsume = (np.zeros(n, np.int64) if fields[c] is None else fields[c]
+                                          for c in ("flag", "sys_flag", "born_timestamp", "reconsume_times"))
+    hosts, at = fields["born_host_data"], fields["born_host_offsets"]
+    out = []
+    for i in range(n):
+        p = dict(rows["properties"][i]) if rows["properties"][i] else {}
+        if rows["uniq_key"][i] is not None:
+            p["UNIQ_KEY"] = rows["uniq_key"][i]
+        m = Message(rows["topic"][i], rows["body"][i], tags=rows["tags"][i], keys=rows["keys"][i], properties=p,
+                    flag=int(flag[i]), sys_flag=int(sys_flag[i]), born_timestamp=int(born_ts[i]),
+                    reconsume_times=int(reconsume[i]))
+        if at is not None and at[i + 1] > at[i]:
+            m.born_host_packed = bytes(hosts[at[i]:at[i + 1]])
+        out.append(m)
+    return out
+
+
+def _delays(level: bytes) -> bool:
+    """Whether put would move a message with this DELAY value to SCHEDULE_TOPIC_XXXX (a
+    level above 0, or a value put refuses)."""
+    try:
+        return int(level) > 0
+    except ValueError:
+        return True

@@ -431,27 +431,40 @@ class MessageStore:
 
     @_gated
     def put_columns(self, topic: Any, bodies: Any, queue_ids: Any = None, tags: Any = None, keys: Any = None,
-                    properties: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
+                    properties: Mapping[str, str] | None = None, *, flag: Any = None, sys_flag: Any = None,
+                    born_timestamp: Any = None, born_host: Any = None,
+                    reconsume_times: Any = None) -> dict[str, np.ndarray]:
         """Append many messages given as columns, with no Python object per message.
 
         Args:
             topic: one topic for every message, or one per message.
             bodies: a sequence of bytes-like objects, or an Arrow binary array.
-            queue_ids: None (round robin per topic), one queue id, or one per message.
+            queue_ids: None (round robin per topic), one queue id, or one per message (None:
+                that one round robin).
             tags: None, one tag for every message, or one (or None) per message.
             keys: None, or per message a key, a list of keys or None.
             properties: properties every message gets (no DELAY: delayed messages go
                 through ``put``).
+            flag, sys_flag, reconsume_times: None (0), one int for every message, or one
+                per message (a sequence, numpy or Arrow array; None or null: 0), in
+                Message's ranges. ``sys_flag``'s host IPv6 bits are set from the hosts;
+                PREPARED / ROLLBACK messages get queue offset 0, as put gives them.
+            born_timestamp: as flag, in ms since the epoch (an Arrow timestamp array is
+                converted); 0, None or null: the store time.
+            born_host: None (the store host), one "ip:port" for every message, or one
+                (or None) per message; IPv4 or IPv6 ("[v6]:port").
 
-        Born host and time are the store's; with ``generate_uniq_key`` each message gets a
-        UNIQ_KEY. The records are the ones ``put`` writes for the same messages. All or
-        nothing, under one lock and (SYNC) one flush wait.
+        With ``generate_uniq_key`` each message gets a UNIQ_KEY. The records are the ones
+        ``put`` writes for the same messages. All or nothing, under one lock and (SYNC) one
+        flush wait.
 
         Returns:
             numpy arrays ``phy_offset``, ``size``, ``queue_id`` and ``queue_offset``.
 
         Raises:
-            InvalidArgumentError, MessageTooLargeError, DiskFullError: nothing was written.
+            InvalidArgumentError (InvalidArgumentTypeError for a wrong type: a column of
+            another length, an int out of range, a bad host), MessageTooLargeError,
+            DiskFullError: nothing was written.
         """
         self._check_open()
         if properties is not None and "DELAY" in properties:
@@ -460,23 +473,41 @@ class MessageStore:
         n = len(body[1]) - 1
         names, ids = ingest.topic_column(topic, n)
         props = ingest.properties_column(n, tags, keys, properties, self.commitlog.uniq_key)
-        return self._put_columns(names, ids, body, props, queue_ids)
+        fields = ingest.message_fields(n, flag, sys_flag, born_timestamp, born_host, reconsume_times)
+        return self._put_columns(names, ids, body, props, ingest.int_column(queue_ids, n, "queue_ids", -1, 0), fields)
 
     @_gated
     def put_arrow(self, data: Any) -> dict[str, np.ndarray]:
         """``put_columns`` of a pyarrow Table or RecordBatch.
 
         Args:
-            data: columns ``topic`` and ``body``, optional ``queue_id``, ``tags``, ``keys``
-                (string or list of strings) and ``properties`` (map of strings).
+            data: columns ``topic`` and ``body`` (no nulls), optional ``queue_id``, ``tags``,
+                ``keys`` (string or list of strings), ``uniq_key``, ``properties`` (map of
+                strings), ``flag``, ``sys_flag``, ``born_timestamp`` (timestamp or int ms),
+                ``born_host`` ("ip:port") and ``reconsume_times``: the columns of
+                ``batch.arrow_schema()`` a message has before it is stored (the others are
+                ignored). Nulls: put_columns' defaults. Each row is stored as ``put``
+                stores ``Message(topic, body, tags, keys, {**properties, "UNIQ_KEY":
+                uniq_key}, flag=..., ...)``.
+
+        A batch with a row put would move to SCHEDULE_TOPIC_XXXX (a DELAY level) is put as
+        Messages with put_batch, which moves it.
 
         Returns and raises as put_columns."""
         self._check_open()
-        names, ids, body, props, queue_ids = ingest.arrow_columns(data, self.commitlog.uniq_key)
-        return self._put_columns(names, ids, body, props, queue_ids)
+        names, ids, body, props, queue_ids, fields, delayed = ingest.arrow_columns(data, self.commitlog.uniq_key)
+        if not delayed:
+            return self._put_columns(names, ids, body, props, queue_ids, fields)
+        qids = None if queue_ids is None else [None if q < 0 else q for q in queue_ids.tolist()]
+        res = self._writer.put_batch(ingest.arrow_messages(data, fields), qids)
+        return {"phy_offset": np.array([r.phy_offset for r in res], np.int64),
+                "size": np.array([r.size for r in res], np.int64),
+                "queue_id": np.array([r.queue_id for r in res], np.int32),
+                "queue_offset": np.array([r.queue_offset for r in res], np.int64)}
 
-    def _put_columns(self, names: list[str], ids: Any, body: Any, props: Any, queue_ids: Any) -> dict[str, np.ndarray]:
-        phy, size, qid, qoff = self.commitlog.put_columns(names, ids, body, props, queue_ids)
+    def _put_columns(self, names: list[str], ids: Any, body: Any, props: Any, queue_ids: Any,
+                     fields: dict[str, Any]) -> dict[str, np.ndarray]:
+        phy, size, qid, qoff = self.commitlog.put_columns(names, ids, body, props, queue_ids, fields)
         if len(phy) and self._sync:
             self.flusher.wait_flushed(int(phy[-1] + size[-1]))
         return {"phy_offset": phy, "size": size, "queue_id": qid, "queue_offset": qoff}

@@ -1,6 +1,7 @@
 """put_columns / put_arrow: columnar ingest writes the very records put writes (checked byte
 for byte, store times aside), assigns queues and offsets as put does, and is all or nothing."""
 import errno
+import re
 
 import numpy as np
 import pytest
@@ -18,16 +19,18 @@ from conftest import SMALL_INDEX
 
 CFG = StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=64, warm_mapped_file=False, default_queue_nums=3,
                   **SMALL_INDEX)
-TIMES = [(40, 48), (56, 64)]   # BORNTIMESTAMP and STORETIMESTAMP of a record with IPv4 hosts
 
 
 def _records(store):
-    """Every record's bytes with its two timestamps zeroed."""
+    """Every record's bytes with STORETIMESTAMP zeroed, and BORNTIMESTAMP too where it is
+    the store time (the message had none)."""
     out = []
     for m in store.scan():
         raw = bytearray(store.commitlog.read(m.phy_offset, m.store_size))
-        for a, b in TIMES:
-            raw[a:b] = bytes(b - a)
+        store_ts = 48 + (20 if m.sys_flag & 0x10 else 8)   # after BORNHOST
+        if raw[40:48] == raw[store_ts:store_ts + 8]:
+            raw[40:48] = bytes(8)
+        raw[store_ts:store_ts + 8] = bytes(8)
         out.append(bytes(raw))
     return out
 
@@ -159,3 +162,198 @@ def test_put_batch_takes_a_queue_id_per_message(tmp_path):
         with pytest.raises(MessageTooLargeError):   # the last one, in another queue: none stored
             s.put_batch([Message("T", b"d"), Message("T", b"x" * (1 << 16))], [0, 1])
         assert sum(1 for _ in s.scan()) == 3
+
+
+HOSTS = [None, "10.1.2.3:4567", "[fe80::1:2]:9876", "0.0.0.0:0", "[::]:2147483647"]
+SYS_FLAGS = [0, 0x1, 0x4, 0x8, 0xC, 0x30 | 0x1, 0x400]   # compressed, PREPARED, COMMIT, ROLLBACK, host bits, other
+
+
+def _fields(n):
+    """Per message flag, sys_flag, born_timestamp, born_host, reconsume_times."""
+    return ([(-1) ** i * (i * 7919 % 0x7FFFFFFF) for i in range(n)], [SYS_FLAGS[i % 7] for i in range(n)],
+            [0 if i % 6 == 0 else 1_600_000_000_000 + i * 1001 for i in range(n)], [HOSTS[i % 5] for i in range(n)],
+            [i % 17 for i in range(n)])
+
+
+def test_message_fields_same_records_as_put(tmp_path):
+    """flag, sys_flag (transaction types: queue offset 0 for PREPARED / ROLLBACK; the host
+    bits follow the hosts), born time and host (IPv4 and IPv6) and reconsume times give
+    the records put gives, with the same queue offsets."""
+    n = 70
+    topics, bodies, tags, keys = _rows(n, seed=5)
+    flag, sys_flag, born_ts, born_host, reconsume = _fields(n)
+    qids = [None if i % 3 == 0 else i % 2 for i in range(n)]
+    with MessageStore(tmp_path / "put", CFG) as s:
+        res = [s.put(Message(topics[i], bodies[i], tags=tags[i], keys=keys[i], flag=flag[i], sys_flag=sys_flag[i],
+                             born_timestamp=born_ts[i], born_host=born_host[i], reconsume_times=reconsume[i]), qids[i])
+               for i in range(n)]
+        expected = _records(s)
+    with MessageStore(tmp_path / "columns", CFG) as s:
+        r = s.put_columns(topics, bodies, queue_ids=qids, tags=tags, keys=keys, flag=flag, sys_flag=np.array(sys_flag),
+                          born_timestamp=born_ts, born_host=born_host, reconsume_times=reconsume)
+        assert _records(s) == expected
+        assert r["queue_offset"].tolist() == [x.queue_offset for x in res]
+        assert r["queue_id"].tolist() == [x.queue_id for x in res]
+        s.wait_dispatched()
+        m = s.get_by_offset(int(r["phy_offset"][2]))
+        assert (m.born_host, m.flag, m.reconsume_times) == ("[fe80:0:0:0:0:0:1:2]:9876", flag[2], 2)
+
+
+def test_message_fields_for_every_row(tmp_path):
+    """One value for all rows: the same records as giving it per row."""
+    kw = dict(flag=-5, sys_flag=0x1, born_timestamp=1_234_567, born_host="[::1]:8", reconsume_times=3)
+    with MessageStore(tmp_path / "put", CFG) as s:
+        for b in (b"a", b"bc"):
+            s.put(Message("T", b, **kw), 0)
+        expected = _records(s)
+    with MessageStore(tmp_path / "columns", CFG) as s:
+        s.put_columns("T", [b"a", b"bc"], queue_ids=0, **kw)
+        assert _records(s) == expected
+
+
+def _arrow_rows(pa, n):
+    """An Arrow batch of the source's columns that vary in every way the writer meets
+    (nulls, empty lists, a map with duplicate and null values and names the columns set),
+    and the put() arguments each row stands for."""
+    topics, bodies, tags, _ = _rows(n, seed=9)
+    flag, sys_flag, born_ts, born_host, reconsume = _fields(n)
+    keys = [None if i % 4 == 0 else [] if i % 9 == 0 else [f"k{i}", "hot"] for i in range(n)]
+    uniq = [None if i % 3 == 0 else f"U{i:06d}" for i in range(n)]
+    props = [None if i % 5 == 0 else [("a", "1"), ("TAGS", "old"), ("b", None), ("a", "2"), ("UNIQ_KEY", "M")][:i % 6]
+             for i in range(n)]
+    qids = [None if i % 2 else i % 3 for i in range(n)]
+    ts = [None if v == 0 else v * 1000 for v in born_ts]   # µs
+    batch = pa.record_batch({
+        "store": pa.array(["ignored"] * n), "topic": topics, "queue_id": pa.array(qids, pa.int32()), "tags": tags,
+        "keys": pa.array(keys, pa.list_(pa.string())), "uniq_key": uniq,
+        "properties": pa.array(props, pa.map_(pa.string(), pa.string())), "body": pa.array(bodies, pa.binary()),
+        "sys_flag": pa.array(sys_flag, pa.int32()), "flag": pa.array([None if i % 8 == 1 else f for i, f in
+                                                                      enumerate(flag)], pa.int32()),
+        "born_timestamp": pa.array(ts, pa.timestamp("us", tz="UTC")), "born_host": born_host,
+        "reconsume_times": pa.array(reconsume, pa.int32())})
+    puts = []
+    for i in range(n):
+        p = dict(props[i]) if props[i] else {}
+        if uniq[i] is not None:
+            p["UNIQ_KEY"] = uniq[i]
+        puts.append((Message(topics[i], bodies[i], tags=tags[i], keys=keys[i], properties=p,
+                             flag=0 if i % 8 == 1 else flag[i], sys_flag=sys_flag[i], born_timestamp=born_ts[i],
+                             born_host=born_host[i], reconsume_times=reconsume[i]), qids[i]))
+    return batch, puts
+
+
+@pytest.mark.parametrize("generate", [False, True])
+def test_put_arrow_full_schema_same_records_as_put(tmp_path, generate):
+    """Every column of the source's schema, nulls included, in batches sliced out of a
+    table: the records put writes for the Message each row stands for. With generated
+    unique keys (random per store) they are compared without them."""
+    pa = pytest.importorskip("pyarrow")
+    batch, puts = _arrow_rows(pa, 90)
+    cfg = CFG.with_(generate_uniq_key=generate)
+    with MessageStore(tmp_path / "put", cfg) as s:
+        for m, q in puts:
+            s.put(m, q)
+        expected = _records(s)
+        want_props = [dict(m.properties) for m in s.scan()]
+    with MessageStore(tmp_path / "arrow", cfg) as s:
+        for part in pa.Table.from_batches([batch]).to_batches(max_chunksize=40):   # slices of one table
+            s.put_arrow(part)
+        got_props = [dict(m.properties) for m in s.scan()]
+        if generate:
+            assert [list(p) for p in got_props] == [list(p) for p in want_props]   # same names, same order
+            assert all(p["UNIQ_KEY"] for p in got_props)
+            assert [p["UNIQ_KEY"] for p in got_props if p["UNIQ_KEY"].startswith("U")] == \
+                [f"U{i:06d}" for i in range(90) if i % 3]
+        else:
+            assert _records(s) == expected and got_props == want_props
+
+
+def test_put_arrow_delays_as_put(tmp_path):
+    """A batch with a DELAY level goes as put moves it (to SCHEDULE_TOPIC_XXXX); a DELAY on
+    that topic already, or of level 0, stays columnar and is written as is."""
+    pa = pytest.importorskip("pyarrow")
+    t = pa.map_(pa.string(), pa.string())
+    rows = [("T", [("DELAY", "2")]), ("T", [("DELAY", "0")]), ("SCHEDULE_TOPIC_XXXX", [("DELAY", "3")]), ("T", None)]
+    for part in (rows, rows[1:]):
+        with MessageStore(tmp_path / f"put{len(part)}", CFG) as s:
+            for topic, p in part:
+                s.put(Message(topic, b"x", properties=dict(p or {})))
+            expected = _records(s)
+        with MessageStore(tmp_path / f"arrow{len(part)}", CFG) as s:
+            r = s.put_arrow(pa.record_batch({"topic": [x[0] for x in part], "body": [b"x"] * len(part),
+                                             "properties": pa.array([x[1] for x in part], t)}))
+            assert _records(s) == expected and len(r["phy_offset"]) == len(part)
+            assert s.get_by_offset(int(r["phy_offset"][0])).topic == ("SCHEDULE_TOPIC_XXXX" if part is rows else "T")
+
+
+@pytest.mark.parametrize("kw,error", [
+    ({"flag": [0, 1 << 31, 0]}, InvalidArgumentError),
+    ({"sys_flag": -1}, InvalidArgumentError),
+    ({"born_timestamp": [0, -5, 0]}, InvalidArgumentError),
+    ({"reconsume_times": [1, 2]}, InvalidArgumentError),
+    ({"reconsume_times": [0.5, 1, 2]}, InvalidArgumentTypeError),
+    ({"flag": True}, InvalidArgumentTypeError),
+    ({"born_host": [None, "nohost", None]}, InvalidArgumentError),
+    ({"born_host": "1.2.3.4:99999999999"}, InvalidArgumentError),
+    ({"born_host": [None, 5, None]}, InvalidArgumentTypeError),
+    ({"queue_ids": [0, None, -2]}, InvalidArgumentError),
+])
+def test_message_fields_checked_before_anything_is_written(tmp_path, kw, error):
+    with MessageStore(tmp_path / "s", CFG) as s:
+        with pytest.raises(error):
+            s.put_columns("T", [b"a", b"b", b"c"], **kw)
+        assert s.max_phy_offset == 0
+
+
+@pytest.mark.parametrize("change,error,text", [
+    (lambda b, pa: b.set_column(1, "topic", pa.array(["T", None, "T"])), InvalidArgumentError, "row 1 has no topic"),
+    (lambda b, pa: b.set_column(2, "body", pa.array([b"", b"", None], pa.binary())), InvalidArgumentError,
+     "row 2 has no body"),
+    (lambda b, pa: b.append_column("keys", pa.array([["a"], ["b", None], []], pa.list_(pa.string()))),
+     InvalidArgumentTypeError, "row 1"),
+    (lambda b, pa: b.append_column("properties", pa.array([[], [("", "v")], []], pa.map_(pa.string(), pa.string()))),
+     InvalidArgumentError, "row 1"),
+    (lambda b, pa: b.append_column("tags", pa.array(["a", "b\x01", "c"])), InvalidArgumentError, "row 1"),
+    (lambda b, pa: b.append_column("flag", pa.array(["1", "2", "3"])), InvalidArgumentTypeError, "flag"),
+    (lambda b, pa: b.append_column("queue_id", pa.array([0, -1, None], pa.int32())), InvalidArgumentError,
+     "queue_ids"),
+    (lambda b, pa: b.append_column("born_host", pa.array(["1.2.3.4:5", "x", None])), InvalidArgumentError, "'x'"),
+    (lambda b, pa: b.append_column("properties", pa.array([[], [], []], pa.map_(pa.string(), pa.int32()))),
+     InvalidArgumentTypeError, "map<string, string>"),
+])
+def test_put_arrow_bad_rows_store_nothing(tmp_path, change, error, text):
+    pa = pytest.importorskip("pyarrow")
+    batch = change(pa.record_batch({"store": ["s"] * 3, "topic": ["T"] * 3, "body": pa.array([b"a"] * 3, pa.binary())}),
+                   pa)
+    with MessageStore(tmp_path / "s", CFG) as s:
+        with pytest.raises(error, match=re.escape(text)):
+            s.put_arrow(batch)
+        assert s.max_phy_offset == 0
+
+
+@pytest.mark.parametrize("host", ["1.2.3.4:5", "255.255.255.255:2147483647", "0.0.0.0:0", "10.0.0.1:0080",
+                                  "/10.0.0.1:80", "[::1]:80", "[fe80::a:b]:1", "01.2.3.4:5", "256.1.1.1:1",
+                                  "1.2.3.4:2147483648", "1.2.3.4:12345678901", "1.2.3:4", "1.2.3.4", "1.2.3.4:",
+                                  ":5", "1.2.3.4:+5", "1.2.3.4.5:6", "a.b.c.d:1", ""])
+def test_packed_host_column_is_pack_host(host):
+    """The C packer of born-host columns agrees with pack_host (IPv4 in C, the rest in
+    Python): the same bytes, or the same refusal."""
+    from rmqstore._record import pack_host, pack_hosts
+    data = host.encode()
+    try:
+        want = pack_host(host)
+    except InvalidArgumentError:
+        with pytest.raises(InvalidArgumentError):
+            pack_hosts(np.array([0, len(data)], np.int64), data, np.ones(1, np.uint8))
+        return
+    packed, offsets = pack_hosts(np.array([0, len(data), len(data)], np.int64), data, np.array([1, 0], np.uint8))
+    assert (packed, offsets.tolist()) == (want, [0, len(want), len(want)])
+
+
+def test_kernel_refuses_bad_packed_hosts(tmp_path):
+    with MessageStore(tmp_path / "s", CFG) as s:
+        put = s.commitlog.appender.put_columns
+        for data, offsets in ((b"12345", [0, 5]), (b"12345678", [0, 4, 8]), (b"12345678", [0, 9])):
+            with pytest.raises(InvalidArgumentError):
+                put(["T"], None, b"a", [0, 1], born_host_data=data, born_host_offsets=offsets)
+        assert s.max_phy_offset == 0

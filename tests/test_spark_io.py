@@ -98,6 +98,44 @@ def test_writer_round_trip_and_save_modes(spark, tmp_path):
     assert not os.path.exists(out / "_temporary")
 
 
+def _records(path):
+    """Every record of a store, STORETIMESTAMP zeroed."""
+    out = []
+    with MessageStore(path, StoreConfig(commitlog_file_size=64 * 1024, **SMALL_INDEX), read_only=True) as st:
+        for m in st.scan():
+            raw = bytearray(st.commitlog.read(m.phy_offset, m.store_size))
+            at = 48 + (20 if m.sys_flag & 0x10 else 8)
+            raw[at:at + 8] = bytes(8)
+            out.append(bytes(raw))
+    return out
+
+
+def test_write_store_copies_a_store_record_for_record(tmp_path):
+    """The writer (no Spark: its task body) turns the source's batches of a store back into
+    the same records at the same offsets, store times aside, however the batches are cut."""
+    from rmqstore.spark.writer import store_config, write_store
+    src = _varied_store(tmp_path / "src")
+    table = pa.Table.from_batches([rb for p, b, _ in batch.segment_files(src) for rb in batch.iter_arrow(p, b)])
+    cfg = store_config({"commitlogFileSize": str(64 * 1024), "consumeQueueEntries": "50", "indexSlots": "1000",
+                        "indexEntries": "4000"})
+    assert write_store(tmp_path / "out", cfg, table.to_batches(max_chunksize=70)) == 300
+    assert _records(tmp_path / "out") == _records(src)
+
+
+def test_write_store_names_a_row_without_topic_or_body(tmp_path):
+    from rmqstore.errors import InvalidArgumentError
+    from rmqstore.spark.writer import store_config, write_store
+    good = pa.record_batch({"topic": ["T", "T"], "body": pa.array([b"a", b"b"], pa.binary())})
+    for column, values in (("topic", ["T", None, "T"]), ("body", pa.array([b"", b"", None], pa.binary()))):
+        rb = pa.record_batch({"topic": ["T"] * 3, "body": pa.array([b"x"] * 3, pa.binary()), column: values})
+        with pytest.raises(InvalidArgumentError, match=rf"rocketmq writer: row {1 if column == 'topic' else 2} "
+                                                      rf"has no {column}"):
+            write_store(tmp_path / column, store_config({"commitlogFileSize": "65536", "indexSlots": "1000",
+                                                          "indexEntries": "4000"}), [good, rb])
+        with MessageStore(tmp_path / column, StoreConfig(**SMALL_INDEX), read_only=True) as st:
+            assert [bytes(m.body) for m in st.scan()] == [b"a", b"b"]
+
+
 def test_written_stores_rebuild_to_the_same_queues(spark, tmp_path):
     """A written store's consume queues are what rebuilding them from its commitlog gives."""
     from rmqstore.spark import jobs

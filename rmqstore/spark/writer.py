@@ -1,16 +1,18 @@
 """``df.write.format("rocketmq").save(dir)``: a DataFrame into RocketMQ stores.
 
-Each task writes its rows into a store of its own with ``MessageStore.put_batch`` (consume
-queues and index files built by the store's dispatcher, so every store is byte-compatible
-with a broker's), first under ``dir/_temporary/<job>/``; the driver's commit moves the
-stores to ``dir/part-<task>-<job>`` (``mode("overwrite")`` first removes the stores already
-in ``dir``), an abort removes them. ``mode("error")`` / ``mode("ignore")`` are
+Each task writes its rows into a store of its own with ``MessageStore.put_arrow`` (the
+columns go to the append kernel with no Python object per row; consume queues and index
+files built by the store's dispatcher, so every store is byte-compatible with a broker's),
+first under ``dir/_temporary/<job>/``; the driver's commit moves the stores to
+``dir/part-<task>-<job>`` (``mode("overwrite")`` first removes the stores already in
+``dir``), an abort removes them. ``mode("error")`` / ``mode("ignore")`` are
 ``jobs.write``'s (Spark's Python data sources take only append and overwrite).
 
 Columns are the source's (``batch.arrow_schema()``): ``topic`` and ``body`` are required;
-``queue_id`` (default: the store's round robin per topic), ``tags``, ``keys``, ``uniq_key``,
+``queue_id`` (null: the store's round robin per topic), ``tags``, ``keys``, ``uniq_key``,
 ``properties``, ``flag``, ``sys_flag``, ``born_timestamp``, ``born_host`` and
-``reconsume_times`` are used when present; the columns a store assigns (``store``,
+``reconsume_times`` are used when present (each row stored as ``put`` stores the Message
+of these fields, see ``put_arrow``); the columns a store assigns (``store``,
 ``queue_offset``, ``phy_offset``, ``store_size``, ``msg_id``, ``body_crc``,
 ``store_timestamp``, ``store_host``) are ignored. Options: StoreConfig fields in camelCase
 (``commitlogFileSize``, ``indexSlots``, ``messageVersion``, ``storeHost``,
@@ -23,13 +25,12 @@ import uuid
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from rmqstore import Message, MessageStore, StoreConfig
+from rmqstore import MessageStore, StoreConfig
 from rmqstore.errors import InvalidArgumentError
 
 REQUIRED = ("topic", "body")
 ASSIGNED = ("store", "queue_offset", "phy_offset", "store_size", "msg_id", "body_crc", "store_timestamp",
             "store_host")
-HOST_BITS = 0x30   # SYSFLAG born/store host IPv6 bits: the encoder sets them from the hosts
 
 
 def store_config(options):
@@ -71,41 +72,6 @@ def check_schema(schema, source_schema):
     return tuple(c for c in schema.fieldNames() if c not in ASSIGNED)
 
 
-def _values(rb, name, default):
-    """Column ``name`` of ``rb`` as a list (timestamps as µs since the epoch), or ``default``."""
-    if name not in rb.schema.names:
-        return default
-    col = rb.column(name)
-    return (col.cast("int64") if name == "born_timestamp" else col).to_pylist()
-
-
-def messages(rb):
-    """(queue_id or None, Message) for each row of Arrow batch ``rb``."""
-    n = rb.num_rows
-    none, zero = [None] * n, [0] * n
-    topics, bodies = _values(rb, "topic", none), _values(rb, "body", none)
-    queue_ids, props = _values(rb, "queue_id", none), _values(rb, "properties", none)
-    uniq = _values(rb, "uniq_key", none)
-    tags, keys, born_ts = _values(rb, "tags", none), _values(rb, "keys", none), _values(rb, "born_timestamp", none)
-    flag, sys_flag = _values(rb, "flag", zero), _values(rb, "sys_flag", zero)
-    born_host, reconsume = _values(rb, "born_host", none), _values(rb, "reconsume_times", zero)
-    packed = {None: None}   # born host -> packed bytes: hosts repeat, parsing them is costly
-    for i, (topic, body) in enumerate(zip(topics, bodies, strict=True)):
-        if topic is None or body is None:
-            raise InvalidArgumentError(f"rocketmq writer: row {i} has no {'topic' if topic is None else 'body'}")
-        p = dict(props[i]) if props[i] else {}
-        if uniq[i] is not None:
-            p["UNIQ_KEY"] = uniq[i]
-        m = Message(topic, body, tags=tags[i], keys=keys[i], properties=p, flag=flag[i] or 0,
-                    sys_flag=(sys_flag[i] or 0) & ~HOST_BITS,
-                    born_timestamp=0 if born_ts[i] is None else born_ts[i] // 1000, reconsume_times=reconsume[i] or 0)
-        host = born_host[i]
-        if host not in packed:
-            packed[host] = Message(topic, born_host=host).born_host_packed
-        m.born_host_packed = packed[host]
-        yield queue_ids[i], m
-
-
 @dataclasses.dataclass
 class Written(WriterCommitMessage):
     store: str
@@ -113,17 +79,19 @@ class Written(WriterCommitMessage):
 
 
 def write_store(path, config, batches):
-    """Write the rows of Arrow ``batches`` into a new store at ``path``: each batch's rows
-    grouped by queue id (order kept within a queue), one ``put_batch`` per group; waits for
-    its consume queues and index."""
+    """Write the rows of Arrow ``batches`` into a new store at ``path``, one ``put_arrow``
+    per batch (columns straight to the append kernel, rows in order, queue ids per row);
+    waits for its consume queues and index. A row with no topic or body is an
+    InvalidArgumentError naming it."""
     count = 0
     with MessageStore(path, config) as store:
         for rb in batches:
-            groups = {}
-            for q, m in messages(rb):
-                groups.setdefault(q, []).append(m)
-            for q, msgs in groups.items():
-                store.put_batch(msgs, q)
+            for name in REQUIRED:
+                col = rb.column(name)
+                if col.null_count:
+                    row = col.is_null().index(True).as_py()
+                    raise InvalidArgumentError(f"rocketmq writer: row {row} has no {name}")
+            store.put_arrow(rb)
             count += rb.num_rows
         store.wait_dispatched()
     return count
