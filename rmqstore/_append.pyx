@@ -675,28 +675,20 @@ cdef class StoreWriter:
         self.refuse = refuse
 
     def put(self, msg, queue_id=None):
-        cdef PutResult res
-        self.gate.enter()
-        try:
-            if self.readonly or self.commitlog.failed is not None:
-                self.refuse()
-            res = self.appender.put(msg, queue_id)
-            if self.wait_flushed is not None:
-                self.wait_flushed(res.phy_offset + res.size)
-            return res
-        finally:
-            self.gate.leave()
+        return self._append(False, msg, queue_id)
 
     def put_batch(self, msgs, queue_id=None):
-        cdef list out
+        return self._append(True, msgs, queue_id)
+
+    cdef object _append(self, bint batch, object what, object queue_id):
         cdef PutResult last
         self.gate.enter()
         try:
             if self.readonly or self.commitlog.failed is not None:
                 self.refuse()
-            out = self.appender.put_batch(msgs, queue_id)
-            if out and self.wait_flushed is not None:
-                last = out[len(out) - 1]
+            out = self.appender.put_batch(what, queue_id) if batch else self.appender.put(what, queue_id)
+            if self.wait_flushed is not None and (not batch or out):
+                last = out[len(out) - 1] if batch else out
                 self.wait_flushed(last.phy_offset + last.size)
             return out
         finally:
