@@ -107,7 +107,7 @@ cdef inline Py_ssize_t token_end(const char *p, Py_ssize_t i, Py_ssize_t end) no
 cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *buf,
                      int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
     """Index keys of one DISPATCH_DTYPE row: UNIQ_KEY, then every non-empty space-separated
-    KEYS token; fills the outputs when ``hashes`` is not NULL. Returns how many."""
+    KEYS token, written to the outputs. Returns how many."""
     cdef int64_t phy = d.phy_offset
     cdef int32_t sys_flag = d.sys_flag
     cdef int64_t ts = d.store_timestamp
@@ -122,20 +122,18 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *
     cdef const char *topic = raw + toff
     cdef const char *props = raw + poff
     if find_property(props, plen, b"UNIQ_KEY", 8, &voff, &vlen):
-        if hashes != NULL:
-            hashes[n] = build_hash(topic, tlen, props + voff, vlen, buf)
-            phys[n] = phy
-            tss[n] = ts
+        hashes[n] = build_hash(topic, tlen, props + voff, vlen, buf)
+        phys[n] = phy
+        tss[n] = ts
         n += 1
     if find_property(props, plen, b"KEYS", 4, &voff, &vlen):
         i = voff
         while i < voff + vlen:
             j = token_end(props, i, voff + vlen)
             if j > i:
-                if hashes != NULL:
-                    hashes[n] = build_hash(topic, tlen, props + i, j - i, buf)
-                    phys[n] = phy
-                    tss[n] = ts
+                hashes[n] = build_hash(topic, tlen, props + i, j - i, buf)
+                phys[n] = phy
+                tss[n] = ts
                 n += 1
             i = j + 1
     return n
@@ -144,39 +142,39 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *
 def extract_keys(const uint8_t[:] raw not None, cnp.ndarray rows not None):
     """(hashes i32, phy_offsets i64, store_timestamps i64) of every index key of ``rows``
     (a contiguous _read.DISPATCH_DTYPE array over ``raw``), in dispatch order; ROLLBACK
-    messages have none."""
-    cdef int64_t nrows = rows.shape[0], i, total = 0, k = 0
+    messages have none. One pass over the properties: the outputs are sized for the most
+    keys each row's properties can hold (a UNIQ_KEY, and a KEYS token per 2 bytes) and cut
+    to fit."""
+    cdef int64_t nrows = rows.shape[0], i, k = 0, most
     cdef int64_t nraw = raw.shape[0]
     if rows.dtype.itemsize != sizeof(DispatchRow) or not rows.flags.c_contiguous:
         raise InvalidArgumentError("rows must be a contiguous DISPATCH_DTYPE array")
     cdef const char *base = NULL
     cdef const DispatchRow *rp = <const DispatchRow *>cnp.PyArray_DATA(rows)
-    cdef int32_t *ho
-    cdef int64_t *po
-    cdef int64_t *to
     if nraw:
         base = <const char *>&raw[0]
     elif nrows:
         raise InvalidArgumentError("rows without raw record bytes")
+    most = 1
+    for i in range(nrows):
+        if rp[i].props_len > 0:
+            most += rp[i].props_len // 2 + 2
+    hashes = np.empty(most, np.int32)
+    phys = np.empty(most, np.int64)
+    tss = np.empty(most, np.int64)
+    cdef int32_t *ho = <int32_t *>cnp.PyArray_DATA(hashes)
+    cdef int64_t *po = <int64_t *>cnp.PyArray_DATA(phys)
+    cdef int64_t *to = <int64_t *>cnp.PyArray_DATA(tss)
     cdef char *buf = <char *>malloc(nraw + 1)
     if buf == NULL:
         raise MemoryError()
     try:
         with nogil:
             for i in range(nrows):
-                total += keys_of(base, nraw, rp + i, buf, NULL, NULL, NULL)
-        hashes = np.empty(total, np.int32)
-        phys = np.empty(total, np.int64)
-        tss = np.empty(total, np.int64)
-        ho = <int32_t *>cnp.PyArray_DATA(hashes)
-        po = <int64_t *>cnp.PyArray_DATA(phys)
-        to = <int64_t *>cnp.PyArray_DATA(tss)
-        with nogil:
-            for i in range(nrows):
                 k += keys_of(base, nraw, rp + i, buf, ho + k, po + k, to + k)
     finally:
         free(buf)
-    return hashes, phys, tss
+    return hashes[:k].copy(), phys[:k].copy(), tss[:k].copy()
 
 
 # ---------------------------------------------------------------------------- writing
