@@ -15,6 +15,7 @@ from rmqstore._layout cimport *
 from rmqstore._record cimport RecView, parse_record, parse_at, find_property, tags_code_of, status_of, \
     status_text, raise_status, prefetch_bytes
 from rmqstore._message cimport build_ext, ext_in
+from rmqstore._cq cimport read_cq_entries
 from rmqstore._segment cimport MappedSegment, pin, unpin
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError
 from rmqstore._cq import ENTRY_DTYPE
@@ -124,15 +125,21 @@ cdef const char *entry_rows(cnp.ndarray entries, Py_ssize_t *n, Py_ssize_t *stri
     return <const char *>cnp.PyArray_DATA(entries)
 
 
+cdef enum:
+    PREFETCH_AHEAD = 8    # gather_messages starts loading a record this many entries ahead
+
+
 cdef struct Found:      # a record gather_messages hands out, read under a pin it holds
     const char *p
     RecView r
     int64_t phy
 
 
-def gather_messages(list segs not None, cnp.ndarray entries not None, Py_ssize_t max_count, Py_ssize_t max_msgs,
-                    int64_t max_bytes, int64_t cl_max, int64_t file_size, codes, tags):
-    """RocketMQ getMessage's loop over consume-queue ``entries`` (ENTRY_DTYPE, queue order)
+def gather_messages(list segs not None, MappedSegment cq_seg not None, int64_t cq_pos, Py_ssize_t n,
+                    Py_ssize_t max_count, Py_ssize_t max_msgs, int64_t max_bytes, int64_t cl_max, int64_t file_size,
+                    codes, tags):
+    """RocketMQ getMessage's loop over the ``n`` consume-queue entries at file position
+    ``cq_pos`` of ``cq_seg`` (queue order; the caller keeps them below its write position),
     reading ``segs`` (a commitlog segment list snapshot, files of ``file_size``): hole
     entries are skipped; an entry must pass the tags-code filter ``codes`` (a set, None for
     all), point inside ``cl_max``, lead to a record of its size at its offset and, when
@@ -145,21 +152,24 @@ def gather_messages(list segs not None, cnp.ndarray entries not None, Py_ssize_t
     log or None). Each record's segment is pinned while it is read, and the found ones'
     until the end, when their records are copied (GIL released) into one buffer that the
     messages share."""
-    cdef const char *row
-    cdef Py_ssize_t n, i, used = 0, nmsg = 0, stride, cap
+    cdef Py_ssize_t i, used = 0, nmsg = 0, cap
     cdef int64_t total = 0, at = 0
     cdef bint removing = False
     cdef list msgs = [], problems = [], held = []
     cdef MappedSegment seg
+    cdef CqEntry *entries
     cdef Found *found
     cdef char *q
-    row = entry_rows(entries, &n, &stride)
+    if n <= 0:
+        return msgs, 0, False, problems
     cap = max(1, min(max_count, max_msgs, n))   # the first message is always taken
+    entries = <CqEntry *>PyMem_Malloc(n * sizeof(CqEntry))
     found = <Found *>PyMem_Malloc(cap * sizeof(Found))
-    if found == NULL:
-        raise MemoryError()
     try:
-        gather_loop(segs, row, n, stride, max_bytes, cl_max, file_size, codes, tags,
+        if entries == NULL or found == NULL:
+            raise MemoryError()
+        read_cq_entries(cq_seg, cq_pos, n, entries)
+        gather_loop(segs, entries, n, max_bytes, cl_max, file_size, codes, tags,
                     found, cap, held, problems, &used, &nmsg, &total, &removing)
         owner = PyBytes_FromStringAndSize(NULL, total)
         q = PyBytes_AS_STRING(owner)
@@ -175,10 +185,11 @@ def gather_messages(list segs not None, cnp.ndarray entries not None, Py_ssize_t
         for seg in held:
             unpin(seg)
         PyMem_Free(found)
+        PyMem_Free(entries)
     return msgs, used, removing, problems
 
 
-cdef int gather_loop(list segs, const char *row, Py_ssize_t n, Py_ssize_t stride, int64_t max_bytes, int64_t cl_max, int64_t file_size, codes, tags,
+cdef int gather_loop(list segs, const CqEntry *entries, Py_ssize_t n, int64_t max_bytes, int64_t cl_max, int64_t file_size, codes, tags,
                      Found *found, Py_ssize_t cap, list held, list problems, Py_ssize_t *used_out,
                      Py_ssize_t *nmsg_out, int64_t *total_out, bint *removing_out) except -1:
     """gather_messages' walk over the entries: fills ``found`` (``cap`` at most: the
@@ -192,8 +203,12 @@ cdef int gather_loop(list segs, const char *row, Py_ssize_t n, Py_ssize_t stride
     cdef int code
     cdef bint skipping = False, removing = False, wanted, keep
     cdef MappedSegment seg, last_held = None
+    for k in range(min(n, PREFETCH_AHEAD)):
+        prefetch_at(segs, entries[k].phy_offset)
     for k in range(n):
-        e = <const CqEntry *>(row + k * stride)
+        if k + PREFETCH_AHEAD < n:      # the records of queue order lie apart: load ahead
+            prefetch_at(segs, entries[k + PREFETCH_AHEAD].phy_offset)
+        e = &entries[k]
         phy = e.phy_offset
         size = e.size
         if skipping and phy < skip_below:
