@@ -300,12 +300,15 @@ def scan_messages(MappedSegment seg not None, int64_t pos, int64_t stop, bint ch
                     break
                 end += r.total
                 n += 1
-        owner = PyBytes_FromStringAndSize(seg.m.base + pos, end - pos) if n else None
+        if n:
+            owner = PyBytes_FromStringAndSize(NULL, end - pos)
+            q = PyBytes_AS_STRING(owner)
+            with nogil:
+                memcpy(<char *>q, seg.m.base + pos, end - pos)
     finally:
         unpin(seg)
     if n == 0:
         return msgs, pos
-    q = PyBytes_AS_STRING(owner)
     if check_crc:
         n = crc_prefix(q, end - pos, n)
     for i in range(n):      # the copy parses as the mapping did (CRC aside): it is a snapshot
