@@ -31,26 +31,10 @@ def append_entry(MappedSegment seg not None, int64_t phy_offset, int32_t size, i
 
 def read_entries(MappedSegment seg not None, int64_t pos, int64_t count):
     """``count`` entries from file position ``pos`` as a numpy array of ENTRY_DTYPE."""
-    cdef int64_t i
-    cdef const char *src
-    cdef char *dst
     seg.check_range(pos, count * 20)
     out = np.empty(count, ENTRY_DTYPE)
-    if count == 0:
-        return out
-    pin(seg)
-    src = seg.m.base + pos
-    dst = <char *>cnp.PyArray_DATA(out)
-    try:
-        with nogil:
-            for i in range(count):
-                (<int64_t *>dst)[0] = rmq_ld64(src)
-                (<int32_t *>(dst + 8))[0] = rmq_ld32(src + 8)
-                (<int64_t *>(dst + 12))[0] = rmq_ld64(src + 12)
-                src += 20
-                dst += 20
-    finally:
-        unpin(seg)
+    if count > 0:
+        read_cq_entries(seg, pos, count, <CqEntry *>cnp.PyArray_DATA(out))
     return out
 
 

@@ -23,7 +23,8 @@ cdef class PutResult:
     cdef bytes store_host
 
 cdef class MessageExt:
-    cdef bytes _raw
+    cdef bytes _owner        # holds the record: its own copy, or one shared by a batch
+    cdef const char *_p      # the record's first byte, inside _owner
     cdef RecView r
     cdef object _topic, _props, _body
     cdef readonly int64_t store_offset   # where the record was read (== phy_offset when sane)
@@ -31,3 +32,4 @@ cdef class MessageExt:
 cpdef str text_arg(str name, object s)
 cdef object body_arg(object body)
 cdef MessageExt build_ext(const char *p, RecView *r, int64_t store_offset)
+cdef MessageExt ext_in(bytes owner, Py_ssize_t at, RecView *r, int64_t store_offset)

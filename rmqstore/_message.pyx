@@ -7,10 +7,11 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyObject_CheckBuffer
 from libc.stdint cimport int32_t, int64_t
-from rmqstore._layout cimport C_MAGIC_V1, TRANSACTION_MASK
-from rmqstore._record cimport RecView, format_host, make_msg_id, parse_properties, tags_code_of
+from libc.string cimport memcmp
+from rmqstore._layout cimport C_MAGIC_V1, REC_OK, TRANSACTION_MASK
+from rmqstore._record cimport RecView, format_host, make_msg_id, parse_properties, parse_record, tags_code_of
 from rmqstore._record import pack_host
-from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
@@ -125,11 +126,18 @@ cdef class PutResult:
 
 
 @cython.no_gc
+@cython.freelist(256)
 cdef class MessageExt:
     """A stored message, decoded from its record. Numeric fields are parsed eagerly;
-    topic, body and properties are decoded from the record bytes on first access. Not
-    GC-tracked (batch reads build many): it refers only to bytes, str and its properties
-    dict, so it cannot be part of a cycle unless stored into that dict."""
+    topic, body and properties are decoded from the record bytes on first access.
+
+    The record lives in a bytes object the message holds: its own copy, or one copy of a
+    batch's records (get_messages, scan) shared by that batch's messages. Either way it is
+    independent of the store, and refcounted: the batch's copy lives as long as one of its
+    messages does. Equal messages hold the same record bytes read at the same offset;
+    pickling and copying carry only the record. Not GC-tracked (batch reads build many):
+    it refers only to bytes, str and its properties dict, so it cannot be part of a cycle
+    unless stored into that dict."""
 
     def __init__(self, *args, **kwargs):
         raise InvalidArgumentTypeError("MessageExt comes from the store's reads; it is not built directly")
@@ -167,41 +175,41 @@ cdef class MessageExt:
 
     @property
     def born_host(self):
-        return format_host(PyBytes_AS_STRING(self._raw) + self.r.born_off, self.r.born_len)
+        return format_host(self._p + self.r.born_off, self.r.born_len)
 
     @property
     def store_host(self):
-        return format_host(PyBytes_AS_STRING(self._raw) + self.r.store_off, self.r.store_len)
+        return format_host(self._p + self.r.store_off, self.r.store_len)
 
     @property
     def store_host_packed(self):
-        return self._raw[self.r.store_off:self.r.store_off + self.r.store_len + 4]
+        return PyBytes_FromStringAndSize(self._p + self.r.store_off, self.r.store_len + 4)
 
     @property
     def msg_id(self):
-        return make_msg_id(PyBytes_AS_STRING(self._raw) + self.r.store_off, self.r.store_len, self.r.phy_offset)
+        return make_msg_id(self._p + self.r.store_off, self.r.store_len, self.r.phy_offset)
 
     @property
     def topic(self):
         if self._topic is None:
-            self._topic = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(self._raw) + self.r.topic_off, self.r.topic_len, "replace")
+            self._topic = PyUnicode_DecodeUTF8(self._p + self.r.topic_off, self.r.topic_len, "replace")
         return self._topic
 
     @property
     def body(self):
         if self._body is None:
-            self._body = self._raw[self.r.body_off:self.r.body_off + self.r.body_len]
+            self._body = PyBytes_FromStringAndSize(self._p + self.r.body_off, self.r.body_len)
         return self._body
 
     @property
     def properties(self):
         if self._props is None:
-            self._props = parse_properties(PyBytes_AS_STRING(self._raw) + self.r.props_off, self.r.props_len)
+            self._props = parse_properties(self._p + self.r.props_off, self.r.props_len)
         return self._props
 
     @property
     def properties_raw(self):
-        return self._raw[self.r.props_off:self.r.props_off + self.r.props_len]
+        return PyBytes_FromStringAndSize(self._p + self.r.props_off, self.r.props_len)
 
     @property
     def tags(self): return self.properties.get("TAGS")
@@ -211,21 +219,53 @@ cdef class MessageExt:
     def uniq_key(self): return self.properties.get("UNIQ_KEY")
     @property
     def tags_code(self):
-        return tags_code_of(PyBytes_AS_STRING(self._raw) + self.r.props_off, self.r.props_len)
+        return tags_code_of(self._p + self.r.props_off, self.r.props_len)
 
     def raw(self):
         """The whole record as stored."""
-        return self._raw
+        if PyBytes_GET_SIZE(self._owner) == self.r.total:
+            return self._owner
+        return PyBytes_FromStringAndSize(self._p, self.r.total)
+
+    def __eq__(self, other):
+        cdef MessageExt o
+        if not isinstance(other, MessageExt):
+            return NotImplemented
+        o = <MessageExt>other
+        return (self.store_offset == o.store_offset and self.r.total == o.r.total
+                and memcmp(self._p, o._p, self.r.total) == 0)
+
+    def __hash__(self):
+        return hash((self.store_offset, self.r.total, self.r.body_crc, self.r.store_ts))
+
+    def __reduce__(self):
+        return restore_ext, (self.raw(), self.store_offset)
 
     def __repr__(self):
         return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset}, "
                 f"phy_offset={self.phy_offset}, size={self.store_size}, msg_id={self.msg_id!r})")
 
 
+def restore_ext(bytes raw not None, int64_t store_offset):
+    """The MessageExt of the record ``raw`` read at ``store_offset`` (unpickling);
+    CorruptRecordError when ``raw`` is not one whole valid record."""
+    cdef RecView r
+    cdef int code = parse_record(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), False, &r)
+    if code == REC_OK and r.total == PyBytes_GET_SIZE(raw):
+        return ext_in(raw, 0, &r, store_offset)
+    raise CorruptRecordError(f"commitlog offset {store_offset}: not one whole message record", store_offset)
+
+
 cdef MessageExt build_ext(const char *p, RecView *r, int64_t store_offset):
+    """A message holding its own copy of the record at ``p``."""
+    return ext_in(PyBytes_FromStringAndSize(p, r.total), 0, r, store_offset)
+
+
+cdef MessageExt ext_in(bytes owner, Py_ssize_t at, RecView *r, int64_t store_offset):
+    """A message over the record at byte ``at`` of ``owner`` (which it keeps alive)."""
     cdef MessageExt m = MessageExt.__new__(MessageExt)
-    m._raw = PyBytes_FromStringAndSize(p, r.total)
+    m._owner = owner
+    m._p = PyBytes_AS_STRING(owner) + at
     m.r = r[0]
     m.store_offset = store_offset
     return m
-

@@ -2,16 +2,20 @@
 """Reads from commitlog segments: one record (decode_record, get_message), getMessage's
 gather over consume-queue entries, and the GIL-free walks over a segment (scan_segment,
 scan_dispatch). Every mapping is pinned (hold/release) while it is read."""
+cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.list cimport PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memcpy
 import numpy as np
 cimport numpy as cnp
 from rmqstore._layout cimport *
 from rmqstore._record cimport RecView, parse_record, parse_at, find_property, tags_code_of, status_of, \
     status_text, raise_status, prefetch_bytes
-from rmqstore._message cimport build_ext
+from rmqstore._message cimport build_ext, ext_in
+from rmqstore._cq cimport read_cq_entries
 from rmqstore._segment cimport MappedSegment, pin, unpin
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError
 from rmqstore._cq import ENTRY_DTYPE
@@ -121,9 +125,21 @@ cdef const char *entry_rows(cnp.ndarray entries, Py_ssize_t *n, Py_ssize_t *stri
     return <const char *>cnp.PyArray_DATA(entries)
 
 
-def gather_messages(list segs not None, cnp.ndarray entries not None, Py_ssize_t max_count, Py_ssize_t max_msgs,
-                    int64_t max_bytes, int64_t cl_max, int64_t file_size, codes, tags):
-    """RocketMQ getMessage's loop over consume-queue ``entries`` (ENTRY_DTYPE, queue order)
+cdef enum:
+    PREFETCH_AHEAD = 8    # gather_messages starts loading a record this many entries ahead
+
+
+cdef struct Found:      # a record gather_messages hands out, read under a pin it holds
+    const char *p
+    RecView r
+    int64_t phy
+
+
+def gather_messages(list segs not None, MappedSegment cq_seg not None, int64_t cq_pos, Py_ssize_t n,
+                    Py_ssize_t max_count, Py_ssize_t max_msgs, int64_t max_bytes, int64_t cl_max, int64_t file_size,
+                    codes, tags):
+    """RocketMQ getMessage's loop over the ``n`` consume-queue entries at file position
+    ``cq_pos`` of ``cq_seg`` (queue order; the caller keeps them below its write position),
     reading ``segs`` (a commitlog segment list snapshot, files of ``file_size``): hole
     entries are skipped; an entry must pass the tags-code filter ``codes`` (a set, None for
     all), point inside ``cl_max``, lead to a record of its size at its offset and, when
@@ -133,28 +149,72 @@ def gather_messages(list segs not None, cnp.ndarray entries not None, Py_ssize_t
 
     Returns (messages, entries consumed, removing, problems): ``removing`` when a record
     was gone before any message was found; problems are (entry index, phy, size, text to
-    log or None). Each record's segment is pinned while it is read."""
+    log or None). Each record's segment is pinned while it is read, and the found ones'
+    until the end, when their records are copied (GIL released) into one buffer that the
+    messages share."""
+    cdef Py_ssize_t i, used = 0, nmsg = 0, cap
+    cdef int64_t total = 0, at = 0
+    cdef bint removing = False
+    cdef list msgs = [], problems = [], held = []
+    cdef MappedSegment seg
+    cdef CqEntry *entries
+    cdef Found *found
+    cdef char *q
+    if n <= 0:
+        return msgs, 0, False, problems
+    cap = max(1, min(max_count, max_msgs, n))   # the first message is always taken
+    entries = <CqEntry *>PyMem_Malloc(n * sizeof(CqEntry))
+    found = <Found *>PyMem_Malloc(cap * sizeof(Found))
+    try:
+        if entries == NULL or found == NULL:
+            raise MemoryError()
+        read_cq_entries(cq_seg, cq_pos, n, entries)
+        gather_loop(segs, entries, n, max_bytes, cl_max, file_size, codes, tags,
+                    found, cap, held, problems, &used, &nmsg, &total, &removing)
+        owner = PyBytes_FromStringAndSize(NULL, total)
+        q = PyBytes_AS_STRING(owner)
+        with nogil:
+            for i in range(nmsg):
+                memcpy(q + at, found[i].p, found[i].r.total)
+                at += found[i].r.total
+        at = 0
+        for i in range(nmsg):
+            msgs.append(ext_in(owner, at, &found[i].r, found[i].phy))
+            at += found[i].r.total
+    finally:
+        for seg in held:
+            unpin(seg)
+        PyMem_Free(found)
+        PyMem_Free(entries)
+    return msgs, used, removing, problems
+
+
+cdef int gather_loop(list segs, const CqEntry *entries, Py_ssize_t n, int64_t max_bytes, int64_t cl_max, int64_t file_size, codes, tags,
+                     Found *found, Py_ssize_t cap, list held, list problems, Py_ssize_t *used_out,
+                     Py_ssize_t *nmsg_out, int64_t *total_out, bint *removing_out) except -1:
+    """gather_messages' walk over the entries: fills ``found`` (``cap`` at most: the
+    max_count / max_msgs limit), leaving each found record's segment pinned once in ``held``."""
     cdef RecView r
     cdef const char *p = NULL
-    cdef const char *row
     cdef const CqEntry *e
-    cdef Py_ssize_t n, k, used = 0, nmsg = 0
-    cdef Py_ssize_t stride
+    cdef Py_ssize_t k, used = 0, nmsg = 0
     cdef int64_t phy, total = 0, skip_below = 0
     cdef int32_t size, voff = 0, vlen = 0
     cdef int code
-    cdef bint skipping = False, removing = False, wanted
-    cdef list msgs = [], problems = []
-    cdef MappedSegment seg
-    row = entry_rows(entries, &n, &stride)
+    cdef bint skipping = False, removing = False, wanted, keep
+    cdef MappedSegment seg, last_held = None
+    for k in range(min(n, PREFETCH_AHEAD)):
+        prefetch_at(segs, entries[k].phy_offset)
     for k in range(n):
-        e = <const CqEntry *>(row + k * stride)
+        if k + PREFETCH_AHEAD < n:      # the records of queue order lie apart: load ahead
+            prefetch_at(segs, entries[k + PREFETCH_AHEAD].phy_offset)
+        e = &entries[k]
         phy = e.phy_offset
         size = e.size
         if skipping and phy < skip_below:
             used += 1
             continue
-        if nmsg and (nmsg >= max_count or total + size > max_bytes or nmsg > max_msgs - 1):
+        if nmsg and (nmsg >= cap or total + size > max_bytes):
             break
         used += 1
         if size == HOLE:
@@ -173,7 +233,7 @@ def gather_messages(list segs not None, cnp.ndarray entries not None, Py_ssize_t
         if code < 0:
             problems.append((k, phy, size, status_text(code, phy, &r)))
             continue
-        wanted = False
+        wanted = keep = False
         try:
             if r.total != size:
                 problems.append((k, phy, size, None))
@@ -181,14 +241,25 @@ def gather_messages(list segs not None, cnp.ndarray entries not None, Py_ssize_t
             wanted = tags is None or (find_property(p + r.props_off, r.props_len, b"TAGS", 4, &voff, &vlen)
                                       and PyUnicode_DecodeUTF8(p + r.props_off + voff, vlen, "replace") in tags)
             if wanted:
-                msgs.append(build_ext(p, &r, phy))
+                found[nmsg].p = p
+                found[nmsg].r = r
+                found[nmsg].phy = phy
+                if seg is not last_held:    # hold one pin per segment until the copy
+                    held.append(seg)
+                    last_held = seg
+                    keep = True
         finally:
-            unpin(seg)
+            if not keep:
+                unpin(seg)
         if wanted:
             total += size
             nmsg += 1
             skipping = False
-    return msgs, used, removing, problems
+    used_out[0] = used
+    nmsg_out[0] = nmsg
+    total_out[0] = total
+    removing_out[0] = removing
+    return 0
 
 
 def decode_bytes(const unsigned char[:] data not None, int64_t offset=0, bint check_crc=False):
@@ -201,6 +272,87 @@ def decode_bytes(const unsigned char[:] data not None, int64_t offset=0, bint ch
     if code == REC_END or code == REC_BLANK:
         raise CorruptRecordError(f"commitlog offset {offset}: no message here", offset)
     raise_status(code, offset, NULL)
+
+
+def scan_messages(MappedSegment seg not None, int64_t pos, int64_t stop, bint check_crc, Py_ssize_t max_count,
+                  int64_t max_bytes):
+    """The next messages of a commitlog scan from file position ``pos`` of ``seg``: whole
+    valid records below its published write position that start before ``stop``, where
+    their PHYSICALOFFSET says, at most ``max_count`` of them in at most ``max_bytes``.
+
+    Their bytes are copied once, GIL released, into one buffer the messages share, and
+    (``check_crc``) their CRCs checked on that copy. Returns (messages, file position after
+    the last); none when the first record is not one of these (BLANK, end of data, corrupt,
+    misplaced, longer than ``max_bytes``): the caller reads that one alone."""
+    cdef RecView r
+    cdef int64_t limit, end = pos, at = 0, phy = seg.base_offset + pos
+    cdef Py_ssize_t n = 0, i
+    cdef const char *q
+    cdef list msgs = []
+    if pos < 0 or pos >= min(seg.wrote_pos, seg.m.size) or pos >= stop:
+        return msgs, pos
+    limit = seg.pin_range(pos, seg.wrote_pos)
+    try:
+        with nogil:
+            while n < max_count and end < stop:
+                if parse_record(seg.m.base + end, min(limit - end, max_bytes - (end - pos)), False, &r) != REC_OK \
+                        or r.phy_offset != phy + (end - pos):
+                    break
+                end += r.total
+                n += 1
+        if n:
+            owner = PyBytes_FromStringAndSize(NULL, end - pos)
+            q = PyBytes_AS_STRING(owner)
+            with nogil:
+                memcpy(<char *>q, seg.m.base + pos, end - pos)
+    finally:
+        unpin(seg)
+    if n == 0:
+        return msgs, pos
+    if check_crc:
+        n = crc_prefix(q, end - pos, n)
+    for i in range(n):      # the copy parses as the mapping did (CRC aside): it is a snapshot
+        parse_record(q + at, end - pos - at, False, &r)
+        msgs.append(ext_in(owner, at, &r, phy + at))
+        at += r.total
+    return msgs, pos + at
+
+
+cdef Py_ssize_t crc_prefix(const char *q, int64_t size, Py_ssize_t n) noexcept:
+    """How many of the ``n`` records at ``q`` (``size`` bytes) pass their body CRC before
+    the first that does not (GIL released)."""
+    cdef RecView r
+    cdef int64_t at = 0
+    cdef Py_ssize_t i = 0
+    with nogil:
+        while i < n and parse_record(q + at, size - at, True, &r) == REC_OK:
+            at += r.total
+            i += 1
+    return i
+
+
+@cython.final
+cdef class Flatten:
+    """An iterator over the items of the lists ``chunks`` yields (a scan's batches), with
+    no Python frame per item."""
+    cdef object chunks
+    cdef list batch
+    cdef Py_ssize_t i
+
+    def __cinit__(self, chunks):
+        self.chunks = iter(chunks)
+        self.batch = []
+        self.i = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while self.i >= PyList_GET_SIZE(self.batch):
+            self.batch = next(self.chunks)
+            self.i = 0
+        self.i += 1
+        return self.batch[self.i - 1]
 
 
 def scan_segment(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_crc, bint check_place=False):

@@ -11,6 +11,11 @@ from rmqstore.index import UniqKeyGenerator
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import SCHEDULE_TOPIC, validate_topic
 
+# scan reads records in runs of at most this many / this many bytes, copied into one buffer
+# that their messages share (a message kept alive keeps its run's buffer alive)
+SCAN_BATCH = 128
+SCAN_BATCH_BYTES = 256 << 10
+
 
 class CommitLog:
     """The commitlog: records in RocketMQ's format, in files of ``commitlog_file_size``.
@@ -146,6 +151,11 @@ class CommitLog:
 
     def scan(self, from_offset=0, to_offset=None, check_crc=False):
         """Every message from ``from_offset`` in commitlog order (skipping BLANK records)."""
+        return _read.Flatten(self._scan_batches(from_offset, to_offset, check_crc))
+
+    def _scan_batches(self, from_offset, to_offset, check_crc):
+        """scan's messages in lists: runs of valid records read by the kernel, and whatever
+        stops a run (BLANK, end of data, a corrupt record) read alone."""
         pos = max(from_offset, self.min_offset)
         while True:
             end = self.max_offset if to_offset is None else min(to_offset, self.max_offset)
@@ -154,12 +164,18 @@ class CommitLog:
             seg = self.segments.find(pos)
             if seg is None:
                 return
+            msgs, nxt = _read.scan_messages(seg, pos - seg.base_offset, end - seg.base_offset, check_crc,
+                                            SCAN_BATCH, SCAN_BATCH_BYTES)
+            if msgs:
+                yield msgs
+                pos = seg.base_offset + nxt
+                continue
             r = _read.decode_record(seg, pos - seg.base_offset, seg.wrote_pos, check_crc)
             if isinstance(r, MessageExt):
                 if r.phy_offset != pos:     # its msgId would name another message
                     raise CorruptRecordError(f"record at commitlog offset {pos}: its PHYSICALOFFSET field says "
                                              f"{r.phy_offset}", pos)
-                yield r
+                yield [r]
                 pos += r.store_size
             else:   # BLANK record or end of this segment's data
                 pos = seg.base_offset + seg.size

@@ -101,14 +101,19 @@ def get_message(queues: ConsumeQueueTable, commitlog: CommitLog, config: StoreCo
     if offset > hi:
         # 4.9.8 and 5.3.3 both answer nextBeginOffset = maxOffset here (manifests)
         return GetMessageResult(S.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
-    entries = cq.read(offset, max(800, max_count), within_file=True)
-    if len(entries) == 0:
+    seg, pos, avail = cq.file_entries(offset)
+    if avail == 0:
         per_file = config.consume_queue_entries
         return GetMessageResult(S.OFFSET_FOUND_NULL, offset - offset % per_file + per_file, lo, hi)
-    msgs, used, removing, problems = _read.gather_messages(
-        commitlog.segments.segments, entries, max_count, config.max_transfer_count_on_message_in_memory,
-        config.max_transfer_bytes_on_message_in_memory, commitlog.max_offset, commitlog.segments.file_size,
-        flt.codes, flt.tags)
+    # RocketMQ looks at up to 800 entries (16000 bytes) of the file. Without a tag filter
+    # the first max_count usually decide the answer: read those, and the 800 only when the
+    # walk used them all without filling the batch (holes, records gone).
+    window = min(avail, max(800, max_count))
+    first = window if flt.codes is not None else min(window, max_count)
+    found = _gather(commitlog, config, seg, pos, first, max_count, flt)
+    if len(found[0]) < max_count and found[1] == first < window:
+        found = _gather(commitlog, config, seg, pos, window, max_count, flt)
+    msgs, used, removing, problems = found
     status = S.FOUND if msgs else S.MESSAGE_WAS_REMOVING if removing else S.NO_MATCHED_MESSAGE
     res = GetMessageResult(status, offset + used, lo, hi, msgs)
     for k, phy, size, why in problems:
@@ -116,3 +121,12 @@ def get_message(queues: ConsumeQueueTable, commitlog: CommitLog, config: StoreCo
         if why:
             log.warning("%s/%d offset %d: %s", topic, queue_id, offset + k, why)
     return res
+
+
+def _gather(commitlog: CommitLog, config: StoreConfig, seg: Any, pos: int, count: int, max_count: int,
+            flt: TagFilter) -> tuple[list[Any], int, bool, list[tuple[int, int, int, str | None]]]:
+    """gather_messages over ``count`` CQ entries at ``pos`` of ``seg``, with the store's limits."""
+    return _read.gather_messages(commitlog.segments.segments, seg, pos, count, max_count,
+                                 config.max_transfer_count_on_message_in_memory,
+                                 config.max_transfer_bytes_on_message_in_memory, commitlog.max_offset,
+                                 commitlog.segments.file_size, flt.codes, flt.tags)

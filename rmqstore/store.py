@@ -55,10 +55,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 _TIMES = ("begin", "end", "timestamp")     # times clamp to the stored range, as RocketMQ's do
 
 
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def _int(name: str, v: Any) -> Any:
     """An int (no bool, float or str); an int64 unless it is a time, which may be any int."""
+    if type(v) is int and (_I64_MIN <= v <= _I64_MAX or name in _TIMES):    # the common case, cheaply
+        return v
     return _message.int_arg(name, v, float("-inf"), float("inf")) if name in _TIMES else \
-        _message.int_arg(name, v, -(1 << 63), (1 << 63) - 1)
+        _message.int_arg(name, v, _I64_MIN, _I64_MAX)
 
 
 def _bad_type(name: str, v: Any, due: str) -> NoReturn:

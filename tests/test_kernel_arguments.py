@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent("""
     entries = np.zeros(1, _cq.ENTRY_DTYPE)
     entries["size"] = seg.wrote_pos
     cq = MappedSegment(root + "/cq", 0, 200, create=True)
+    _cq.append_entry(cq, 0, seg.wrote_pos, 0)
     idx = MappedSegment(root + "/index", 0, _index.file_size(8, 8), create=True)
     rows, raw, _, _ = _read.scan_dispatch(seg, 0, seg.wrote_pos)
     i64, i32 = np.zeros(1, np.int64), np.zeros(1, np.int32)
@@ -33,7 +34,8 @@ SCRIPT = textwrap.dedent("""
 
     calls = [
         (_read.decode_record, (seg, 0, seg.wrote_pos)), (_read.get_message, (segs, 0)),
-        (_read.gather_messages, (segs, entries, 4, 4, 1 << 20, seg.wrote_pos, 1 << 16, None, None)),
+        (_read.gather_messages, (segs, cq, 0, 1, 4, 4, 1 << 20, seg.wrote_pos, 1 << 16, None, None)),
+        (_read.scan_messages, (seg, 0, seg.wrote_pos, True, 8, 1 << 20)), (_read.Flatten, ([[1]],)),
         (_read.decode_bytes, (seg.read(0, seg.wrote_pos),)), (_read.scan_segment, (seg, 0, seg.wrote_pos, True)),
         (_read.scan_dispatch, (seg, 0, seg.wrote_pos)),
         (_columns.decode_batch, (seg, 0, seg.wrote_pos)), (_columns.decode_entries, (segs, entries)),

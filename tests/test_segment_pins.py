@@ -74,7 +74,7 @@ store = MessageStore(sys.argv[1], StoreConfig(warm_mapped_file=False, commitlog_
 store.put(Message("t", b"x" * 3000, tags="A"), queue_id=0)
 store.wait_dispatched()
 segs = store.commitlog.segments.segments
-entries = store.consume_queue_entries("t", 0)
+cq_seg, cq_pos, n = store.consume_queues.get("t", 0).file_entries(0)
 
 class ClosesTheSegment:
     # the tag test runs while the record is being read: close its segment right then
@@ -82,7 +82,7 @@ class ClosesTheSegment:
         segs[0].close()
         return tag == "A"
 
-msgs, used, _, problems = _read.gather_messages(segs, entries, 32, 32, 1 << 20, store.max_phy_offset,
+msgs, used, _, problems = _read.gather_messages(segs, cq_seg, cq_pos, n, 32, 32, 1 << 20, store.max_phy_offset,
                                                 store.commitlog.segments.file_size, None, ClosesTheSegment())
 assert (used, problems) == (1, []) and msgs[0].body == b"x" * 3000, (used, problems)
 try:
