@@ -31,4 +31,4 @@ cdef class Gate:
     def others_running(self):
         """Whether an operation of another thread is still inside."""
         cdef unsigned long me = PyThread_get_thread_ident()
-        return any(t != me for t in self.running)
+        return any(t != me for t in list(self.running))   # a copy: others enter and leave meanwhile
