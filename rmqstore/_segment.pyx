@@ -49,7 +49,7 @@ cdef class MappedSegment:
         self.m.base = NULL
         self.path = str(path)
         self.base_offset = base_offset
-        if reserve < 0 or reserve > size:
+        if reserve < 0:   # the whole file (the C layer clamps a larger one to the file)
             reserve = size
         if ahead < 0:
             raise InvalidArgumentError(f"ahead {ahead} is negative")

@@ -11,6 +11,7 @@ import numpy as np
 
 from rmqstore import _cq
 from rmqstore._segment import MappedSegment
+from rmqstore.config import StoreConfig
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError
 from rmqstore.files import refuse_symlink
 from rmqstore.segments import SegmentQueue
@@ -343,6 +344,11 @@ class ConsumeQueueTable:
         self.reserve_ahead = reserve_ahead
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def of_store(cls, root: str, cfg: StoreConfig, readonly: bool = False) -> ConsumeQueueTable:
+        """The table of the store at ``root``, with ``cfg``'s file sizes, modes and disk window."""
+        return cls(root, cfg.consume_queue_entries, readonly, cfg.file_mode, cfg.dir_mode, cfg.logics_reserve_ahead())
 
     def load(self) -> ConsumeQueueTable:
         """Open every topic/queue directory found on disk (any topic name a store holds)."""

@@ -268,8 +268,7 @@ class MessageStore:
         self.clean_shutdown = not os.path.lexists(self.abort_path)
         self.checkpoint = Checkpoint(os.path.join(self.path, "checkpoint"), cfg.file_mode).load()
         self.commitlog = CommitLog(self.path, cfg, self.read_only)
-        self.consume_queues = ConsumeQueueTable(self.path, cfg.consume_queue_entries, self.read_only,
-                                                cfg.file_mode, cfg.dir_mode, cfg.logics_reserve_ahead())
+        self.consume_queues = ConsumeQueueTable.of_store(self.path, cfg, self.read_only)
         self.offsets = ConsumerOffsets(self.path, cfg.file_mode, cfg.dir_mode)
         self.index: IndexService | None = None
         self.dispatcher: Dispatcher          # set by _recover

@@ -36,8 +36,7 @@ def fresh_logics(root: str, config: StoreConfig, commitlog: CommitLog, checkpoin
     consume_queues.close()
     for name in ("consumequeue", "index"):
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    table = ConsumeQueueTable(root, cfg.consume_queue_entries, False, cfg.file_mode, cfg.dir_mode,
-                              cfg.logics_reserve_ahead())
+    table = ConsumeQueueTable.of_store(root, cfg)
     if index is not None:
         index = IndexService(root, cfg, checkpoint).load(True, commitlog.max_offset)
     builder = ConsumeQueueBuilder(table, cfg.delay_levels_ms())
