@@ -368,6 +368,9 @@ cdef class Appender:
 
     def put(self, msg, queue_id=None):
         """Append one message; returns its PutResult."""
+        return self._put(msg, queue_id)
+
+    cdef PutResult _put(self, object msg, object queue_id):
         cdef tuple plan
         if not isinstance(msg, Message):
             raise InvalidArgumentTypeError(f"put takes a Message, not {type(msg).__name__}")
@@ -387,6 +390,9 @@ cdef class Appender:
         All or nothing: every message is checked (type, topic, properties, size, queue id),
         and every segment it rolls into is created, before the first is written, so a bad
         message anywhere or a full disk stores none of them."""
+        return self._put_batch(msgs, queue_id)
+
+    cdef list _put_batch(self, object msgs, object queue_id):
         cdef list plans = [], out = [], qids = None
         cdef Py_ssize_t i = 0
         if isinstance(queue_id, (list, tuple)):
@@ -675,9 +681,11 @@ cdef class StoreWriter:
         self.refuse = refuse
 
     def put(self, msg, queue_id=None):
+        """MessageStore.put (see its documentation)."""
         return self._append(False, msg, queue_id)
 
     def put_batch(self, msgs, queue_id=None):
+        """MessageStore.put_batch (see its documentation)."""
         return self._append(True, msgs, queue_id)
 
     cdef object _append(self, bint batch, object what, object queue_id):
@@ -686,7 +694,7 @@ cdef class StoreWriter:
         try:
             if self.readonly or self.commitlog.failed is not None:
                 self.refuse()
-            out = self.appender.put_batch(what, queue_id) if batch else self.appender.put(what, queue_id)
+            out = self.appender._put_batch(what, queue_id) if batch else self.appender._put(what, queue_id)
             if self.wait_flushed is not None and (not batch or out):
                 last = out[len(out) - 1] if batch else out
                 self.wait_flushed(last.phy_offset + last.size)

@@ -1,7 +1,11 @@
 """The operation gate of a MessageStore: close() waits for the operations running, and once
 it has begun, a new one raises StoreClosedError instead of starting."""
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.pythread cimport PyThread_get_thread_ident
 from rmqstore.errors import StoreClosedError
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object s)
 
 
 cdef class Gate:
@@ -32,3 +36,52 @@ cdef class Gate:
         """Whether an operation of another thread is still inside."""
         cdef unsigned long me = PyThread_get_thread_ident()
         return any(t != me for t in list(self.running))   # a copy: others enter and leave meanwhile
+
+
+# kinds of argument check_args knows without a call (others: their check function)
+ARG_OTHER, ARG_STR, ARG_INT64 = 0, 1, 2
+ARG_OR_NONE = 4     # added to a kind: None passes too
+
+
+cdef inline bint passes(int kind, object v) noexcept:
+    """Whether ``v`` is certainly fine for ``kind``, so its check function need not run."""
+    cdef int overflow = 0
+    if v is None:
+        return kind & ARG_OR_NONE
+    kind &= ~ARG_OR_NONE
+    if kind == ARG_INT64 and type(v) is int:
+        PyLong_AsLongLongAndOverflow(v, &overflow)
+        return overflow == 0
+    return kind == ARG_STR and type(v) is str and PyUnicode_IS_ASCII(v)
+
+
+cpdef check_args(list checks, tuple args, dict kwargs):
+    """Run the checks, (position, name, kind, check(name, value)) each, on the arguments
+    given (positional or by keyword); the common valid kinds pass without a call."""
+    cdef Py_ssize_t i, n = len(args)
+    cdef tuple c
+    for c in checks:
+        i = c[0]
+        if i < n:
+            v = args[i]
+        elif kwargs and c[1] in kwargs:
+            v = kwargs[c[1]]
+        else:
+            continue
+        if not passes(c[2], v):
+            c[3](c[1], v)
+
+
+def gated(method, list checks not None):
+    """``method`` of a store run as an operation of the store's ``_gate`` (see Gate), its
+    arguments checked first (check_args): the whole wrapper in C."""
+    def run(self, *args, **kwargs):
+        cdef Gate gate
+        check_args(checks, args, kwargs)
+        gate = self._gate
+        gate.enter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            gate.leave()
+    return run

@@ -19,10 +19,13 @@ cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
 
 
-def properties_rows(bytes common not None, list names not None, list columns not None, Py_ssize_t n):
+def properties_rows(bytes common not None, list names not None, list columns not None, Py_ssize_t n,
+                    convert=None):
     """The properties column of ``n`` rows for put_columns: per row ``common`` (already laid
     out), then ``names[j]\\x01value`` for each column j whose value is not None, joined by
-    \\x02. Values must be str without a \\x01/\\x02 inside. Returns (bytes, int64 offsets)."""
+    \\x02. Values must be str without a \\x01/\\x02 inside; a value of another type is
+    first replaced by ``convert(names[j], value)`` when given (in ``columns``, which are the
+    caller's to change). Returns (bytes, int64 offsets)."""
     cdef Py_ssize_t i, j, vl, nc = len(columns), cl = len(common)
     cdef int64_t row, pos
     cdef const char *vp
@@ -40,6 +43,8 @@ def properties_rows(bytes common not None, list names not None, list columns not
             v = (<list>columns[j])[i]
             if v is None:
                 continue
+            if type(v) is not str and convert is not None:
+                v = (<list>columns[j])[i] = convert(names[j], v)
             vp = _checked_text(v, names[j], &vl)
             row += (1 if row else 0) + len(<bytes>name_bytes[j]) + 1 + vl
         off[i + 1] = off[i] + row

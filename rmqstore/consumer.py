@@ -72,6 +72,9 @@ class TagFilter:
         self.codes = frozenset(java_hash(p) for p in parts)
 
 
+_ALL = TagFilter(None)   # no expression: every message
+
+
 def get_message(queues: ConsumeQueueTable, commitlog: CommitLog, config: StoreConfig, topic: str, queue_id: int,
                 offset: int, max_count: int = 32, tags: str | None = None) -> GetMessageResult:
     """RocketMQ DefaultMessageStore.getMessage: up to ``max_count`` messages of one queue
@@ -82,7 +85,7 @@ def get_message(queues: ConsumeQueueTable, commitlog: CommitLog, config: StoreCo
         raise InvalidArgumentError(f"max_count must be a positive int, got {max_count!r}")
     if not isinstance(offset, int):
         raise InvalidArgumentError(f"offset must be an int, got {offset!r}")
-    flt = TagFilter(tags)
+    flt = TagFilter(tags) if tags is not None else _ALL
     cq = queues.get(topic, queue_id)
     if cq is None:
         # RocketMQ's findConsumeQueue creates any queue asked for, so an unknown

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+import rmqstore._pack as _pack
 import rmqstore._properties as _properties
 from rmqstore._message import Message
 from rmqstore._record import gets_cq_entry, pack_host, pack_hosts
@@ -67,10 +68,9 @@ def binary_column(values: Any, what: str) -> Column:
         return col
     if isinstance(values, (str, bytes, bytearray, memoryview)) or not hasattr(values, "__iter__"):
         raise InvalidArgumentTypeError(f"{what} must be a sequence of bytes-like objects, not {type(values).__name__}")
-    if all(type(v) is bytes for v in values):   # the common case, at C speed
-        offsets = np.zeros(len(values) + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
-        return b"".join(values), offsets
+    packed = _pack.pack_bytes(values) if type(values) is list else None   # the common case, in C
+    if packed is not None:
+        return packed
     views = []
     for v in values:
         try:
@@ -133,13 +133,20 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
         columns.append(tag_rows)
     if key_rows is not None:
         names.append("KEYS")
-        columns.append([k if k is None or type(k) is str else " ".join(_text("key", x) for x in k)
-                        for k in key_rows])
+        columns.append(key_rows)
     if uniq_key is not None:
         names.append("UNIQ_KEY")
         columns.append([uniq_key() for _ in range(n)])
-    data, offsets = _properties.properties_rows(common, names, columns, n)
+    data, offsets = _properties.properties_rows(common, names, columns, n, _joined_keys)
     return data, offsets
+
+
+def _joined_keys(name: str, value: Any) -> Any:
+    """A row's KEYS given as a sequence of str, as the str it is stored as (other values
+    as they are: the kernel refuses them)."""
+    if name != "KEYS" or isinstance(value, (bytes, bytearray)) or not hasattr(value, "__iter__"):
+        return value
+    return " ".join(_text("key", x) for x in value)
 
 
 def topic_column(topics: Any, n: int) -> tuple[list[str], np.ndarray | None]:

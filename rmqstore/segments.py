@@ -173,12 +173,21 @@ class SegmentQueue:
         if seg is None:
             seg = self._open_new(offset)
         self._publish(self.segments + [seg])
-        nxt = offset + self.file_size
-        if self._alloc is not None and nxt not in self._made:
-            with self._lock:
-                if not self._closed:
-                    self._pending = (nxt, self._alloc.submit(self._warm, nxt))
+        self._prepare(offset + self.file_size)
         return seg
+
+    def prepare_first(self):
+        """An empty queue that preallocates starts making its first segment now, in the
+        background, so the first append does not wait for a file to be created."""
+        if self.last is None:
+            self._prepare(0)
+
+    def _prepare(self, offset):
+        """Make the segment at ``offset`` in the background, for the next roll to take."""
+        if self._alloc is not None and offset not in self._made:
+            with self._lock:
+                if not self._closed and self._pending is None:
+                    self._pending = (offset, self._alloc.submit(self._warm, offset))
 
     def make_room(self, last, ends):
         """Create now the segments after ``last`` that an append is about to roll into, one

@@ -125,29 +125,26 @@ _ARG_CHECKS: dict[str, Callable[[str, Any], Any]] = {
 }
 
 
-def _arg_checks(method: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], None]:
-    """A function checking the arguments of ``method`` that carry an annotation listed in
-    _ARG_CHECKS (InvalidArgumentError, or InvalidArgumentTypeError for a wrong type)."""
-    params = list(inspect.signature(method).parameters.values())[1:]
-    checks = [(i, p.name, _ARG_CHECKS[p.annotation]) for i, p in enumerate(params)
-              if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS]
+_ARG_KINDS = {"str": _gate.ARG_STR, "str | None": _gate.ARG_STR | _gate.ARG_OR_NONE, "int": _gate.ARG_INT64,
+              "int | None": _gate.ARG_INT64 | _gate.ARG_OR_NONE}   # passed without a call when plainly fine
 
-    def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        for i, name, f in checks:
-            if i < len(args):
-                f(name, args[i])
-            elif name in kwargs:
-                f(name, kwargs[name])
-    return check
+
+def _arg_checks(method: Callable[..., Any]) -> list[tuple[int, str, int, Callable[[str, Any], Any]]]:
+    """The checks (_gate.check_args) of the arguments of ``method`` that carry an
+    annotation listed in _ARG_CHECKS (InvalidArgumentError, or InvalidArgumentTypeError for
+    a wrong type)."""
+    params = list(inspect.signature(method).parameters.values())[1:]
+    return [(i, p.name, _ARG_KINDS.get(p.annotation, _gate.ARG_OTHER), _ARG_CHECKS[p.annotation])
+            for i, p in enumerate(params) if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS]
 
 
 def _checked(method: F) -> F:
     """Check the annotated arguments of ``method`` (see _arg_checks) before it runs."""
-    check = _arg_checks(method)
+    checks = _arg_checks(method)
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        check(args, kwargs)
+        _gate.check_args(checks, args, kwargs)
         return method(self, *args, **kwargs)
     return run  # type: ignore[return-value]
 
@@ -155,19 +152,8 @@ def _checked(method: F) -> F:
 def _gated(method: F) -> F:
     """Run ``method`` as an in-flight operation: close() waits for it to end, and once
     close() has begun it raises StoreClosedError instead of starting. Annotated arguments
-    are checked first (see _arg_checks)."""
-    check = _arg_checks(method)
-
-    @functools.wraps(method)
-    def run(self: MessageStore, *args: Any, **kwargs: Any) -> Any:
-        check(args, kwargs)
-        gate = self._gate
-        gate.enter()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            gate.leave()
-    return run  # type: ignore[return-value]
+    are checked first (see _arg_checks). The wrapper is C (_gate.gated)."""
+    return functools.wraps(method)(_gate.gated(method, _arg_checks(method)))  # type: ignore[return-value]
 
 
 def _detect_cq_entries(root: str) -> int | None:
@@ -279,6 +265,7 @@ class MessageStore:
             self.offsets.load()
             self._recover(progress)
             if not self.read_only:
+                self.commitlog.segments.prepare_first()
                 create_new(self.abort_path, str(os.getpid()).encode(), cfg.file_mode)
                 self.flusher = FlushService(self.commitlog, cfg, self.checkpoint, self._flush_logics)
                 self.flusher.start()
@@ -289,6 +276,9 @@ class MessageStore:
         self._writer = _append.StoreWriter(self._gate, self.commitlog.appender, self.commitlog, self.read_only,
                                            self.flusher.wait_flushed if self._sync else None,
                                            self.commitlog.check_writable)
+        # the instance's put / put_batch are the writer's C methods: no Python frame per call
+        self.put = self._writer.put   # type: ignore[method-assign]
+        self.put_batch = self._writer.put_batch   # type: ignore[method-assign]
 
     def _recover(self, progress: Progress | None = None) -> None:
         cfg = self.config

@@ -44,8 +44,18 @@ def _rows(n, seed=0):
     return topics, bodies, tags, keys
 
 
+def _other_kinds(bodies, keys):
+    """The same rows as other accepted kinds: bodies as bytearray / memoryview, key lists as
+    tuples and iterators, the sequences as tuples (so put_columns takes its general path)."""
+    bodies = tuple(bytearray(b) if i % 3 == 1 else memoryview(b) if i % 3 == 2 else b for i, b in enumerate(bodies))
+    keys = tuple(iter(k) if isinstance(k, list) and i % 3 == 1 else tuple(k) if isinstance(k, list) else k
+                 for i, k in enumerate(keys))
+    return bodies, keys
+
+
 @pytest.mark.parametrize("queues", ["round-robin", "given"])
-def test_same_records_as_put(tmp_path, queues):
+@pytest.mark.parametrize("kinds", ["lists of bytes and str", "other sequences"])
+def test_same_records_as_put(tmp_path, queues, kinds):
     topics, bodies, tags, keys = _rows(120)
     qids = None if queues == "round-robin" else [i % 4 for i in range(120)]
     props = {"a": "1", "b": "two"}
@@ -54,8 +64,9 @@ def test_same_records_as_put(tmp_path, queues):
             s.put(Message(topics[i], bodies[i], tags=tags[i], keys=keys[i], properties=props),
                   None if qids is None else qids[i])
         expected = _records(s)
+    col_bodies, col_keys = (bodies, keys) if kinds == "lists of bytes and str" else _other_kinds(bodies, keys)
     with MessageStore(tmp_path / "columns", CFG) as s:
-        r = s.put_columns(topics, bodies, queue_ids=qids, tags=tags, keys=keys, properties=props)
+        r = s.put_columns(topics, col_bodies, queue_ids=qids, tags=tags, keys=col_keys, properties=props)
         assert _records(s) == expected
         assert len(r["phy_offset"]) == 120 and int(r["phy_offset"][-1] + r["size"][-1]) == s.max_phy_offset
         s.wait_dispatched()
@@ -86,7 +97,7 @@ def test_many_segments_and_reopen(tmp_path):
         assert s.verify().ok
 
 
-@pytest.mark.parametrize("bad", ["too-large", "queue-id", "body-type", "tags-separator", "key-type"])
+@pytest.mark.parametrize("bad", ["too-large", "queue-id", "body-type", "tags-separator", "key-type", "keys-type"])
 def test_all_or_nothing(tmp_path, bad):
     n, at = 50, 31
     bodies = [b"m%d" % i for i in range(n)]
@@ -104,7 +115,7 @@ def test_all_or_nothing(tmp_path, bad):
         kw["tags"] = ["t"] * at + ["a\x02b"] + ["t"] * (n - at - 1)
         error = InvalidArgumentError
     else:
-        kw["keys"] = ["k"] * at + [[1]] + ["k"] * (n - at - 1)
+        kw["keys"] = ["k"] * at + [[1] if bad == "key-type" else 1] + ["k"] * (n - at - 1)
         error = InvalidArgumentTypeError
     with MessageStore(tmp_path / "s", CFG) as s:
         s.put(Message("T", b"kept"))
