@@ -3,7 +3,7 @@
 segment, and the Appender that puts messages and batches under the commitlog's write
 lock."""
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy, memchr
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
@@ -44,16 +44,24 @@ cdef Py_ssize_t props_length(dict props) except -1:
     return total - 1 if total else 0
 
 
-cdef void write_properties(char *out, dict props) noexcept:
-    cdef Py_ssize_t kl, vl
+cdef bytes properties_bytes(dict props):
+    """The properties string a record stores, checked (see props_length). Built once, before
+    anything is written, so a dict changed by another thread meanwhile cannot make the
+    record disagree with its length."""
+    cdef Py_ssize_t kl, vl, n = props_length(props)
     cdef const char *kp
     cdef const char *vp
+    cdef bytes data = PyBytes_FromStringAndSize(NULL, n)
+    cdef char *out = PyBytes_AS_STRING(data)
+    cdef char *end = out + n
     cdef bint first = True
-    for k, v in props.items():
+    for k, v in props.items():   # no Python code runs between the length and here
         if v is None:
             continue
         kp = PyUnicode_AsUTF8AndSize(k, &kl)
         vp = PyUnicode_AsUTF8AndSize(v, &vl)
+        if out + (0 if first else 1) + kl + 1 + vl > end:
+            raise InvalidArgumentError("properties changed while they were laid out")
         if not first:
             out[0] = 2
             out += 1
@@ -62,14 +70,17 @@ cdef void write_properties(char *out, dict props) noexcept:
         out[kl] = 1
         memcpy(out + kl + 1, vp, vl)
         out += kl + 1 + vl
+    if out != end:
+        raise InvalidArgumentError("properties changed while they were laid out")
+    return data
 
 
-cdef int64_t record_size(Message msg, str topic, dict props, bytes store_host, int version, int64_t max_size,
+cdef int64_t record_size(Message msg, str topic, Py_ssize_t plen, bytes store_host, int version, int64_t max_size,
                          int64_t seg_size, Py_ssize_t blen) except -1:
     """Bytes of the record ``msg`` makes with this effective topic and properties, after
     checking everything the encoder would refuse (hosts, topic and properties lengths, the
     size limits), so a batch can be checked whole before any of it is written."""
-    cdef Py_ssize_t tlen, plen
+    cdef Py_ssize_t tlen
     cdef bytes born = msg.born_host_packed if msg.born_host_packed is not None else store_host
     cdef int32_t born_alen = len(born) - 4, store_alen = len(store_host) - 4
     cdef int64_t total
@@ -78,7 +89,6 @@ cdef int64_t record_size(Message msg, str topic, dict props, bytes store_host, i
         raise InvalidArgumentError("hosts must be packed as 8 or 20 bytes")
     if version == 1 and tlen > 255 or tlen > 32767:
         raise InvalidArgumentError(f"topic of {tlen} bytes does not fit message version {version}")
-    plen = props_length(props)
     if plen > 32767:
         raise MessageTooLargeError(f"properties of {plen} bytes exceed 32767")
     total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born_alen + 4 + 8 + store_alen + 4 + 4 + 8 \
@@ -161,7 +171,7 @@ cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_l
     return p + tlen
 
 
-cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int32_t queue_id,
+cdef PutResult encode(MappedSegment seg, Message msg, str topic, bytes props, int32_t queue_id,
                       int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
                       int64_t max_size):
     """Encode ``msg`` (with the given effective topic, properties and queue) at the segment's
@@ -191,7 +201,7 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int
         bp = <const char *>view.buf
         blen = view.len
     try:
-        total = record_size(msg, topic, props, store_host, version, max_size, seg.m.size, blen)
+        total = record_size(msg, topic, len(props), store_host, version, max_size, seg.m.size, blen)
         wpos = seg.wrote_pos
         room = seg.m.size - wpos
         p = seg.m.base + wpos
@@ -215,8 +225,8 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, dict props, int
                 p = write_record(p, &h, born_p, born_alen + 4, store_p, store_alen + 4, bp, blen, tp, tlen)
         else:
             p = write_record(p, &h, born_p, born_alen + 4, store_p, store_alen + 4, bp, blen, tp, tlen)
-        rmq_st16(p, <int16_t>(seg.m.base + wpos + total - (p + 2)))    # what remains: the properties
-        write_properties(p + 2, props)
+        rmq_st16(p, <int16_t>len(props))
+        memcpy(p + 2, PyBytes_AS_STRING(props), len(props))
     finally:
         if have_view:
             PyBuffer_Release(&view)
@@ -237,7 +247,8 @@ def append_message(MappedSegment seg not None, Message msg not None, str topic n
                    int32_t queue_id, int64_t queue_offset, int64_t store_ts, bytes store_host not None, int version,
                    int64_t max_size):
     """One record at the segment's write position (see encode); None when it did not fit."""
-    return encode(seg, msg, topic, props, queue_id, queue_offset, store_ts, store_host, version, max_size)
+    return encode(seg, msg, topic, properties_bytes(props), queue_id, queue_offset, store_ts, store_host, version,
+                  max_size)
 
 
 cdef const int64_t[::1] column_offsets(object offsets, Py_ssize_t data_len, str what) except *:
@@ -606,7 +617,8 @@ cdef class Appender:
         return last if last is not None else self.segments.roll(0)
 
     cdef tuple _plan(self, Message msg, object queue_id):
-        """Check ``msg`` and decide where it goes: (msg, topic, props, queue id, topic state).
+        """Check ``msg`` and decide where it goes: (msg, topic, its properties laid out, queue id,
+        topic state, record size).
         Raises before anything is written; only the round-robin position moves."""
         cdef str topic = text_arg("topic", msg.topic)
         cdef dict props
@@ -630,16 +642,17 @@ cdef class Appender:
         if "DELAY" in props:
             topic, qid, props = self.delay(msg, topic, qid, props)
             st = self._state(topic)
-        size = record_size(msg, topic, props, self.store_host, self.version, self.max_size,
+        laid = properties_bytes(props)
+        size = record_size(msg, topic, len(laid), self.store_host, self.version, self.max_size,
                            self.segments.file_size, body_length(msg.body))
-        return (msg, topic, props, qid, st, size)
+        return (msg, topic, laid, qid, st, size)
 
     cdef PutResult _write(self, tuple plan, int64_t ts):
         """Encode a planned message at the end of the log (rolling when the segment is full):
         the queue offset is taken here, PREPARED / ROLLBACK get 0 and do not advance it."""
         cdef Message msg = plan[0]
         cdef str topic = plan[1]
-        cdef dict props = plan[2]
+        cdef bytes props = plan[2]
         cdef int32_t qid = plan[3], tran = msg.sys_flag & TRANSACTION_MASK
         cdef _TopicState st = plan[4]
         cdef bint counted = tran != TRAN_PREPARED and tran != TRAN_ROLLBACK

@@ -152,6 +152,35 @@ def test_body_changed_during_put_keeps_crc_and_every_ack(tmp_path):
         assert ref.body_crc(rec["body"]) == rec["body_crc"]
 
 
+def test_properties_changed_during_put_are_stored_whole(tmp_path):
+    """Another thread adds and removes a property while large bodies are written (their copy
+    runs without the GIL): each record holds the properties as they stood at one moment,
+    whole. (They were laid out after the copy, against a length taken before it: a third
+    of such records came back with a torn properties string.)"""
+    msg = Message("T", bytes(8_000_000), properties={"a": "1"})
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            msg.properties.update(long="v" * 500)   # calls: the GIL can change hands after either
+            msg.properties.pop("long")
+
+    cfg = _cfg(commitlog_file_size=1 << 26, max_message_size=1 << 24)
+    t = threading.Thread(target=flip)
+    t.start()
+    try:
+        with MessageStore(tmp_path / "s", cfg) as s:
+            acked = [s.put(msg).phy_offset for _ in range(24)]
+    finally:
+        stop.set()
+        t.join()
+    with MessageStore(tmp_path / "s", cfg) as s:
+        assert s.verify().ok
+        got = [s.get_by_offset(phy).properties for phy in acked]
+    assert [p for p in got if p not in ({"a": "1"}, {"a": "1", "long": "v" * 500})] == []
+    assert [r["phy_offset"] for r in ref.iter_commitlog(str(tmp_path / "s"))] == acked
+
+
 BAD = [Message("bad/topic", b"x"), Message("T", b"x" * (1 << 17)), Message("T", b"x", properties={"a\x01": "v"})]
 
 
