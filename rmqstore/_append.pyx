@@ -75,13 +75,15 @@ cdef bytes properties_bytes(dict props):
     return data
 
 
-cdef int64_t record_size(Message msg, str topic, Py_ssize_t plen, bytes store_host, int version, int64_t max_size,
+cdef int64_t record_size(bytes born, str topic, Py_ssize_t plen, bytes store_host, int version, int64_t max_size,
                          int64_t seg_size, Py_ssize_t blen) except -1:
-    """Bytes of the record ``msg`` makes with this effective topic and properties, after
-    checking everything the encoder would refuse (hosts, topic and properties lengths, the
-    size limits), so a batch can be checked whole before any of it is written."""
+    """Bytes of the record a message makes with this born host (None: the store host),
+    effective topic, properties length and body length, after checking everything the
+    encoder would refuse (hosts, topic and properties lengths, the size limits), so a batch
+    can be checked whole before any of it is written."""
     cdef Py_ssize_t tlen
-    cdef bytes born = msg.born_host_packed if msg.born_host_packed is not None else store_host
+    if born is None:
+        born = store_host
     cdef int32_t born_alen = len(born) - 4, store_alen = len(store_host) - 4
     cdef int64_t total
     PyUnicode_AsUTF8AndSize(topic, &tlen)
@@ -98,17 +100,20 @@ cdef int64_t record_size(Message msg, str topic, Py_ssize_t plen, bytes store_ho
     return total
 
 
-cdef Py_ssize_t body_length(object body) except -1:
-    cdef Py_buffer view
+cdef object held_body(object body):
+    """``body`` as the planned message keeps it until it is written: bytes as they are,
+    another bytes-like object through a memoryview, whose export stops a bytearray from
+    being resized meanwhile (its bytes may still change: the CRC is taken from the copy)."""
     if PyBytes_CheckExact(body):
-        return PyBytes_GET_SIZE(body)
+        return body
     body_arg(body)
     try:
-        PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+        view = memoryview(body)
+        if not view.c_contiguous:
+            raise BufferError("not C-contiguous")
     except (BufferError, ValueError, TypeError) as e:   # e.g. a strided memoryview or array
         raise InvalidArgumentTypeError(f"body must be one contiguous run of bytes: {e}") from None
-    PyBuffer_Release(&view)
-    return view.len
+    return view
 
 
 cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
@@ -171,20 +176,20 @@ cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_l
     return p + tlen
 
 
-cdef PutResult encode(MappedSegment seg, Message msg, str topic, bytes props, int32_t queue_id,
-                      int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
+cdef PutResult encode(MappedSegment seg, Message msg, object body, bytes born, str topic, bytes props,
+                      int32_t queue_id, int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
                       int64_t max_size):
-    """Encode ``msg`` (with the given effective topic, properties and queue) at the segment's
-    write position. Returns a PutResult, or None when the record does not fit: then the
-    BLANK end-of-file record has been written and the caller rolls to a new segment."""
+    """Encode ``msg`` with the given body, born host, effective topic, properties and queue
+    (what was checked, not the message's attributes now) at the segment's write position.
+    Returns a PutResult, or None when the record does not fit: then the BLANK end-of-file
+    record has been written and the caller rolls to a new segment."""
     cdef Py_ssize_t tlen, blen
     cdef const char *tp = PyUnicode_AsUTF8AndSize(topic, &tlen)
     cdef const char *bp
     cdef Py_buffer view
     cdef bint have_view = False
-    cdef bytes born = msg.born_host_packed if msg.born_host_packed is not None else store_host
-    cdef int32_t born_alen = len(born) - 4, store_alen = len(store_host) - 4
-    cdef const char *born_p = PyBytes_AS_STRING(born)
+    cdef int32_t born_alen, store_alen = len(store_host) - 4
+    cdef const char *born_p
     cdef const char *store_p = PyBytes_AS_STRING(store_host)
     cdef int64_t total, room, wpos
     cdef char *p
@@ -192,16 +197,20 @@ cdef PutResult encode(MappedSegment seg, Message msg, str topic, bytes props, in
     cdef PutResult res
     if seg.m.readonly or seg.closing or seg.unmapped:
         raise StoreClosedError(f"{seg.path}: segment not writable")
-    if PyBytes_CheckExact(msg.body):
-        bp = PyBytes_AS_STRING(msg.body)
-        blen = PyBytes_GET_SIZE(msg.body)
+    if born is None:
+        born = store_host
+    born_alen = len(born) - 4
+    born_p = PyBytes_AS_STRING(born)
+    if PyBytes_CheckExact(body):
+        bp = PyBytes_AS_STRING(body)
+        blen = PyBytes_GET_SIZE(body)
     else:
-        PyObject_GetBuffer(body_arg(msg.body), &view, PyBUF_SIMPLE)
+        PyObject_GetBuffer(body_arg(body), &view, PyBUF_SIMPLE)
         have_view = True
         bp = <const char *>view.buf
         blen = view.len
     try:
-        total = record_size(msg, topic, len(props), store_host, version, max_size, seg.m.size, blen)
+        total = record_size(born, topic, len(props), store_host, version, max_size, seg.m.size, blen)
         wpos = seg.wrote_pos
         room = seg.m.size - wpos
         p = seg.m.base + wpos
@@ -247,8 +256,8 @@ def append_message(MappedSegment seg not None, Message msg not None, str topic n
                    int32_t queue_id, int64_t queue_offset, int64_t store_ts, bytes store_host not None, int version,
                    int64_t max_size):
     """One record at the segment's write position (see encode); None when it did not fit."""
-    return encode(seg, msg, topic, properties_bytes(props), queue_id, queue_offset, store_ts, store_host, version,
-                  max_size)
+    return encode(seg, msg, msg.body, msg.born_host_packed, topic, properties_bytes(props), queue_id, queue_offset,
+                  store_ts, store_host, version, max_size)
 
 
 cdef const int64_t[::1] column_offsets(object offsets, Py_ssize_t data_len, str what) except *:
@@ -618,8 +627,9 @@ cdef class Appender:
 
     cdef tuple _plan(self, Message msg, object queue_id):
         """Check ``msg`` and decide where it goes: (msg, topic, its properties laid out, queue id,
-        topic state, record size).
-        Raises before anything is written; only the round-robin position moves."""
+        topic state, record size, body held, born host). What is written is what was checked
+        here, whatever another thread does to ``msg`` meanwhile. Raises before anything is
+        written; only the round-robin position moves."""
         cdef str topic = text_arg("topic", msg.topic)
         cdef dict props
         cdef _TopicState st = self.topics.get(topic)
@@ -643,9 +653,11 @@ cdef class Appender:
             topic, qid, props = self.delay(msg, topic, qid, props)
             st = self._state(topic)
         laid = properties_bytes(props)
-        size = record_size(msg, topic, len(laid), self.store_host, self.version, self.max_size,
-                           self.segments.file_size, body_length(msg.body))
-        return (msg, topic, laid, qid, st, size)
+        body = held_body(msg.body)
+        born = msg.born_host_packed
+        size = record_size(born, topic, len(laid), self.store_host, self.version, self.max_size,
+                           self.segments.file_size, len(body) if type(body) is bytes else (<memoryview>body).nbytes)
+        return (msg, topic, laid, qid, st, size, body, born)
 
     cdef PutResult _write(self, tuple plan, int64_t ts):
         """Encode a planned message at the end of the log (rolling when the segment is full):
@@ -663,10 +675,12 @@ cdef class Appender:
             v = st.offsets.get(qid)
             if v is not None:
                 qoff = v
-        res = encode(self.seg, msg, topic, props, qid, qoff, ts, self.store_host, self.version, self.max_size)
+        res = encode(self.seg, msg, plan[6], plan[7], topic, props, qid, qoff, ts, self.store_host, self.version,
+                     self.max_size)
         if res is None:
             self.seg = self.segments.roll()
-            res = encode(self.seg, msg, topic, props, qid, qoff, ts, self.store_host, self.version, self.max_size)
+            res = encode(self.seg, msg, plan[6], plan[7], topic, props, qid, qoff, ts, self.store_host, self.version,
+                         self.max_size)
         if counted:
             st.offsets[qid] = qoff + 1
         if res.phy_offset + res.size >= self.warm_mark:

@@ -181,6 +181,37 @@ def test_properties_changed_during_put_are_stored_whole(tmp_path):
     assert [r["phy_offset"] for r in ref.iter_commitlog(str(tmp_path / "s"))] == acked
 
 
+def test_a_batch_writes_what_was_checked(tmp_path):
+    """Messages changed while their batch is written (here from the pre-fault hand-off the
+    append makes between two records, as another thread could) are stored as they were
+    when the batch was checked: the whole batch, nothing refused halfway."""
+    first = bytearray(b"a" * 100)
+    msgs = [Message("T", first), Message("T", b"b" * 100, properties={"p": "1"})]
+    refused = []
+
+    class Meddler:   # stands in for the warmer; the appender calls it after the first record
+        def submit(self, *args):
+            msgs[1].body = b"x" * (1 << 20)           # over max_message_size
+            msgs[1].born_host_packed = b"\0" * 3     # not a packed host
+            msgs[1].properties["q"] = "2"
+            try:
+                first.extend(b"more")
+            except BufferError:                     # held until written: it cannot be resized
+                refused.append(True)
+
+    with MessageStore(tmp_path / "s", _cfg(warm_mapped_file=True, max_message_size=1 << 16)) as s:
+        warmer, s.commitlog._warmer = s.commitlog._warmer, Meddler()
+        s.commitlog.appender.warm_mark = 0
+        try:
+            res = s.put_batch(msgs)
+        finally:
+            s.commitlog._warmer = warmer
+        got = [s.get_by_offset(r.phy_offset) for r in res]
+    assert refused == [True]
+    assert [bytes(m.body) for m in got] == [b"a" * 100, b"b" * 100]
+    assert got[1].properties == {"p": "1"} and got[1].born_host == got[1].store_host
+
+
 BAD = [Message("bad/topic", b"x"), Message("T", b"x" * (1 << 17)), Message("T", b"x", properties={"a\x01": "v"})]
 
 
