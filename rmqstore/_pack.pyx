@@ -11,6 +11,7 @@ import numpy as np
 def pack_bytes(list values not None):
     """(data, offsets) of a list whose items are all exactly ``bytes``; None when one is
     not (the caller takes the general path)."""
+    values = list(values)   # our own: nothing (a finaliser run by an allocation) can change it
     cdef Py_ssize_t i, n = PyList_GET_SIZE(values)
     cdef object v
     cdef char *out
