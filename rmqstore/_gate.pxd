@@ -1,5 +1,6 @@
 cdef class Gate:
-    cdef list running
+    cdef unsigned long *idents   # the thread of each operation inside (n of cap)
+    cdef Py_ssize_t n, cap
     cdef public bint closing
     cdef str path
     cdef object on_closing

@@ -2,6 +2,7 @@
 it has begun, a new one raises StoreClosedError instead of starting."""
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.pythread cimport PyThread_get_thread_ident
+from libc.stdlib cimport free, malloc, realloc
 from rmqstore.errors import StoreClosedError
 
 cdef extern from "Python.h":
@@ -13,29 +14,53 @@ cdef class Gate:
     after, while close() sets ``closing`` first and reads the registry after, so either
     close() waits for the operation or the operation sees ``closing`` and backs out. Thread
     idents, so close() called back from within an operation (a progress callback) does not
-    wait for itself. ``on_closing()`` runs when an operation meets a closing gate (it raises
-    if the store is already closed)."""
+    wait for itself; kept in a C array (no Python object made per call). ``on_closing()``
+    runs when an operation meets a closing gate (it raises if the store is already closed)."""
 
     def __cinit__(self, str path not None, on_closing not None):
-        self.running = []
+        self.cap = 16
+        self.idents = <unsigned long *>malloc(self.cap * sizeof(unsigned long))
+        if self.idents == NULL:
+            raise MemoryError()
+        self.n = 0
         self.closing = False
         self.path = path
         self.on_closing = on_closing
 
+    def __dealloc__(self):
+        free(self.idents)
+
     cpdef enter(self):
-        self.running.append(PyThread_get_thread_ident())
+        cdef unsigned long *grown
+        if self.n == self.cap:
+            grown = <unsigned long *>realloc(self.idents, 2 * self.cap * sizeof(unsigned long))
+            if grown == NULL:
+                raise MemoryError()
+            self.idents, self.cap = grown, 2 * self.cap
+        self.idents[self.n] = PyThread_get_thread_ident()
+        self.n += 1
         if self.closing:
             self.leave()
             self.on_closing()
             raise StoreClosedError(f"{self.path}: store is closing")
 
     cpdef leave(self):
-        self.running.remove(PyThread_get_thread_ident())
+        cdef unsigned long me = PyThread_get_thread_ident()
+        cdef Py_ssize_t i = self.n - 1
+        while i >= 0 and self.idents[i] != me:
+            i -= 1
+        if i >= 0:
+            self.n -= 1
+            self.idents[i] = self.idents[self.n]
 
     def others_running(self):
         """Whether an operation of another thread is still inside."""
         cdef unsigned long me = PyThread_get_thread_ident()
-        return any(t != me for t in list(self.running))   # a copy: others enter and leave meanwhile
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            if self.idents[i] != me:
+                return True
+        return False
 
 
 # kinds of argument check_args knows without a call (others: their check function)
