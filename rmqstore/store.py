@@ -276,9 +276,12 @@ class MessageStore:
         self._writer = _append.StoreWriter(self._gate, self.commitlog.appender, self.commitlog, self.read_only,
                                            self.flusher.wait_flushed if self._sync else None,
                                            self.commitlog.check_writable)
-        # the instance's put / put_batch are the writer's C methods: no Python frame per call
-        self.put = self._writer.put   # type: ignore[method-assign]
-        self.put_batch = self._writer.put_batch   # type: ignore[method-assign]
+        # the instance's put / put_batch are the writer's C methods (no Python frame per call),
+        # unless a subclass overrides them
+        if type(self).put is MessageStore.put:
+            self.put = self._writer.put   # type: ignore[method-assign]
+        if type(self).put_batch is MessageStore.put_batch:
+            self.put_batch = self._writer.put_batch   # type: ignore[method-assign]
 
     def _recover(self, progress: Progress | None = None) -> None:
         cfg = self.config

@@ -71,6 +71,27 @@ def test_put_get_roundtrip(tmp_path):
             store.get_by_msg_id(other)
 
 
+def test_a_subclass_overriding_put_is_called(tmp_path):
+    """put and put_batch are the writer's C methods on a MessageStore, but a subclass's own
+    put / put_batch still run."""
+    seen = []
+
+    class Logged(MessageStore):
+        def put(self, msg, queue_id=None):
+            seen.append("put")
+            return super().put(msg, queue_id)
+
+        def put_batch(self, msgs, queue_id=None):
+            seen.append("put_batch")
+            return super().put_batch(msgs, queue_id)
+
+    with Logged(tmp_path / "s", _cfg()) as s:
+        s.put(Message("T", b"one"))
+        s.put_batch([Message("T", b"two")])
+        assert [bytes(m.body) for m in s.scan()] == [b"one", b"two"]
+    assert seen == ["put", "put_batch"]
+
+
 def test_get_past_end_is_not_found(tmp_path):
     with MessageStore(tmp_path / "s", _cfg()) as store:
         r = store.put(Message("T", b"x"))
