@@ -277,3 +277,18 @@ def test_index_file_checks_match_the_numpy_oracle(own, case):
     got = [(off, msg.split(": ", 1)[1]) for off, msg in got if "should be hash" not in msg and "match no" not in msg]
     assert got == want
     assert bool(want) == (case != "clean")
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("size", 7, "record size is"), ("tags", 12345, "record tags code is"),
+    ("phy", 1 << 40, "has no consume-queue entry"), ("size", 0x7FFFFFFF, "has no consume-queue entry")])
+def test_consume_queue_entry_fields(own, field, value, words):
+    """Each field of an entry is checked against the record it names: a wrong size or tags
+    code; an entry past the commitlog end or a hole is not followed, so its message has
+    none."""
+    path, res = own
+    f = path / "consumequeue" / "T1" / "0" / f"{0:020d}"
+    at = {"phy": (0, ">q"), "size": (8, ">i"), "tags": (12, ">q")}[field]
+    _patch(f, struct.pack(at[1], value), 4 * 20 + at[0])
+    p = _only_problem(_verify(path), "consume_queue")
+    assert words in p.message and p.offset == 4

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+import rmqstore._cq as _cq
 import rmqstore._index as _index
 import rmqstore._read as _read
 from rmqstore import _record
-from rmqstore.consume_queue import HOLE_SIZE
 from rmqstore.dispatch import DispatchBatch, cq_tags
 from rmqstore.topics import is_safe_dirname
 
@@ -288,16 +288,12 @@ class _Verifier:
             rep.consume_queue_entries += len(e)
             t = tid.get(topic, -1)
             bounds[(t, qid)] = (lo, hi)
-            qoff = lo + np.flatnonzero((e["size"] != HOLE_SIZE) & (e["phy_offset"] < end))
-            e = e[qoff - lo]
-            i = np.minimum(np.searchsorted(recs.phy, e["phy_offset"]), max(len(recs.phy) - 1, 0))
-            found = (recs.phy[i] == e["phy_offset"]) if len(recs.phy) else np.zeros(len(e), bool)
-            ok = found & (recs.size[i] == e["size"]) & (recs.topic[i] == t) & (recs.queue_id[i] == qid) & \
-                (recs.queue_offset[i] == qoff) & (recs.tags[i] == e["tags_code"]) & recs.cq[i]
-            covered[i[ok]] = True
-            for j in np.flatnonzero(~ok).tolist():
-                bad.add((t, qid, int(qoff[j])))
-                self._cq_problem(cq, int(qoff[j]), e[j], int(i[j]) if found[j] else None, topic, qid)
+            wrong, at = _cq.check_entries(e, end, t, qid, lo, recs.phy, recs.size, recs.topic, recs.queue_id,
+                                          recs.queue_offset, recs.tags, recs.cq.view(np.uint8),
+                                          covered.view(np.uint8))     # GIL released
+            for j, r in zip(wrong.tolist(), at.tolist(), strict=True):
+                bad.add((t, qid, lo + j))
+                self._cq_problem(cq, lo + j, e[j], r if r >= 0 else None, topic, qid)
         self._missing(covered, bounds, bad)
 
     def _cq_problem(self, cq, qoff, entry, rec, topic, qid):
