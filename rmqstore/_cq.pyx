@@ -88,21 +88,26 @@ def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:
     cdef Py_ssize_t i, n = off.shape[0], size = len(raw)
     cdef const char *base = raw
     cdef int32_t prev_off = -1, prev_len = -1, prev_id = -1
+    if off.shape[0] > length.shape[0]:
+        raise OutOfRangeError("fewer topic lengths than offsets")
     out = np.empty(n, np.int32)
     cdef int32_t[::1] o = out
-    for i in range(n):
-        if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
-            raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
-        if prev_id >= 0 and length[i] == prev_len and memcmp(base + off[i], base + prev_off, prev_len) == 0:
+    with nogil:     # a row of the previous row's topic is the common case: the GIL only for a new one
+        for i in range(n):
+            if off[i] >= 0 and length[i] >= 0 and off[i] + length[i] <= size and prev_id >= 0 \
+                    and length[i] == prev_len and memcmp(base + off[i], base + prev_off, prev_len) == 0:
+                o[i] = prev_id
+                continue
+            with gil:
+                if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
+                    raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
+                key = raw[off[i]:off[i] + length[i]]
+                tid = ids.get(key)
+                if tid is None:
+                    tid = ids[key] = len(names)
+                    names.append(key.decode("utf-8", "replace"))
+                prev_off, prev_len, prev_id = off[i], length[i], tid
             o[i] = prev_id
-            continue
-        key = raw[off[i]:off[i] + length[i]]
-        tid = ids.get(key)
-        if tid is None:
-            tid = ids[key] = len(names)
-            names.append(key.decode("utf-8", "replace"))
-        prev_off, prev_len, prev_id = off[i], length[i], tid
-        o[i] = prev_id
     return out
 
 

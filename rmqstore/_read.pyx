@@ -442,6 +442,7 @@ def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_
     cdef RecView r
     cdef int code = REC_END
     cdef int64_t n = 0, start = pos, end = pos
+    cdef char *q
     limit = seg.pin_range(pos, limit)
     try:
         with nogil:
@@ -455,7 +456,10 @@ def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_
         rows = np.empty(n, DISPATCH_DTYPE)
         dispatch_fill(seg.m.base + start, limit - start, n, <DispatchRow *>cnp.PyArray_DATA(rows),
                       seg.base_offset + start)
-        raw = PyBytes_FromStringAndSize(seg.m.base + start, end - start)
+        raw = PyBytes_FromStringAndSize(NULL, end - start)
+        q = PyBytes_AS_STRING(raw)
+        with nogil:
+            memcpy(q, seg.m.base + start, end - start)
     finally:
         unpin(seg)
     if code == REC_BLANK:
