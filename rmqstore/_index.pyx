@@ -606,6 +606,7 @@ cdef struct Hit:            # a record keyed_batch keeps for key ``key``
 
 cdef enum:
     CHUNK = 1 << 16         # record bytes per shared copy (a longer record gets its own)
+    BLOCK = 2048            # offsets keyed_batch reads back per block of keys
 
 
 cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd):
@@ -614,49 +615,66 @@ cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const 
     gone (retention, past a recovered end) or invalid are skipped, and an offset listed
     twice (UNIQ_KEY equal to a KEYS token) gives one message.
 
-    The records are found and checked in place, then copied, with the GIL released, into
+    Keys go in blocks of about BLOCK offsets (so the working set stays in cache): the
+    records are found and checked in place, then copied, with the GIL released, into
     shared bytes objects of about CHUNK bytes that their messages hold. The lists hold
     only messages, which are not GC-tracked, so they are untracked too: a batch of them
     does not set off garbage collections (a list a caller makes part of a cycle leaks)."""
-    cdef Py_ssize_t tlen, nh = bd[nk], i, j, k, m
+    cdef Py_ssize_t tlen, i, i0 = 0, i1, nh, most = 0
     cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
     cdef bint loose = "\ufffd" in topic
     cdef int64_t lo = 0x7FFFFFFFFFFFFFFF, hi = -1
     cdef Span span
+    cdef Keys block
     cdef Hit *hits
-    cdef list owners = [], result = [None] * nk, found
+    cdef list result = [None] * nk
     span.n = 0
     span.refs = NULL
-    for i in range(nh):
+    for i in range(bd[nk]):
         lo = min(lo, offs[i])
         hi = max(hi, offs[i])
-    hits = <Hit *>PyMem_Malloc(max(1, nh) * sizeof(Hit))
+    for i in range(nk):
+        most = max(most, bd[i + 1] - bd[i])
+    hits = <Hit *>PyMem_Malloc(max(1, min(bd[nk], BLOCK + most)) * sizeof(Hit))
     try:
         if hits == NULL:
             raise MemoryError()
         pin_span(log, lo, hi, &span)
-        with nogil:
-            nh = find_hits(&span, t, tlen, loose, ks, nk, offs, bd, hits)
-        if loose:
-            nh = drop_unsure(hits, nh, topic)
-        owners = share_copies(hits, nh)
-    finally:
-        unpin_span(log, &span)
-    try:
-        k = 0
-        for i in range(nk):
-            j = k
-            while j < nh and hits[j].key == i:
-                j += 1
-            found = [None] * (j - k)
-            for m in range(k, j):
-                found[m - k] = ext_in(<bytes>owners[hits[m].owner], hits[m].at, &hits[m].r, hits[m].phy)
-            PyObject_GC_UnTrack(<void *>found)
-            result[i] = found
-            k = j
+        try:
+            while i0 < nk:
+                i1 = i0 + 1
+                while i1 < nk and bd[i1 + 1] - bd[i0] <= BLOCK:
+                    i1 += 1
+                block.p = ks.p + i0
+                block.n = ks.n + i0
+                with nogil:
+                    nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
+                if loose:
+                    nh = drop_unsure(hits, nh, topic)
+                build_lists(hits, nh, share_copies(hits, nh), result, i0, i1)
+                i0 = i1
+        finally:
+            unpin_span(log, &span)
     finally:
         PyMem_Free(hits)
     return result
+
+
+cdef int build_lists(const Hit *hits, Py_ssize_t nh, list owners, list result, Py_ssize_t i0, Py_ssize_t i1) except -1:
+    """``result[i0:i1]``: per key of the block, the list of the messages of its hits."""
+    cdef Py_ssize_t i, j, k = 0, m
+    cdef list found
+    for i in range(i1 - i0):
+        j = k
+        while j < nh and hits[j].key == i:
+            j += 1
+        found = [None] * (j - k)
+        for m in range(k, j):
+            found[m - k] = ext_in(<bytes>owners[hits[m].owner], hits[m].at, &hits[m].r, hits[m].phy)
+        PyObject_GC_UnTrack(<void *>found)
+        result[i0 + i] = found
+        k = j
+    return 0
 
 
 cdef Py_ssize_t find_hits(const Span *s, const char *t, Py_ssize_t tlen, bint loose, const Keys *ks, Py_ssize_t nk,

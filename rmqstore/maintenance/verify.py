@@ -375,7 +375,8 @@ class _Verifier:
             self.problem("index", path, 40 + 4 * s, f"{path}: slot {s} points at entry {_slot(f, s)}, whose hash "
                          f"{h} belongs to slot {h % f.slots}")
         for i in found["astray"]:
-            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} links to entry {_entry(f, i)[3]} of another slot")
+            self.problem("index", path, ent_at + 20 * i,
+                         f"{path}: entry {i} links to entry {_entry(f, i)[3]} of another slot")
         for i, refs in zip(found["odd"], found["odd_refs"], strict=True):
             self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} is reached {refs} times from "
                          "slots and chains, not once")
