@@ -607,6 +607,8 @@ cdef struct Hit:            # a record keyed_batch keeps for key ``key``
 cdef enum:
     CHUNK = 1 << 16         # record bytes per shared copy (a longer record gets its own)
     BLOCK = 2048            # offsets keyed_batch reads back per block of keys
+    RELEASE_MIN = 16        # records below which keyed_batch keeps the GIL: dropping and taking it
+                            # back costs more, and may wait out another thread's switch interval
 
 
 cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd):
@@ -616,7 +618,8 @@ cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const 
     twice (UNIQ_KEY equal to a KEYS token) gives one message.
 
     Keys go in blocks of about BLOCK offsets (so the working set stays in cache): the
-    records are found and checked in place, then copied, with the GIL released, into
+    records are found and checked in place, then copied, with the GIL released (from
+    RELEASE_MIN records on), into
     shared bytes objects of about CHUNK bytes that their messages hold. The lists hold
     only messages, which are not GC-tracked, so they are untracked too: a batch of them
     does not set off garbage collections (a list a caller makes part of a cycle leaks)."""
@@ -647,7 +650,10 @@ cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const 
                     i1 += 1
                 block.p = ks.p + i0
                 block.n = ks.n + i0
-                with nogil:
+                if bd[i1] - bd[i0] >= RELEASE_MIN:
+                    with nogil:
+                        nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
+                else:
                     nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
                 if loose:
                     nh = drop_unsure(hits, nh, topic)
@@ -745,10 +751,18 @@ cdef list share_copies(Hit *hits, Py_ssize_t n):
             size += hits[i].r.total
             i += 1
         owners.append(owner)
-    with nogil:
-        for i in range(n):
-            memcpy(hits[i].dst, hits[i].p, hits[i].r.total)
+    if n >= RELEASE_MIN:
+        with nogil:
+            copy_hits(hits, n)
+    else:
+        copy_hits(hits, n)
     return owners
+
+
+cdef void copy_hits(Hit *hits, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        memcpy(hits[i].dst, hits[i].p, hits[i].r.total)
 
 
 cdef void sort_i64(int64_t *a, Py_ssize_t n) noexcept nogil:

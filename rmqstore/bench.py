@@ -3,7 +3,7 @@
 Workload (issues 2 and 3): ``messages`` messages of ``body_size`` bytes to topic ``bench``,
 8 queues round robin, one key each, tags ``TagA``, async flush; then every queue read back
 with ``get_messages(max_count=32)`` and the whole log scanned in commitlog order; then
-``LOOKUPS`` random keys looked up, one call per key (``query_by_key``: the messages back)
+``LOOKUPS`` random keys (at most one per message) looked up, one call per key (``query_by_key``: the messages back)
 and in one ``query_keys`` call. The peers do the same work with what they have: sqlite3
 (WAL, batched transactions, a (queue, offset) primary key paged ``ORDER BY qoff LIMIT 32``;
 an index on the key column, built untimed, for lookups), LMDB if installed (one key per
@@ -384,7 +384,7 @@ def run(directory=None, messages=1_000_000, body_size=128, batch=0, peers=True, 
                     n, nbytes = fn()
                     rows.append((cls.name, kind, system.labels[kind], n, time.perf_counter() - t, nbytes))
                 if hasattr(system, "prepare_lookup"):
-                    keys = system.prepare_lookup(lookup_keys(items))
+                    keys = system.prepare_lookup(lookup_keys(items, min(LOOKUPS, messages)))
                     for kind in ("lookup", "lookup_batch"):
                         if hasattr(system, kind):
                             t = time.perf_counter()
