@@ -36,6 +36,7 @@ cnp.import_array()
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
     void PyObject_GC_UnTrack(void *op)
+    void PyObject_GC_Track(void *op)
 
 HEADER_SIZE = 40
 ENTRY_SIZE = sizeof(IndexEntry)
@@ -500,7 +501,8 @@ cdef class IndexFiles:
         cdef char *buf
         cdef int32_t *hs
         limits(topic, max_num, begin, end, cap, &mn, &b, &e)
-        keys = list(keys)
+        keys = list(keys)       # ours: the str objects, whose UTF-8 the GIL-free passes read, stay alive
+        PyObject_GC_UnTrack(<void *>keys)   # a temporary: collections need not walk it
         nk = len(keys)
         cdef Keys ks
         ks.p = <const char **>PyMem_Malloc(max(1, nk) * sizeof(const char *))
@@ -631,6 +633,7 @@ cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const 
     cdef Keys block
     cdef Hit *hits
     cdef list result = [None] * nk
+    PyObject_GC_UnTrack(<void *>result)     # tracked again once filled: collections meanwhile skip it
     span.n = 0
     span.refs = NULL
     for i in range(bd[nk]):
@@ -663,6 +666,7 @@ cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const 
             unpin_span(log, &span)
     finally:
         PyMem_Free(hits)
+    PyObject_GC_Track(<void *>result)
     return result
 
 

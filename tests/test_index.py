@@ -336,7 +336,7 @@ def test_query_keys_matches_a_scan_oracle(tmp_path):
                     oracle.setdefault(k, []).append(m)
         probes = ([f"k{i}" for i in range(160)] + ["k3", "nope"]) * 12    # > 2048 offsets: several blocks
         got = store.query_keys("T", probes)
-        assert sum(map(len, got)) > 2048
+        assert sum(map(len, got)) > 2048 and gc.is_tracked(got)
         for k, msgs in zip(probes, got, strict=True):
             want = sorted(oracle.get(k, []), key=lambda m: -m.phy_offset)[:64]
             assert msgs == want, k
