@@ -27,8 +27,8 @@ from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_has
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
-from rmqstore._message cimport ext_in
-from rmqstore._read cimport Span, pin_span, span_prefetch, span_record, unpin_span
+from rmqstore._message cimport build_ext, ext_in
+from rmqstore._read cimport Span, pin_span, record_at, span_prefetch, span_record, unpin_span
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError, StoreReadOnlyError
 
 cnp.import_array()
@@ -438,9 +438,6 @@ cdef class IndexFiles:
         cdef bint stack_pins[16]
         cdef bint *pinned = stack_pins
         cdef int32_t h
-        cdef Keys ks
-        cdef int64_t bd[2]
-        bd[0] = 0
         limits(topic, max_num, begin, end, cap, &mn, &b, &e)
         check_key(key)
         if mn == 0:
@@ -465,10 +462,7 @@ cdef class IndexFiles:
             finally:
                 self.unpin_all(pinned)
             if log is not None:
-                ks.p = &k
-                ks.n = &klen
-                bd[1] = n
-                return keyed_batch(log, topic, &ks, 1, out, bd)[0]
+                return keyed_messages(log, topic, k, klen, out, n)
             return [out[i] for i in range(n)]
         finally:
             if buf != small:
@@ -694,7 +688,7 @@ cdef Py_ssize_t find_hits(const Span *s, const char *t, Py_ssize_t tlen, bint lo
     cdef Py_ssize_t i, j, n = 0
     cdef RecView r
     cdef const char *p
-    cdef bint unsure
+    cdef Match match
     for i in range(nk):
         if i + AHEAD < nk:
             for j in range(bd[i + AHEAD], bd[i + AHEAD + 1]):
@@ -707,16 +701,62 @@ cdef Py_ssize_t find_hits(const Span *s, const char *t, Py_ssize_t tlen, bint lo
             p = span_record(s, offs[j], &r, False, -1)
             if p == NULL:
                 continue
-            unsure = not (r.topic_len == tlen and memcmp(p + r.topic_off, t, tlen) == 0)
-            if (unsure and not loose) or not has_key(p + r.props_off, r.props_len, ks.p[i], ks.n[i]):
+            match = key_match(p, &r, t, tlen, loose, ks.p[i], ks.n[i])
+            if match == NO_MATCH:
                 continue
             hits[n].p = p
             hits[n].r = r
             hits[n].phy = offs[j]
             hits[n].key = i
-            hits[n].unsure = unsure
+            hits[n].unsure = match == TOPIC_UNSURE
             n += 1
     return n
+
+
+cdef enum Match:
+    NO_MATCH = 0
+    MATCH = 1
+    TOPIC_UNSURE = 2        # holds the key, but the topic's bytes differ: compare the names as str
+
+
+cdef inline Match key_match(const char *p, const RecView *r, const char *t, Py_ssize_t tlen, bint loose,
+                            const char *k, Py_ssize_t klen) noexcept nogil:
+    """Whether the record at ``p`` is of topic ``t`` and holds key ``k``. A stored name
+    whose bytes differ may still decode, with replacement characters, to a topic that
+    holds U+FFFD (``loose``): TOPIC_UNSURE leaves that comparison to the caller."""
+    cdef bint unsure = not (r.topic_len == tlen and memcmp(p + r.topic_off, t, tlen) == 0)
+    if (unsure and not loose) or not has_key(p + r.props_off, r.props_len, k, klen):
+        return NO_MATCH
+    return TOPIC_UNSURE if unsure else MATCH
+
+
+cdef list keyed_messages(list log, str topic, const char *k, Py_ssize_t klen, const int64_t *offs, Py_ssize_t n):
+    """keyed_batch for one key's few offsets, with the GIL held (releasing it would cost
+    more than the work): each record is checked in place under a pin of its own, then
+    copied into its message."""
+    cdef Py_ssize_t i, tlen
+    cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
+    cdef const char *p = NULL
+    cdef RecView r
+    cdef list out = []
+    cdef int code
+    cdef Match match
+    cdef MappedSegment seg
+    for i in range(n - 1, -1, -1):
+        if i < n - 1 and offs[i] == offs[i + 1]:
+            continue
+        seg = record_at(log, offs[i], False, &r, &p, &code)
+        if seg is None:
+            continue
+        try:       # loose: a name that differs decodes to ``topic`` only if it holds U+FFFD
+            match = key_match(p, &r, t, tlen, True, k, klen)
+            if match == TOPIC_UNSURE and PyUnicode_DecodeUTF8(p + r.topic_off, r.topic_len, "replace") != topic:
+                continue
+            if match != NO_MATCH:
+                out.append(build_ext(p, &r, offs[i]))
+        finally:
+            unpin(seg)
+    return out
 
 
 cdef Py_ssize_t drop_unsure(Hit *hits, Py_ssize_t n, str topic):
