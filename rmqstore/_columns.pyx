@@ -2,16 +2,15 @@
 """Columnar decoding: a run of a segment (decode_batch) or the records consume-queue
 entries point at (decode_entries) into a dict of numpy arrays, Arrow-style, with the GIL
 released and the segments read pinned."""
-from cpython.list cimport PyList_GET_SIZE
 from libc.string cimport memcpy
-from libc.stdlib cimport malloc, free
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint8_t
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32
 from rmqstore._layout cimport *
-from rmqstore._record cimport RecView, parse_record, parse_at, tags_code_of, status_of, raise_status, prefetch_bytes
-from rmqstore._read cimport entry_rows
+from rmqstore._record cimport RecView, parse_record, tags_code_of, status_of, raise_status
+from rmqstore._read cimport Span, entry_rows, pin_span, span_prefetch, span_record, unpin_span
 from rmqstore._segment cimport MappedSegment, pin, unpin
 
 cnp.import_array()
@@ -110,6 +109,7 @@ cdef void cols_of(dict out, Cols *c) except *:
     c.td = <char *>cnp.PyArray_DATA(out["topic_data"])
     c.pd = <char *>cnp.PyArray_DATA(out["props_data"])
     c.bo = c.to = c.po = 0
+    c.o_body[0] = c.o_topic[0] = c.o_props[0] = 0
 
 
 cdef inline void fill_row(Cols *c, int64_t i, const char *p, RecView *r) noexcept nogil:
@@ -143,7 +143,6 @@ cdef void fill_batch(const char *base, int64_t avail, int64_t n, dict out) excep
     cdef Cols c
     cdef int64_t i, pos = 0
     cols_of(out, &c)
-    c.o_body[0] = c.o_topic[0] = c.o_props[0] = 0
     with nogil:
         for i in range(n):
             parse_record(base + pos, avail - pos, False, &r)
@@ -151,129 +150,100 @@ cdef void fill_batch(const char *base, int64_t avail, int64_t n, dict out) excep
             pos += r.total
 
 
-cdef struct SegRef:
-    int64_t base_offset
-    const char *base
-    int64_t size
-    int64_t limit           # published write position when pinned
-
-
-cdef inline Py_ssize_t seg_ref_index(SegRef *refs, Py_ssize_t n, int64_t offset) noexcept nogil:
-    """Index of the last pinned segment whose base is <= ``offset`` (-1: none)."""
-    cdef Py_ssize_t lo = 0, hi = n, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if refs[mid].base_offset <= offset:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
-
-
-cdef inline const char *seg_ref_find(SegRef *refs, Py_ssize_t n, int64_t offset, RecView *r, bint check_crc,
-                                     int32_t size) noexcept nogil:
-    """The record at commitlog ``offset`` in the pinned ``refs`` when it is valid, there,
-    and ``size`` bytes long; NULL otherwise."""
-    cdef Py_ssize_t i = seg_ref_index(refs, n, offset)
-    cdef int64_t pos
-    if i < 0:
-        return NULL
-    pos = offset - refs[i].base_offset
-    if pos >= refs[i].size or parse_at(refs[i].base, refs[i].size, refs[i].limit, pos, check_crc, r) != REC_OK:
-        return NULL
-    if r.phy_offset != offset or r.total != size:
-        return NULL
-    return refs[i].base + pos
-
-
 cdef enum:
     PREFETCH = 16           # records ahead: a queue's records are scattered through the log
 
 
-cdef inline void prefetch_record(SegRef *refs, Py_ssize_t n, int64_t offset, int32_t size) noexcept nogil:
-    """Start loading the record at commitlog ``offset`` (up to 512 bytes of it) into cache."""
-    cdef Py_ssize_t i = seg_ref_index(refs, n, offset)
-    if i >= 0:
-        prefetch_bytes(refs[i].base, offset - refs[i].base_offset, size, refs[i].limit)
-
-
 def decode_entries(list log not None, cnp.ndarray entries not None, bint check_crc=False):
     """Decode the records that consume-queue ``entries`` (ENTRY_DTYPE) point at in ``log``
-    (a commitlog segment list snapshot) into decode_batch's columns, in one pass with the
-    GIL released and the segments in their range pinned. Hole entries are skipped; an entry
+    (a commitlog segment list snapshot) into decode_batch's columns, with the GIL released
+    and the segments in their range pinned: one pass finds and checks the records and
+    sizes the columns exactly, a second fills them. Hole entries are skipped; an entry
     whose record is gone, invalid, elsewhere or of another size is left out and its index
-    listed in ``missing`` (int64). ``count`` is the number of rows. The data columns are
-    sized from the entry sizes and returned as views of what was filled."""
-    cdef Py_ssize_t n, k, i0 = 0, i1 = 0, nref = 0, j, nmiss = 0
-    cdef Py_ssize_t stride
+    listed in ``missing`` (int64). ``count`` is the number of rows."""
+    cdef Py_ssize_t n, stride, nok = 0, nmiss = 0
     cdef const char *row
-    cdef const char *p
-    cdef const CqEntry *e
-    cdef int64_t phy, lo = 0x7FFFFFFFFFFFFFFF, hi = -1, nok = 0, rows = 0, nbytes = 0
-    cdef int32_t size
-    cdef RecView r
-    cdef Cols c
-    cdef MappedSegment seg
+    cdef const char **recs
+    cdef int64_t lo = 0, hi = -1
+    cdef Extent x
+    cdef Span span
+    span.n = 0
+    span.refs = NULL
     row = entry_rows(entries, &n, &stride)
-    for k in range(n):
-        phy = (<const CqEntry *>(row + k * stride)).phy_offset
-        size = (<const CqEntry *>(row + k * stride)).size
-        if size != HOLE and size > 0 and phy >= 0:
-            lo = min(lo, phy)
-            hi = max(hi, phy)
-            rows += 1
-            nbytes += size
-    for j in range(PyList_GET_SIZE(log)):       # the segments holding [lo, hi]
-        seg = <MappedSegment>log[j]
-        if seg.base_offset <= lo:
-            i0 = j
-        if seg.base_offset <= hi:
-            i1 = j + 1
-    cdef SegRef *refs = <SegRef *>malloc(max(1, i1 - i0) * sizeof(SegRef))
+    with nogil:
+        entry_range(row, n, stride, &lo, &hi)
     missing = np.empty(n, np.int64)
     cdef int64_t *miss = <int64_t *>cnp.PyArray_DATA(missing)
-    out = new_columns(rows, nbytes, nbytes, nbytes)   # a record's parts are each shorter than it
-    cols_of(out, &c)
-    c.o_body[0] = c.o_topic[0] = c.o_props[0] = 0
+    recs = <const char **>PyMem_Malloc(max(1, n) * sizeof(const char *))
     try:
-        if refs == NULL:
+        if recs == NULL:
             raise MemoryError()
-        for j in range(i0, i1):
-            seg = <MappedSegment>log[j]
-            pin(seg)
-            refs[nref].base_offset = seg.base_offset
-            refs[nref].base = seg.m.base
-            refs[nref].size = seg.m.size
-            refs[nref].limit = seg.wrote_pos
-            nref += 1
+        pin_span(log, lo, hi, &span)
         with nogil:
-            for k in range(n):
-                if k + PREFETCH < n:
-                    e = <const CqEntry *>(row + (k + PREFETCH) * stride)
-                    prefetch_record(refs, nref, e.phy_offset, e.size)
-                e = <const CqEntry *>(row + k * stride)
-                size = e.size
-                if size == HOLE:
-                    continue
-                p = seg_ref_find(refs, nref, e.phy_offset, &r, check_crc, size)
-                if p == NULL:
-                    miss[nmiss] = k
-                    nmiss += 1
-                else:
-                    fill_row(&c, nok, p, &r)
-                    nok += 1
+            nok = find_records(&span, row, n, stride, check_crc, recs, miss, &nmiss, &x)
+        out = new_columns(nok, x.body_bytes, x.topic_bytes, x.props_bytes)
+        fill_records(recs, nok, out)
     finally:
-        for j in range(i0, i0 + nref):
-            unpin(<MappedSegment>log[j])
-        free(refs)
-    for name in BATCH_FIELDS + ("born_addr", "store_addr"):
-        out[name] = out[name][:nok]
-    for name in ("body", "topic", "props"):
-        out[name + "_offsets"] = out[name + "_offsets"][:nok + 1]
-    out["body_data"] = out["body_data"][:c.bo]
-    out["topic_data"] = out["topic_data"][:c.to]
-    out["props_data"] = out["props_data"][:c.po]
+        unpin_span(log, &span)
+        PyMem_Free(recs)
     out["count"] = nok
     out["missing"] = missing[:nmiss]
     return out
 
+
+cdef void entry_range(const char *row, Py_ssize_t n, Py_ssize_t stride, int64_t *lo, int64_t *hi) noexcept nogil:
+    """The lowest and highest commitlog offset the entries that name a record point at
+    (``hi`` < ``lo`` when none does)."""
+    cdef const CqEntry *e
+    cdef Py_ssize_t k
+    lo[0] = 0x7FFFFFFFFFFFFFFF
+    hi[0] = -1
+    for k in range(n):
+        e = <const CqEntry *>(row + k * stride)
+        if e.size != HOLE and e.size > 0 and e.phy_offset >= 0:
+            lo[0] = min(lo[0], e.phy_offset)
+            hi[0] = max(hi[0], e.phy_offset)
+
+
+cdef Py_ssize_t find_records(const Span *span, const char *row, Py_ssize_t n, Py_ssize_t stride, bint check_crc,
+                             const char **recs, int64_t *miss, Py_ssize_t *nmiss, Extent *x) noexcept nogil:
+    """decode_entries' first pass: the records the entries point at into ``recs`` (their
+    count returned), the indexes of the entries that lead to none into ``miss``, and the
+    records' variable-length byte totals into ``x``."""
+    cdef RecView r
+    cdef const CqEntry *e
+    cdef const char *p
+    cdef Py_ssize_t k, nok = 0
+    x.body_bytes = x.topic_bytes = x.props_bytes = 0
+    nmiss[0] = 0
+    for k in range(n):
+        if k + PREFETCH < n:
+            e = <const CqEntry *>(row + (k + PREFETCH) * stride)
+            span_prefetch(span, e.phy_offset, e.size)
+        e = <const CqEntry *>(row + k * stride)
+        if e.size == HOLE:
+            continue
+        p = span_record(span, e.phy_offset, &r, check_crc, e.size)
+        if p == NULL:
+            miss[nmiss[0]] = k
+            nmiss[0] += 1
+            continue
+        recs[nok] = p
+        nok += 1
+        x.body_bytes += r.body_len
+        x.topic_bytes += r.topic_len
+        x.props_bytes += r.props_len
+    return nok
+
+
+cdef void fill_records(const char **recs, Py_ssize_t n, dict out) except *:
+    """decode_entries' second pass: the columns from the ``n`` records find_records checked
+    (pinned), GIL released."""
+    cdef RecView r
+    cdef Cols c
+    cdef Py_ssize_t i
+    cols_of(out, &c)
+    with nogil:
+        for i in range(n):
+            parse_record(recs[i], rmq_ld32(recs[i]), False, &r)
+            fill_row(&c, i, recs[i], &r)

@@ -1,14 +1,14 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """Consume-queue kernels: 20-byte big-endian entries (commitlog offset i64, size i32,
 tags code i64) appended into and read out of a mapped segment."""
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcmp
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
 from rmqstore._layout cimport CqEntry, HOLE
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
-from rmqstore.errors import OutOfRangeError
+from rmqstore.errors import InvalidArgumentError, OutOfRangeError
 
 cnp.import_array()
 
@@ -88,19 +88,71 @@ def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:
     cdef Py_ssize_t i, n = off.shape[0], size = len(raw)
     cdef const char *base = raw
     cdef int32_t prev_off = -1, prev_len = -1, prev_id = -1
+    if off.shape[0] > length.shape[0]:
+        raise OutOfRangeError("fewer topic lengths than offsets")
     out = np.empty(n, np.int32)
     cdef int32_t[::1] o = out
-    for i in range(n):
-        if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
-            raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
-        if prev_id >= 0 and length[i] == prev_len and memcmp(base + off[i], base + prev_off, prev_len) == 0:
+    with nogil:     # a row of the previous row's topic is the common case: the GIL only for a new one
+        for i in range(n):
+            if off[i] >= 0 and length[i] >= 0 and off[i] + length[i] <= size and prev_id >= 0 \
+                    and length[i] == prev_len and memcmp(base + off[i], base + prev_off, prev_len) == 0:
+                o[i] = prev_id
+                continue
+            with gil:
+                if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
+                    raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
+                key = raw[off[i]:off[i] + length[i]]
+                tid = ids.get(key)
+                if tid is None:
+                    tid = ids[key] = len(names)
+                    names.append(key.decode("utf-8", "replace"))
+                prev_off, prev_len, prev_id = off[i], length[i], tid
             o[i] = prev_id
-            continue
-        key = raw[off[i]:off[i] + length[i]]
-        tid = ids.get(key)
-        if tid is None:
-            tid = ids[key] = len(names)
-            names.append(key.decode("utf-8", "replace"))
-        prev_off, prev_len, prev_id = off[i], length[i], tid
-        o[i] = prev_id
     return out
+
+
+def check_entries(cnp.ndarray entries not None, int64_t end, int32_t topic, int32_t queue_id, int64_t first,
+                  const int64_t[:] phy not None, const int32_t[:] size not None, const int32_t[:] topics not None,
+                  const int32_t[:] queue_ids not None, const int64_t[:] queue_offsets not None,
+                  const int64_t[:] tags not None, const uint8_t[:] gets_entry not None, uint8_t[:] covered not None):
+    """verify's check of one queue's ``entries`` (ENTRY_DTYPE, queue offsets from ``first``)
+    against the commitlog's messages (columns ordered by ``phy``), GIL released: an entry
+    that names a record below ``end`` must point at the start of a message of its size,
+    topic, queue, queue offset and tags code that gets an entry; such messages are marked
+    in ``covered``. Returns (indexes of the entries that fail, the index of the message at
+    their offset or -1) as int64 arrays."""
+    cdef Py_ssize_t n, k, nrec = phy.shape[0], nbad = 0, lo, hi, mid
+    cdef const CqEntry *e
+    if entries.dtype != ENTRY_DTYPE or entries.ndim != 1 or not entries.flags.c_contiguous:
+        raise InvalidArgumentError("entries must be a contiguous 1-d array of ENTRY_DTYPE")
+    if not (size.shape[0] == topics.shape[0] == queue_ids.shape[0] == queue_offsets.shape[0] == tags.shape[0]
+            == gets_entry.shape[0] == covered.shape[0] == nrec):
+        raise InvalidArgumentError("message columns differ in length")
+    n = entries.shape[0]
+    bad = np.empty(n, np.int64)
+    rec = np.empty(n, np.int64)
+    cdef int64_t *bo = <int64_t *>cnp.PyArray_DATA(bad)
+    cdef int64_t *ro = <int64_t *>cnp.PyArray_DATA(rec)
+    e = <const CqEntry *>cnp.PyArray_DATA(entries)
+    with nogil:
+        for k in range(n):
+            if e[k].size == HOLE or e[k].phy_offset >= end:
+                continue
+            lo, hi = 0, nrec
+            while lo < hi:          # the first message at or after the entry's offset
+                mid = (lo + hi) >> 1
+                if phy[mid] < e[k].phy_offset:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo < nrec and phy[lo] == e[k].phy_offset:
+                if size[lo] == e[k].size and topics[lo] == topic and queue_ids[lo] == queue_id \
+                        and queue_offsets[lo] == first + k and tags[lo] == e[k].tags_code and gets_entry[lo]:
+                    covered[lo] = 1
+                    continue
+                ro[nbad] = lo
+            else:
+                ro[nbad] = -1
+            bo[nbad] = k
+            nbad += 1
+    return bad[:nbad], rec[:nbad]

@@ -14,7 +14,9 @@ File layout (big-endian)::
 Every value read from a file is untrusted: slot values and prevIndex are checked against
 indexCount and the file's capacity, and a chain walk only moves to strictly older entries,
 so it terminates on any input."""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport malloc, free
@@ -25,14 +27,16 @@ from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_has
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
-from rmqstore._message cimport build_ext
-from rmqstore._read cimport record_at, prefetch_at
+from rmqstore._message cimport build_ext, ext_in
+from rmqstore._read cimport Span, pin_span, record_at, span_prefetch, span_record, unpin_span
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError, StoreReadOnlyError
 
 cnp.import_array()
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+    void PyObject_GC_UnTrack(void *op)
+    void PyObject_GC_Track(void *op)
 
 HEADER_SIZE = 40
 ENTRY_SIZE = sizeof(IndexEntry)
@@ -458,7 +462,7 @@ cdef class IndexFiles:
             finally:
                 self.unpin_all(pinned)
             if log is not None:
-                return keyed_messages(log, topic, key, out, n)
+                return keyed_messages(log, topic, k, klen, out, n)
             return [out[i] for i in range(n)]
         finally:
             if buf != small:
@@ -480,66 +484,75 @@ cdef class IndexFiles:
         return self._query(topic, key, max_num, begin, end, cap, log)
 
     def query_many(self, topic, keys, max_num=64, begin=0, end=None, Py_ssize_t cap=64, list log=None):
-        """``query`` for every key of the list ``keys`` in one call, the chain walks with the
-        GIL released: (offsets i64, bounds i64 of len(keys)+1), the offsets of key i being
-        ``offsets[bounds[i]:bounds[i+1]]`` sorted ascending; with ``log``, a list per key of
-        its messages as ``query_messages`` finds them."""
-        cdef Py_ssize_t nk, i, j, n = 0, tlen, klen, cap_k = 0, mn
+        """``query`` for every key of the list ``keys`` in one call, hashing and chain walks
+        with the GIL released: (offsets i64, bounds i64 of len(keys)+1), the offsets of key
+        i being ``offsets[bounds[i]:bounds[i+1]]`` sorted ascending; with ``log``, a list per
+        key of its messages as ``query_messages`` finds them (read back by keyed_batch)."""
+        cdef Py_ssize_t nk, i, n = 0, tlen, klen = 0, cap_k = 0, mn
         cdef int64_t b, e
         cdef const char *t
-        cdef const char *k
         cdef bint *pinned
         cdef char *buf
         cdef int32_t *hs
         limits(topic, max_num, begin, end, cap, &mn, &b, &e)
-        keys = list(keys)
+        keys = list(keys)       # ours: the str objects, whose UTF-8 the GIL-free passes read, stay alive
+        PyObject_GC_UnTrack(<void *>keys)   # a temporary: collections need not walk it
         nk = len(keys)
-        for key in keys:
-            check_key(key)
-            PyUnicode_AsUTF8AndSize(key, &klen)
-            if klen > cap_k:
-                cap_k = klen
-        t = PyUnicode_AsUTF8AndSize(topic, &tlen)
-        hashes = np.empty(nk, np.int32)
-        hs = <int32_t *>cnp.PyArray_DATA(hashes)
-        buf = <char *>malloc(tlen + cap_k + 1)
-        pinned = <bint *>malloc(max(1, self.n) * sizeof(bint))
+        cdef Keys ks
+        ks.p = <const char **>PyMem_Malloc(max(1, nk) * sizeof(const char *))
+        ks.n = <Py_ssize_t *>PyMem_Malloc(max(1, nk) * sizeof(Py_ssize_t))
+        pinned = <bint *>PyMem_Malloc(max(1, self.n) * sizeof(bint))
+        hs = <int32_t *>PyMem_Malloc(max(1, nk) * sizeof(int32_t))
+        buf = NULL
         offsets = np.empty(nk * mn, np.int64)
         bounds = np.empty(nk + 1, np.int64)
         cdef int64_t *out = <int64_t *>cnp.PyArray_DATA(offsets)
         cdef int64_t *bd = <int64_t *>cnp.PyArray_DATA(bounds)
         try:
-            if buf == NULL or pinned == NULL:
+            if ks.p == NULL or ks.n == NULL or pinned == NULL or hs == NULL:
                 raise MemoryError()
-            for i in range(nk):
-                k = PyUnicode_AsUTF8AndSize(keys[i], &klen)
-                hs[i] = build_hash(t, tlen, k, klen, buf)
+            for i in range(nk):     # UTF-8 forms cached in the str objects, which ``keys`` holds
+                key = keys[i]
+                check_key(key)
+                ks.p[i] = PyUnicode_AsUTF8AndSize(key, &ks.n[i])
+                cap_k = max(cap_k, ks.n[i])
+            t = PyUnicode_AsUTF8AndSize(topic, &tlen)
+            buf = <char *>PyMem_Malloc(tlen + cap_k + 1)
+            if buf == NULL:
+                raise MemoryError()
             self.pin_all(pinned)
             try:
                 with nogil:
-                    bd[0] = 0
                     for i in range(nk):
-                        if i + 2 * AHEAD < nk:
-                            self.prefetch_chain(pinned, hs[i + 2 * AHEAD], False)
-                        if i + AHEAD < nk:
-                            self.prefetch_chain(pinned, hs[i + AHEAD], True)
-                        n = self.walk(pinned, hs[i], b, e, mn, out + bd[i])
-                        sort_i64(out + bd[i], n)
-                        bd[i + 1] = bd[i] + n
+                        hs[i] = build_hash(t, tlen, ks.p[i], ks.n[i], buf)
+                    walk_keys(self, pinned, hs, nk, b, e, mn, out, bd)
             finally:
                 self.unpin_all(pinned)
+            if log is None:
+                return offsets[:bd[nk]], bounds
+            return keyed_batch(log, topic, &ks, nk, out, bd)
         finally:
-            free(buf)
-            free(pinned)
-        if log is None:
-            return offsets[:bd[nk]], bounds
-        found = []
-        for i in range(nk):
-            if i + AHEAD < nk:
-                for j in range(bd[i + AHEAD], bd[i + AHEAD + 1]):
-                    prefetch_at(log, out[j])
-            found.append(keyed_messages(log, topic, keys[i], out + bd[i], bd[i + 1] - bd[i]))
-        return found
+            PyMem_Free(buf)
+            PyMem_Free(pinned)
+            PyMem_Free(hs)
+            PyMem_Free(ks.p)
+            PyMem_Free(ks.n)
+
+
+cdef void walk_keys(IndexFiles f, bint *pinned, const int32_t *hs, Py_ssize_t nk, int64_t b, int64_t e,
+                    Py_ssize_t mn, int64_t *out, int64_t *bd) noexcept nogil:
+    """The chain walks of query_many: the offsets of the key of hash ``hs[i]``, sorted,
+    to ``out[bd[i]:bd[i+1]]``; slots and chain heads are loaded AHEAD keys in advance."""
+    cdef Py_ssize_t i, n
+    bd[0] = 0
+    for i in range(nk):
+        if i + 2 * AHEAD < nk:
+            f.prefetch_chain(pinned, hs[i + 2 * AHEAD], False)
+        if i + AHEAD < nk:
+            f.prefetch_chain(pinned, hs[i + AHEAD], True)
+        n = f.walk(pinned, hs[i], b, e, mn, out + bd[i])
+        sort_i64(out + bd[i], n)
+        bd[i + 1] = bd[i] + n
 
 
 cdef int limits(object topic, object max_num, object begin, object end, Py_ssize_t cap,
@@ -571,18 +584,163 @@ cdef int check_key(object key) except -1:
     return 0
 
 
-cdef list keyed_messages(list log, str topic, str key, const int64_t *offs, Py_ssize_t n):
-    """The messages at ``offs`` (ascending), newest first, that really are ``topic``'s and
-    hold ``key``: hash collisions, other topics, records gone (retention, past a recovered
-    end) or invalid are skipped, and an offset listed twice (UNIQ_KEY equal to a KEYS
-    token) gives one message. Records are checked in place before any object is built."""
-    cdef Py_ssize_t i, tlen, klen
+cdef struct Keys:           # query keys as UTF-8, the bytes held by their str objects
+    const char **p
+    Py_ssize_t *n
+
+
+cdef struct Hit:            # a record keyed_batch keeps for key ``key``
+    const char *p           # in the pinned mapping
+    RecView r
+    int64_t phy
+    Py_ssize_t key
+    bint unsure             # another topic's bytes: compared as str when the topic holds U+FFFD
+    Py_ssize_t owner        # the shared copy it goes to, at byte ``at`` (``dst``)
+    Py_ssize_t at
+    char *dst
+
+
+cdef enum:
+    CHUNK = 1 << 16         # record bytes per shared copy (a longer record gets its own)
+    BLOCK = 2048            # offsets keyed_batch reads back per block of keys
+    RELEASE_MIN = 16        # records below which keyed_batch keeps the GIL: dropping and taking it
+                            # back costs more, and may wait out another thread's switch interval
+
+
+cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd):
+    """For each key i, the messages at ``offs[bd[i]:bd[i+1]]`` (ascending), newest first,
+    that really are ``topic``'s and hold the key: hash collisions, other topics, records
+    gone (retention, past a recovered end) or invalid are skipped, and an offset listed
+    twice (UNIQ_KEY equal to a KEYS token) gives one message.
+
+    Keys go in blocks of about BLOCK offsets (so the working set stays in cache): the
+    records are found and checked in place, then copied, with the GIL released (from
+    RELEASE_MIN records on), into
+    shared bytes objects of about CHUNK bytes that their messages hold. The lists hold
+    only messages, which are not GC-tracked, so they are untracked too: a batch of them
+    does not set off garbage collections (a list a caller makes part of a cycle leaks)."""
+    cdef Py_ssize_t tlen, i, i0 = 0, i1, nh, most = 0
     cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
-    cdef const char *k = PyUnicode_AsUTF8AndSize(key, &klen)
+    cdef bint loose = "\ufffd" in topic
+    cdef int64_t lo = 0x7FFFFFFFFFFFFFFF, hi = -1
+    cdef Span span
+    cdef Keys block
+    cdef Hit *hits
+    cdef list result = [None] * nk
+    PyObject_GC_UnTrack(<void *>result)     # tracked again once filled: collections meanwhile skip it
+    span.n = 0
+    span.refs = NULL
+    for i in range(bd[nk]):
+        lo = min(lo, offs[i])
+        hi = max(hi, offs[i])
+    for i in range(nk):
+        most = max(most, bd[i + 1] - bd[i])
+    hits = <Hit *>PyMem_Malloc(max(1, min(bd[nk], BLOCK + most)) * sizeof(Hit))
+    try:
+        if hits == NULL:
+            raise MemoryError()
+        pin_span(log, lo, hi, &span)
+        try:
+            while i0 < nk:
+                i1 = i0 + 1
+                while i1 < nk and bd[i1 + 1] - bd[i0] <= BLOCK:
+                    i1 += 1
+                block.p = ks.p + i0
+                block.n = ks.n + i0
+                if bd[i1] - bd[i0] >= RELEASE_MIN:
+                    with nogil:
+                        nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
+                else:
+                    nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
+                if loose:
+                    nh = drop_unsure(hits, nh, topic)
+                build_lists(hits, nh, share_copies(hits, nh), result, i0, i1)
+                i0 = i1
+        finally:
+            unpin_span(log, &span)
+    finally:
+        PyMem_Free(hits)
+    PyObject_GC_Track(<void *>result)
+    return result
+
+
+cdef int build_lists(const Hit *hits, Py_ssize_t nh, list owners, list result, Py_ssize_t i0, Py_ssize_t i1) except -1:
+    """``result[i0:i1]``: per key of the block, the list of the messages of its hits."""
+    cdef Py_ssize_t i, j, k = 0, m
+    cdef list found
+    for i in range(i1 - i0):
+        j = k
+        while j < nh and hits[j].key == i:
+            j += 1
+        found = [None] * (j - k)
+        for m in range(k, j):
+            found[m - k] = ext_in(<bytes>owners[hits[m].owner], hits[m].at, &hits[m].r, hits[m].phy)
+        PyObject_GC_UnTrack(<void *>found)
+        result[i0 + i] = found
+        k = j
+    return 0
+
+
+cdef Py_ssize_t find_hits(const Span *s, const char *t, Py_ssize_t tlen, bint loose, const Keys *ks, Py_ssize_t nk,
+                          const int64_t *offs, const int64_t *bd, Hit *hits) noexcept nogil:
+    """keyed_batch's GIL-free pass: the records that pass its checks into ``hits``, key by
+    key, newest first; returns how many. The records of the key AHEAD on are loaded ahead."""
+    cdef Py_ssize_t i, j, n = 0
     cdef RecView r
+    cdef const char *p
+    cdef Match match
+    for i in range(nk):
+        if i + AHEAD < nk:
+            for j in range(bd[i + AHEAD], bd[i + AHEAD + 1]):
+                span_prefetch(s, offs[j], 256)
+        j = bd[i + 1]
+        while j > bd[i]:
+            j -= 1
+            if j < bd[i + 1] - 1 and offs[j] == offs[j + 1]:
+                continue
+            p = span_record(s, offs[j], &r, False, -1)
+            if p == NULL:
+                continue
+            match = key_match(p, &r, t, tlen, loose, ks.p[i], ks.n[i])
+            if match == NO_MATCH:
+                continue
+            hits[n].p = p
+            hits[n].r = r
+            hits[n].phy = offs[j]
+            hits[n].key = i
+            hits[n].unsure = match == TOPIC_UNSURE
+            n += 1
+    return n
+
+
+cdef enum Match:
+    NO_MATCH = 0
+    MATCH = 1
+    TOPIC_UNSURE = 2        # holds the key, but the topic's bytes differ: compare the names as str
+
+
+cdef inline Match key_match(const char *p, const RecView *r, const char *t, Py_ssize_t tlen, bint loose,
+                            const char *k, Py_ssize_t klen) noexcept nogil:
+    """Whether the record at ``p`` is of topic ``t`` and holds key ``k``. A stored name
+    whose bytes differ may still decode, with replacement characters, to a topic that
+    holds U+FFFD (``loose``): TOPIC_UNSURE leaves that comparison to the caller."""
+    cdef bint unsure = not (r.topic_len == tlen and memcmp(p + r.topic_off, t, tlen) == 0)
+    if (unsure and not loose) or not has_key(p + r.props_off, r.props_len, k, klen):
+        return NO_MATCH
+    return TOPIC_UNSURE if unsure else MATCH
+
+
+cdef list keyed_messages(list log, str topic, const char *k, Py_ssize_t klen, const int64_t *offs, Py_ssize_t n):
+    """keyed_batch for one key's few offsets, with the GIL held (releasing it would cost
+    more than the work): each record is checked in place under a pin of its own, then
+    copied into its message."""
+    cdef Py_ssize_t i, tlen
+    cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
     cdef const char *p = NULL
+    cdef RecView r
     cdef list out = []
     cdef int code
+    cdef Match match
     cdef MappedSegment seg
     for i in range(n - 1, -1, -1):
         if i < n - 1 and offs[i] == offs[i + 1]:
@@ -590,16 +748,65 @@ cdef list keyed_messages(list log, str topic, str key, const int64_t *offs, Py_s
         seg = record_at(log, offs[i], False, &r, &p, &code)
         if seg is None:
             continue
-        try:
-            if not (r.topic_len == tlen and memcmp(p + r.topic_off, t, tlen) == 0):
-                # the stored name decodes with replacement characters; compare it as str then
-                if "\ufffd" not in topic or PyUnicode_DecodeUTF8(p + r.topic_off, r.topic_len, "replace") != topic:
-                    continue
-            if has_key(p + r.props_off, r.props_len, k, klen):
+        try:       # loose: a name that differs decodes to ``topic`` only if it holds U+FFFD
+            match = key_match(p, &r, t, tlen, True, k, klen)
+            if match == TOPIC_UNSURE and PyUnicode_DecodeUTF8(p + r.topic_off, r.topic_len, "replace") != topic:
+                continue
+            if match != NO_MATCH:
                 out.append(build_ext(p, &r, offs[i]))
         finally:
             unpin(seg)
     return out
+
+
+cdef Py_ssize_t drop_unsure(Hit *hits, Py_ssize_t n, str topic):
+    """Keep, of the hits of another topic's bytes, those whose stored name decodes (with
+    replacement characters) to ``topic``; returns how many hits remain, in order."""
+    cdef Py_ssize_t i, k = 0
+    for i in range(n):
+        if hits[i].unsure and PyUnicode_DecodeUTF8(hits[i].p + hits[i].r.topic_off, hits[i].r.topic_len,
+                                                   "replace") != topic:
+            continue
+        hits[k] = hits[i]
+        k += 1
+    return k
+
+
+cdef list share_copies(Hit *hits, Py_ssize_t n):
+    """Copy the hits' records (pinned) into bytes objects of about CHUNK bytes, in order,
+    the copying with the GIL released; returns those objects, each hit naming its own."""
+    cdef list owners = []
+    cdef Py_ssize_t i = 0, j
+    cdef int64_t size
+    cdef char *q
+    while i < n:
+        size = hits[i].r.total
+        j = i + 1
+        while j < n and size + hits[j].r.total <= CHUNK:
+            size += hits[j].r.total
+            j += 1
+        owner = PyBytes_FromStringAndSize(NULL, size)
+        q = PyBytes_AS_STRING(owner)
+        size = 0
+        while i < j:
+            hits[i].owner = len(owners)
+            hits[i].at = size
+            hits[i].dst = q + size
+            size += hits[i].r.total
+            i += 1
+        owners.append(owner)
+    if n >= RELEASE_MIN:
+        with nogil:
+            copy_hits(hits, n)
+    else:
+        copy_hits(hits, n)
+    return owners
+
+
+cdef void copy_hits(Hit *hits, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        memcpy(hits[i].dst, hits[i].p, hits[i].r.total)
 
 
 cdef void sort_i64(int64_t *a, Py_ssize_t n) noexcept nogil:
@@ -630,3 +837,128 @@ cdef bint has_key(const char *p, int32_t n, const char *k, Py_ssize_t klen) noex
                 return True
             i = j + 1
     return False
+
+
+# ---------------------------------------------------------------------------- verification
+
+cdef enum:
+    SHOWN = 3               # findings of each kind check_file lists (the rest are counted)
+
+
+cdef struct Findings:       # what check_file finds, by kind: how many, and the first SHOWN
+    int64_t n
+    int64_t at[SHOWN]
+
+
+cdef inline void note(Findings *f, int64_t i) noexcept nogil:
+    if f.n < SHOWN:
+        f.at[f.n] = i
+    f.n += 1
+
+
+cdef inline int64_t slot_of(int64_t h, int64_t slots) noexcept nogil:
+    """``h`` modulo ``slots``, never negative (Python's %)."""
+    h %= slots
+    return h + slots if h < 0 else h
+
+
+def check_file(MappedSegment seg not None, int32_t slots, int32_t entries, int32_t count):
+    """The structure checks verify makes on one index file of ``count`` entries (1 <=
+    count <= entries, the caller checks), GIL released, the file pinned:
+
+    - ``bad_slots``: slots holding a value outside 0..count-1; ``used``: slots not 0;
+    - ``broken``: entries (from 1) whose prevIndex is not in 0..i-1, or whose hash or timeDiff is negative;
+    - only when neither: ``wrong_heads`` (slots naming an entry of another slot),
+      ``astray`` (entries linking to an entry of another slot) and ``odd`` (entries reached
+      other than exactly once from slots and links; ``odd_refs`` how often);
+    - ``back``: the first entry whose commitlog offset is below the one before it (0: none).
+
+    Each finding kind is the first three positions (a list) and ``<kind>_count``. Returns
+    (findings dict, hashes i32, phy offsets i64) of entries 1..count-1."""
+    cdef int64_t i, h, s, p, phy, prev_phy = 0, back = 0, used = 0
+    cdef int32_t *refs = NULL
+    cdef Findings bad, broken, heads, astray, odd
+    cdef const char *b
+    cdef const char *sl
+    cdef const IndexEntry *ents
+    check_geometry(seg, slots, entries)
+    if not 1 <= count <= entries:
+        raise InvalidArgumentError(f"{seg.path}: count {count} outside 1..{entries}")
+    hashes = np.empty(count - 1, np.int32)
+    phys = np.empty(count - 1, np.int64)
+    cdef int32_t *ho = <int32_t *>cnp.PyArray_DATA(hashes)
+    cdef int64_t *po = <int64_t *>cnp.PyArray_DATA(phys)
+    bad.n = broken.n = heads.n = astray.n = odd.n = 0
+    refs = <int32_t *>PyMem_Malloc(count * sizeof(int32_t))
+    if refs == NULL:
+        raise MemoryError()
+    try:
+        pin(seg)
+        try:
+            b = seg.m.base
+            sl = b + HDR
+            ents = <const IndexEntry *>(b + HDR + <int64_t>slots * 4)
+            with nogil:
+                for s in range(slots):
+                    p = rmq_ld32(sl + s * 4)
+                    if p < 0 or p >= count:
+                        note(&bad, s)
+                    elif p:
+                        used += 1
+                for i in range(1, count):
+                    p = rmq_ld32(<const char *>&ents[i].prev_index)
+                    h = rmq_ld32(<const char *>&ents[i].key_hash)
+                    phy = rmq_ld64(<const char *>&ents[i].phy_offset)
+                    if p < 0 or p >= i or h < 0 or rmq_ld32(<const char *>&ents[i].time_diff) < 0:
+                        note(&broken, i)
+                    if i > 1 and phy < prev_phy and back == 0:
+                        back = i
+                    prev_phy = phy
+                    ho[i - 1] = <int32_t>h
+                    po[i - 1] = phy
+                if bad.n == 0 and broken.n == 0:
+                    check_chains(sl, ents, slots, count, refs, &heads, &astray, &odd)
+        finally:
+            unpin(seg)
+        found = {"used": used, "back": back}
+        listed(found, "bad_slots", &bad)
+        listed(found, "broken", &broken)
+        listed(found, "wrong_heads", &heads)
+        listed(found, "astray", &astray)
+        listed(found, "odd", &odd)
+        found["odd_refs"] = [refs[i] for i in found["odd"]]
+    finally:
+        PyMem_Free(refs)
+    return found, hashes, phys
+
+
+cdef int listed(dict found, str name, Findings *f) except -1:
+    found[name] = [f.at[i] for i in range(min(f.n, SHOWN))]
+    found[name + "_count"] = f.n
+    return 0
+
+
+cdef void check_chains(const char *sl, const IndexEntry *ents, int64_t slots, int64_t count, int32_t *refs,
+                       Findings *heads, Findings *astray, Findings *odd) noexcept nogil:
+    """check_file's chain checks, on slots and links already known to be in range: every
+    entry is the head of its hash's slot or the prevIndex of exactly one entry of that
+    slot (``refs`` gets how often each is reached). Entry 0 takes part like the others."""
+    cdef int64_t i, s, p
+    memset(refs, 0, count * sizeof(int32_t))
+    for s in range(slots):
+        p = rmq_ld32(sl + s * 4)
+        if p:
+            refs[p] += 1
+            if slot_of(rmq_ld32(<const char *>&ents[p].key_hash), slots) != s:
+                note(heads, s)
+    for i in range(count):
+        p = rmq_ld32(<const char *>&ents[i].prev_index)
+        if p <= 0 or p >= count:
+            continue
+        refs[p] += 1
+        if slot_of(rmq_ld32(<const char *>&ents[p].key_hash), slots) != \
+                slot_of(rmq_ld32(<const char *>&ents[i].key_hash), slots):
+            note(astray, i)
+    for i in range(1, count):
+        if refs[i] != 1:
+            note(odd, i)

@@ -94,6 +94,45 @@ cdef void prefetch_at(list segs, int64_t offset) noexcept:
         prefetch_bytes(seg.m.base, offset - seg.base_offset, 256, min(seg.wrote_pos, seg.m.size))
 
 
+cdef int pin_span(list segs, int64_t lo, int64_t hi, Span *s) except -1:
+    """Pin the segments of ``segs`` (a snapshot, ascending) that hold commitlog offsets
+    ``lo``..``hi`` into ``s`` (none when ``hi`` < ``lo``); StoreClosedError when one is
+    closed, nothing left pinned. Release with unpin_span."""
+    cdef Py_ssize_t i0 = max(0, seg_index(segs, lo)), i1 = seg_index(segs, hi) + 1, j
+    cdef MappedSegment seg
+    s.first = i0
+    s.n = 0
+    s.refs = <SegRef *>PyMem_Malloc(max(1, i1 - i0) * sizeof(SegRef))
+    if s.refs == NULL:
+        raise MemoryError()
+    try:
+        for j in range(i0, i1):
+            seg = <MappedSegment>segs[j]
+            pin(seg)
+            s.refs[s.n].base_offset = seg.base_offset
+            s.refs[s.n].base = seg.m.base
+            s.refs[s.n].size = seg.m.size
+            s.refs[s.n].limit = seg.wrote_pos
+            s.n += 1
+    except BaseException:
+        unpin_span(segs, s)
+        raise
+    return 0
+
+
+cdef int unpin_span(list segs, Span *s) except -1:
+    """Release what pin_span pinned (once; a second call does nothing)."""
+    cdef Py_ssize_t j, n = s.n
+    s.n = 0
+    try:
+        for j in range(s.first, s.first + n):
+            unpin(<MappedSegment>segs[j])
+    finally:
+        PyMem_Free(s.refs)
+        s.refs = NULL
+    return 0
+
+
 def get_message(list segs not None, offset, bint check_crc=False):
     """The MessageExt whose record starts at commitlog ``offset`` in ``segs`` (a segment
     list snapshot); MessageNotFoundError when none does, CorruptRecordError when invalid."""
@@ -403,6 +442,7 @@ def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_
     cdef RecView r
     cdef int code = REC_END
     cdef int64_t n = 0, start = pos, end = pos
+    cdef char *q
     limit = seg.pin_range(pos, limit)
     try:
         with nogil:
@@ -416,7 +456,10 @@ def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_
         rows = np.empty(n, DISPATCH_DTYPE)
         dispatch_fill(seg.m.base + start, limit - start, n, <DispatchRow *>cnp.PyArray_DATA(rows),
                       seg.base_offset + start)
-        raw = PyBytes_FromStringAndSize(seg.m.base + start, end - start)
+        raw = PyBytes_FromStringAndSize(NULL, end - start)
+        q = PyBytes_AS_STRING(raw)
+        with nogil:
+            memcpy(q, seg.m.base + start, end - start)
     finally:
         unpin(seg)
     if code == REC_BLANK:

@@ -2,11 +2,14 @@
 
 Workload (issues 2 and 3): ``messages`` messages of ``body_size`` bytes to topic ``bench``,
 8 queues round robin, one key each, tags ``TagA``, async flush; then every queue read back
-with ``get_messages(max_count=32)`` and the whole log scanned in commitlog order. The
-peers do the same work with what they have: sqlite3 (WAL, batched transactions, a
-(queue, offset) primary key paged ``ORDER BY qoff LIMIT 32``), LMDB if installed (one key
-per (queue, offset), cursor reads) and a pure-Python struct+mmap writer/reader of the
-RocketMQ record format (no per-queue index: it only writes and scans).
+with ``get_messages(max_count=32)`` and the whole log scanned in commitlog order; then
+``LOOKUPS`` random keys (at most one per message) looked up, one call per key (``query_by_key``: the messages back)
+and in one ``query_keys`` call. The peers do the same work with what they have: sqlite3
+(WAL, batched transactions, a (queue, offset) primary key paged ``ORDER BY qoff LIMIT 32``;
+an index on the key column, built untimed, for lookups), LMDB if installed (one key per
+(queue, offset), cursor reads; lookups go key -> (queue, offset) in a second database,
+built untimed, -> record) and a pure-Python struct+mmap writer/reader of the RocketMQ
+record format (no per-queue index: it only writes and scans).
 
 ``python -m rmqstore.bench [--dir D] [--messages N] [--body-size B] [--batch K]``
 """
@@ -28,6 +31,7 @@ TOPIC = "bench"
 QUEUES = 8
 TAGS = "TagA"
 PAGE = 32
+LOOKUPS = 100_000       # keys looked up, drawn at random from the workload's
 
 
 def workload(messages, body_size, seed=0, pool=256):
@@ -35,6 +39,12 @@ def workload(messages, body_size, seed=0, pool=256):
     rnd = random.Random(seed)
     bodies = [rnd.randbytes(body_size) for _ in range(min(pool, messages) or 1)]
     return [(f"key-{i}", bodies[i % len(bodies)]) for i in range(messages)]
+
+
+def lookup_keys(items, n=LOOKUPS, seed=1):
+    """``n`` keys of the workload ``items`` drawn at random (with repeats)."""
+    rnd = random.Random(seed)
+    return [items[rnd.randrange(len(items))][0] for _ in range(n)] if items else []
 
 
 class Rmqstore:
@@ -45,7 +55,8 @@ class Rmqstore:
     def __init__(self, directory, batch=0, config=None):
         self.batch = batch
         self.labels = {"write": f"put_batch({batch})" if batch else "put", "dispatch": "dispatch catch-up",
-                       "read": "get_messages/32", "scan": "scan"}
+                       "read": "get_messages/32", "scan": "scan", "lookup": "query_by_key",
+                       "lookup_batch": "query_keys"}
         self.store = MessageStore(directory, (config or StoreConfig()).with_(default_queue_nums=QUEUES))
 
     def prepare(self, items):
@@ -89,6 +100,21 @@ class Rmqstore:
             nbytes += len(m.body)
         return n, nbytes
 
+    def prepare_lookup(self, keys):
+        return keys
+
+    def lookup(self, keys):
+        """query_by_key per key: (lookups, body bytes of the messages found)."""
+        q, nbytes = self.store.query_by_key, 0
+        for k in keys:
+            for m in q(TOPIC, k):
+                nbytes += len(m.body)
+        return len(keys), nbytes
+
+    def lookup_batch(self, keys):
+        """One query_keys call for all the keys."""
+        return len(keys), sum(len(m.body) for found in self.store.query_keys(TOPIC, keys) for m in found)
+
     def close(self):
         self.store.close()
 
@@ -98,7 +124,8 @@ class Sqlite:
     keyed by (queue id, queue offset), a transaction per ``commit_every`` rows."""
 
     name = "sqlite3"
-    labels = {"write": "insert, txn/1000", "read": "LIMIT 32 paging", "scan": "select all"}
+    labels = {"write": "insert, txn/1000", "read": "LIMIT 32 paging", "scan": "select all",
+              "lookup": "WHERE keys = ?"}
 
     def __init__(self, directory, batch=0, commit_every=1000):
         os.makedirs(directory, exist_ok=True)
@@ -147,6 +174,18 @@ class Sqlite:
             nbytes += len(body)
         return n, nbytes
 
+    def prepare_lookup(self, keys):
+        self.db.execute("CREATE INDEX IF NOT EXISTS msg_keys ON msg (keys)")
+        return keys
+
+    def lookup(self, keys):
+        n, nbytes, cur = 0, 0, self.db.cursor()
+        for k in keys:
+            for (body,) in cur.execute("SELECT body FROM msg WHERE keys = ?", (k,)).fetchall():
+                nbytes += len(body)
+            n += 1
+        return n, nbytes
+
     def close(self):
         self.db.close()
 
@@ -156,12 +195,14 @@ class Lmdb:
     queue offset), value = store time, keys, tags, body; a transaction per ``commit_every``."""
 
     name = "lmdb"
-    labels = {"write": "put, txn/1000", "read": "cursor", "scan": "cursor"}
+    labels = {"write": "put, txn/1000", "read": "cursor", "scan": "cursor", "lookup": "key->offset->record"}
     _HEAD = struct.Struct(">qHH")
+    _WHERE = struct.Struct(">iq")
 
     def __init__(self, directory, batch=0, commit_every=1000, map_size=8 << 30):
         import lmdb
         self.env = lmdb.open(directory, map_size=map_size, sync=False, metasync=False, writemap=True)
+        self.directory, self.key_env = directory, None
         self.commit_every = batch or commit_every
         self.next = [0] * QUEUES
 
@@ -169,14 +210,14 @@ class Lmdb:
         return [(key.encode(), body) for key, body in items]
 
     def write(self, items):
-        nxt, head, tags, kpack = self.next, self._HEAD.pack, TAGS.encode(), struct.Struct(">iq").pack
+        nxt, head, tags = self.next, self._HEAD.pack, TAGS.encode()
         for i in range(0, len(items), self.commit_every):
             ts = time.time_ns() // 1_000_000
             with self.env.begin(write=True) as txn:
                 put = txn.put
                 for j, (key, body) in enumerate(items[i:i + self.commit_every], i):
                     q = j % QUEUES
-                    put(kpack(q, nxt[q]), head(ts, len(key), len(tags)) + key + tags + body, append=False)
+                    put(self._WHERE.pack(q, nxt[q]), head(ts, len(key), len(tags)) + key + tags + body, append=False)
                     nxt[q] += 1
 
     def _values(self, txn, start=None):
@@ -197,7 +238,35 @@ class Lmdb:
 
     scan = read   # keys sort by (queue, offset): one cursor pass reads every queue in order
 
+    def prepare_lookup(self, keys):
+        """A key -> (queue, offset) environment beside, from the records (untimed); the keys as bytes."""
+        import lmdb
+        self.key_env = lmdb.open(os.path.join(self.directory, "keys"), map_size=1 << 30, sync=False,
+                                 metasync=False, writemap=True)
+        skip = self._HEAD.size
+        with self.env.begin() as txn, self.key_env.begin(write=True) as ktxn:
+            for where, value in txn.cursor():
+                h = self._HEAD.unpack_from(value)
+                ktxn.put(value[skip:skip + h[1]], where)
+        return [k.encode() for k in keys]
+
+    def lookup(self, keys):
+        n = nbytes = 0
+        skip, unpack = self._HEAD.size, self._HEAD.unpack_from
+        with self.env.begin(buffers=False) as txn, self.key_env.begin(buffers=False) as ktxn:
+            get, kget = txn.get, ktxn.get
+            for k in keys:
+                where = kget(k)
+                if where is not None:
+                    value = get(where)
+                    h = unpack(value)
+                    nbytes += len(value) - skip - h[1] - h[2]
+                n += 1
+        return n, nbytes
+
     def close(self):
+        if self.key_env is not None:
+            self.key_env.close()
         self.env.close()
 
 
@@ -288,8 +357,9 @@ def run(directory=None, messages=1_000_000, body_size=128, batch=0, peers=True, 
     queues) and the peers under ``directory`` (a temporary one by default, removed
     afterwards). Returns rows (system, kind, label, count, seconds, body_bytes) where kind
     is "write", "dispatch" (rmqstore: waiting for the consume queues after the last put;
-    body_bytes is then the lag in bytes when it started), "read" (every queue, pages of 32)
-    or "scan"."""
+    body_bytes is then the lag in bytes when it started), "read" (every queue, pages of 32),
+    "scan", "lookup" (LOOKUPS keys, one call each) or "lookup_batch" (the same in one
+    call; count is then keys, not messages)."""
     tmp = directory is None
     directory = tempfile.mkdtemp(prefix="rmqstore-bench-") if tmp else str(directory)
     items = workload(messages, body_size)
@@ -313,6 +383,13 @@ def run(directory=None, messages=1_000_000, body_size=128, batch=0, peers=True, 
                     t = time.perf_counter()
                     n, nbytes = fn()
                     rows.append((cls.name, kind, system.labels[kind], n, time.perf_counter() - t, nbytes))
+                if hasattr(system, "prepare_lookup"):
+                    keys = system.prepare_lookup(lookup_keys(items, min(LOOKUPS, messages)))
+                    for kind in ("lookup", "lookup_batch"):
+                        if hasattr(system, kind):
+                            t = time.perf_counter()
+                            n, nbytes = getattr(system, kind)(keys)
+                            rows.append((cls.name, kind, system.labels[kind], n, time.perf_counter() - t, nbytes))
             finally:
                 system.close()
                 shutil.rmtree(path, ignore_errors=True)

@@ -200,3 +200,95 @@ def test_problems_are_capped(own):
         rep = verify_store(s, max_problems=5)
     assert len(rep.problems) == 5 and rep.problems_omitted == 15
     assert [p.offset for p in rep.problems] == [r.phy_offset for r in res[:5]]
+
+
+def _numpy_index_problems(f, slots, end):
+    """The index-file structure checks as verify made them with numpy before they moved
+    into a kernel: (file position, message) of each problem, the oracle for the kernel's."""
+    import numpy as np
+    data = f.read_bytes()
+    begin_ts, end_ts, begin_phy, end_phy, used, count = struct.unpack_from(">qqqqii", data)
+    out = []
+    ent_at = 40 + 4 * slots
+    slot = np.frombuffer(data, ">i4", slots, 40).astype(np.int64)
+    ents = np.frombuffer(data, [("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")], count, ent_at)
+    bad = np.flatnonzero((slot < 0) | (slot >= count))
+    out += [(40 + 4 * s, f"slot {s} holds {slot[s]}, outside 0..{count - 1}") for s in bad[:3].tolist()]
+    if used != np.count_nonzero(slot) and not len(bad):
+        out.append((32, f"hashSlotCount {used}, {np.count_nonzero(slot)} slots used"))
+    n = np.arange(count)
+    prev, hashes = ents["prev"].astype(np.int64), ents["hash"].astype(np.int64)
+    broken = (prev[1:] < 0) | (prev[1:] >= n[1:]) | (hashes[1:] < 0) | (ents["time_diff"][1:] < 0)
+    out += [(ent_at + 20 * i, f"entry {i} (hash {hashes[i]}, prevIndex {prev[i]}, timeDiff {ents['time_diff'][i]}) "
+             "is not a valid backward link") for i in (np.flatnonzero(broken)[:3] + 1).tolist()]
+    if not len(bad) and not broken.any():
+        heads = np.flatnonzero(slot)
+        wrong = heads[hashes[slot[heads]] % slots != heads]
+        out += [(40 + 4 * s, f"slot {s} points at entry {slot[s]}, whose hash {hashes[slot[s]]} belongs to slot "
+                 f"{hashes[slot[s]] % slots}") for s in wrong[:3].tolist()]
+        links = np.flatnonzero(prev > 0)
+        astray = links[hashes[prev[links]] % slots != hashes[links] % slots]
+        out += [(ent_at + 20 * i, f"entry {i} links to entry {prev[i]} of another slot") for i in astray[:3].tolist()]
+        refs = np.bincount(np.concatenate([slot[heads], prev[links]]), minlength=count)
+        out += [(ent_at + 20 * i, f"entry {i} is reached {refs[i]} times from slots and chains, not once")
+                for i in (np.flatnonzero(refs[1:] != 1) + 1)[:3].tolist()]
+    phy = ents["phy"][1:].astype(np.int64)
+    back = np.flatnonzero(np.diff(phy) < 0)
+    if len(back):
+        i = int(back[0]) + 2
+        out.append((ent_at + 20 * i, f"entry {i} points at commitlog offset {phy[i - 1]}, before entry {i - 1}'s "
+                    f"{phy[i - 2]}"))
+    return out
+
+
+def _index_damage(f, case):
+    data = f.read_bytes()
+    ent_at = 40 + 4 * SLOTS
+    ent = [struct.unpack_from(">iqii", data, ent_at + 20 * i) for i in range(struct.unpack_from(">i", data, 36)[0])]
+    slot = struct.unpack_from(f">{SLOTS}i", data, 40)
+    if case == "wrong head":       # a slot names an entry of another slot: it is then reached twice
+        s = next(s for s in range(SLOTS) if slot[s] and slot[(s + 1) % SLOTS])
+        _patch(f, struct.pack(">i", slot[(s + 1) % SLOTS]), 40 + 4 * s)
+    elif case == "astray link":    # a link into another slot's chain
+        i = next(i for i in range(2, len(ent)) if ent[i][3] and ent[i - 1][0] % SLOTS != ent[i][0] % SLOTS)
+        _patch(f, struct.pack(">i", i - 1), ent_at + 20 * i + 16)
+    elif case == "offsets back":
+        _patch(f, struct.pack(">q", ent[20][1] - 1000), ent_at + 20 * 30 + 4)
+    elif case == "slot count":
+        _patch(f, struct.pack(">i", 3), 32)
+    elif case == "slots out of range":
+        for s in (3, 9, 11, 40):
+            _patch(f, struct.pack(">i", -2 if s % 2 else 10**6), 40 + 4 * s)
+    elif case == "broken links":
+        for i in (4, 6, 8, 12):
+            _patch(f, struct.pack(">i", i + 1), ent_at + 20 * i + 16)
+
+
+@pytest.mark.parametrize("case", ["clean", "wrong head", "astray link", "offsets back", "slot count",
+                                  "slots out of range", "broken links"])
+def test_index_file_checks_match_the_numpy_oracle(own, case):
+    """Every index problem verify reports, on a clean file and damaged ones, is the one the
+    numpy checks (the oracle above) find at the same position with the same words."""
+    path, _ = own
+    f = _index_file(path)
+    _index_damage(f, case)
+    want = _numpy_index_problems(f, SLOTS, 1 << 62)
+    got = [(p.offset, p.message) for p in _verify(path).problems if p.kind == "index" and p.path == str(f)]
+    got = [(off, msg.split(": ", 1)[1]) for off, msg in got if "should be hash" not in msg and "match no" not in msg]
+    assert got == want
+    assert bool(want) == (case != "clean")
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("size", 7, "record size is"), ("tags", 12345, "record tags code is"),
+    ("phy", 1 << 40, "has no consume-queue entry"), ("size", 0x7FFFFFFF, "has no consume-queue entry")])
+def test_consume_queue_entry_fields(own, field, value, words):
+    """Each field of an entry is checked against the record it names: a wrong size or tags
+    code; an entry past the commitlog end or a hole is not followed, so its message has
+    none."""
+    path, res = own
+    f = path / "consumequeue" / "T1" / "0" / f"{0:020d}"
+    at = {"phy": (0, ">q"), "size": (8, ">i"), "tags": (12, ">q")}[field]
+    _patch(f, struct.pack(at[1], value), 4 * 20 + at[0])
+    p = _only_problem(_verify(path), "consume_queue")
+    assert words in p.message and p.offset == 4

@@ -153,8 +153,9 @@ def register(sub, json_only, store_opts):
     p.add_argument("other", metavar="STORE_B")
     p.set_defaults(func=cmd_diff)
     p = sub.add_parser("bench", parents=[json_only], help="the standard workload, rmqstore beside its peers",
-                       description="Put, read back per queue and scan a workload on rmqstore and, beside it, "
-                       "sqlite3, LMDB (if installed) and a pure-Python reader/writer; prints a table.")
+                       description="Put, read back per queue, scan and look keys up in a workload on rmqstore "
+                       "and, beside it, sqlite3, LMDB (if installed) and a pure-Python reader/writer; prints a "
+                       "table.")
     p.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
     p.add_argument("--messages", type=positive_int, default=1_000_000, metavar="N", help="messages (1000000)")
     p.add_argument("--body-size", type=nonneg_int, default=128, metavar="BYTES", help="body size (128)")

@@ -24,6 +24,7 @@ writer, dispatch is caught up first and the check stops at the end seen then.
 from __future__ import annotations
 
 import os
+import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -31,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+import rmqstore._cq as _cq
 import rmqstore._index as _index
 import rmqstore._read as _read
 from rmqstore import _record
-from rmqstore.consume_queue import HOLE_SIZE
 from rmqstore.dispatch import DispatchBatch, cq_tags
 from rmqstore.topics import is_safe_dirname
 
@@ -51,7 +52,6 @@ _CHUNK_BYTES = 1 << 20       # record bytes per dispatch-scan call
 _WORKERS = min(4, len(os.sched_getaffinity(0)))
 _COLUMNS = {"phy": np.int64, "size": np.int32, "queue_id": np.int32, "queue_offset": np.int64, "tags": np.int64,
             "topic": np.int32, "cq": bool, "key_hash": np.int32, "key_phy": np.int64}
-_INDEX_ENTRY = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
 
 
 @dataclass
@@ -214,6 +214,18 @@ class _Records:
             self.key_hash, self.key_phy = self.key_hash[keep], self.key_phy[keep]
 
 
+def _slot(f: Any, s: int) -> int:
+    """Slot ``s`` of index file ``f``, to name it in a problem."""
+    with memoryview(f.seg) as mv:
+        return int(struct.unpack_from(">i", mv, 40 + 4 * s)[0])
+
+
+def _entry(f: Any, i: int) -> tuple[int, int, int, int]:
+    """Entry ``i`` of index file ``f`` (hash, phy offset, timeDiff, prevIndex), to name it in a problem."""
+    with memoryview(f.seg) as mv:
+        return struct.unpack_from(">iqii", mv, 40 + 4 * f.slots + 20 * i)
+
+
 class _Verifier:
     def __init__(self, commitlog, consume_queues, index, checkpoint, delays, read_only, clean_shutdown,
                  max_problems):
@@ -276,16 +288,12 @@ class _Verifier:
             rep.consume_queue_entries += len(e)
             t = tid.get(topic, -1)
             bounds[(t, qid)] = (lo, hi)
-            qoff = lo + np.flatnonzero((e["size"] != HOLE_SIZE) & (e["phy_offset"] < end))
-            e = e[qoff - lo]
-            i = np.minimum(np.searchsorted(recs.phy, e["phy_offset"]), max(len(recs.phy) - 1, 0))
-            found = (recs.phy[i] == e["phy_offset"]) if len(recs.phy) else np.zeros(len(e), bool)
-            ok = found & (recs.size[i] == e["size"]) & (recs.topic[i] == t) & (recs.queue_id[i] == qid) & \
-                (recs.queue_offset[i] == qoff) & (recs.tags[i] == e["tags_code"]) & recs.cq[i]
-            covered[i[ok]] = True
-            for j in np.flatnonzero(~ok).tolist():
-                bad.add((t, qid, int(qoff[j])))
-                self._cq_problem(cq, int(qoff[j]), e[j], int(i[j]) if found[j] else None, topic, qid)
+            wrong, at = _cq.check_entries(e, end, t, qid, lo, recs.phy, recs.size, recs.topic, recs.queue_id,
+                                          recs.queue_offset, recs.tags, recs.cq.view(np.uint8),
+                                          covered.view(np.uint8))     # GIL released
+            for j, r in zip(wrong.tolist(), at.tolist(), strict=True):
+                bad.add((t, qid, lo + j))
+                self._cq_problem(cq, lo + j, e[j], r if r >= 0 else None, topic, qid)
         self._missing(covered, bounds, bad)
 
     def _cq_problem(self, cq, qoff, entry, rec, topic, qid):
@@ -353,48 +361,31 @@ class _Verifier:
             self.problem("index", path, 0, f"{path}: header times {begin_ts}..{end_ts} or offsets "
                          f"{begin_phy}..{end_phy} run backwards")
         ent_at = 40 + 4 * f.slots
-        with memoryview(f.seg) as mv:
-            slots = np.frombuffer(mv, ">i4", f.slots, 40).astype(np.int32)
-            ents = np.frombuffer(mv, _INDEX_ENTRY, count, ent_at).copy()
-        bad = np.flatnonzero((slots < 0) | (slots >= count))
-        for s in bad[:3].tolist():
-            self.problem("index", path, 40 + 4 * s, f"{path}: slot {s} holds {slots[s]}, outside 0..{count - 1}")
-        if used != np.count_nonzero(slots) and not len(bad):
-            self.problem("index", path, 32, f"{path}: hashSlotCount {used}, {np.count_nonzero(slots)} slots used")
-        n = np.arange(count)
-        prev, hashes = ents["prev"].astype(np.int64), ents["hash"].astype(np.int64)
-        broken = (prev[1:] < 0) | (prev[1:] >= n[1:]) | (hashes[1:] < 0) | (ents["time_diff"][1:] < 0)
-        for i in (np.flatnonzero(broken)[:3] + 1).tolist():
-            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} (hash {hashes[i]}, prevIndex "
-                         f"{prev[i]}, timeDiff {ents['time_diff'][i]}) is not a valid backward link")
-        if not len(bad) and not broken.any():
-            self._index_chains(path, f.slots, slots, hashes, prev, ent_at)
-        phy = ents["phy"][1:].astype(np.int64)
-        back = np.flatnonzero(np.diff(phy) < 0)
-        if len(back):
-            i = int(back[0]) + 2
+        found, hashes, phy = _index.check_file(f.seg, f.slots, f.entries, count)   # GIL released
+        for s in found["bad_slots"]:
+            self.problem("index", path, 40 + 4 * s, f"{path}: slot {s} holds {_slot(f, s)}, outside 0..{count - 1}")
+        if used != found["used"] and not found["bad_slots"]:
+            self.problem("index", path, 32, f"{path}: hashSlotCount {used}, {found['used']} slots used")
+        for i in found["broken"]:
+            e = _entry(f, i)
+            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} (hash {e[0]}, prevIndex "
+                         f"{e[3]}, timeDiff {e[2]}) is not a valid backward link")
+        for s in found["wrong_heads"]:
+            h = _entry(f, _slot(f, s))[0]
+            self.problem("index", path, 40 + 4 * s, f"{path}: slot {s} points at entry {_slot(f, s)}, whose hash "
+                         f"{h} belongs to slot {h % f.slots}")
+        for i in found["astray"]:
+            self.problem("index", path, ent_at + 20 * i,
+                         f"{path}: entry {i} links to entry {_entry(f, i)[3]} of another slot")
+        for i, refs in zip(found["odd"], found["odd_refs"], strict=True):
+            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} is reached {refs} times from "
+                         "slots and chains, not once")
+        i = found["back"]
+        if i:
             self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} points at commitlog offset {phy[i - 1]}, "
                          f"before entry {i - 1}'s {phy[i - 2]}")
         keep = (phy < end) & (phy >= self.segments.min_offset)   # below: removed by retention
-        return hashes[1:][keep].astype(np.int32), phy[keep]
-
-    def _index_chains(self, path, nslots, slots, hashes, prev, ent_at):
-        """Every entry is the head of its hash's slot or the prevIndex of exactly one entry
-        of the same slot."""
-        heads = np.flatnonzero(slots)
-        wrong = heads[hashes[slots[heads]] % nslots != heads]
-        for s in wrong[:3].tolist():
-            self.problem("index", path, 40 + 4 * s, f"{path}: slot {s} points at entry {slots[s]}, whose hash "
-                         f"{hashes[slots[s]]} belongs to slot {hashes[slots[s]] % nslots}")
-        links = np.flatnonzero(prev > 0)
-        astray = links[hashes[prev[links]] % nslots != hashes[links] % nslots]
-        for i in astray[:3].tolist():
-            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} links to entry {prev[i]} of another slot")
-        refs = np.bincount(np.concatenate([slots[heads], prev[links]]), minlength=len(hashes))
-        odd = np.flatnonzero(refs[1:] != 1) + 1
-        for i in odd[:3].tolist():
-            self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} is reached {refs[i]} times from "
-                         "slots and chains, not once")
+        return hashes[keep], phy[keep]
 
     def _index_sequence(self, files, got_hash, got_phy):
         """The entries equal the keys dispatch derives from the commitlog (from the first
