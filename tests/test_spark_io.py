@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from rmqstore import Message, MessageStore, StoreConfig, batch
+from rmqstore.errors import InvalidArgumentError
 
 from conftest import SMALL_INDEX
 
@@ -174,7 +175,8 @@ def test_export_row_groups_sorting_and_success_marker(spark, tmp_path):
 
     from rmqstore.spark import jobs
     src = _varied_store(tmp_path / "src", 600)
-    jobs.export(spark, [str(src)], tmp_path / "pq", row_group_rows=40, sort_by=["queue_id", "born_timestamp"])
+    jobs.export(spark, [str(src)], tmp_path / "pq", row_group_rows=40, sort_by=["queue_id", "born_timestamp"],
+                compression="zstd")
     assert os.path.getsize(tmp_path / "pq" / "_SUCCESS") == 0
     files = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "pq") for f in fs if f.endswith(".parquet")]
     rows = 0
@@ -182,12 +184,16 @@ def test_export_row_groups_sorting_and_success_marker(spark, tmp_path):
         meta = pq.ParquetFile(f).metadata
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         assert all(s == 40 for s in sizes[:-1]) and 0 < sizes[-1] <= 40
+        assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"ZSTD"}
         t = pq.read_table(f, columns=["queue_id", "born_timestamp"]).to_pylist()
         assert t == sorted(t, key=lambda r: (r["queue_id"], r["born_timestamp"]))
         rows += meta.num_rows
     assert rows == 600
     with pytest.raises(Exception, match="unknown column"):
         jobs.export(spark, [str(src)], tmp_path / "pq2", sort_by=["nope"])
+    with pytest.raises(InvalidArgumentError, match="compression must be one of"):
+        jobs.export(spark, [str(src)], tmp_path / "pq2", compression="zip")
+    assert not os.path.exists(tmp_path / "pq2")
 
 
 def test_max_bytes_per_trigger_bounds_micro_batches(spark, tmp_path):

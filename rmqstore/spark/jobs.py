@@ -66,6 +66,13 @@ def _export_part(scan, index, part, out_dir, compression, row_group_rows, sort_b
 
 
 EXPORT_SPLIT = (32 << 20, 1 << 30)
+PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
+
+
+def _codec_available(name):
+    import pyarrow as pa
+    return isinstance(name, str) and name.lower() in PARQUET_CODECS and \
+        (name.lower() == "none" or pa.Codec.is_available(name.lower()))
 
 
 def _export_split(stores, tasks):
@@ -96,6 +103,9 @@ def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_
     t0 = time.perf_counter()
     if row_group_rows < 1:
         raise InvalidArgumentError(f"row_group_rows must be positive, not {row_group_rows}")
+    if not _codec_available(compression):
+        raise InvalidArgumentError(f"export: compression must be one of {PARQUET_CODECS} (available here), "
+                                   f"not {compression!r}")
     sort_by = list(sort_by or ())
     unknown = [c for c in sort_by if c not in batch.arrow_schema().names]
     if unknown:
