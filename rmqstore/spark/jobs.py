@@ -75,13 +75,19 @@ def _codec_available(name):
         (name.lower() == "none" or pa.Codec.is_available(name.lower()))
 
 
-def _export_split(stores, tasks):
-    """Commitlog bytes per export task: the stores shared out among ``tasks``, within
-    EXPORT_SPLIT. Few large tasks: a Python task costs about 0.1 s to schedule whatever
-    it does, as much as writing 50 MB of Parquet."""
+def _export_parts(stores, tasks):
+    """The export's tasks: the stores' commitlogs shared out among ``tasks``, each share
+    within EXPORT_SPLIT. Few large tasks: a Python task costs about 0.1 s to schedule
+    whatever it does, as much as writing 50 MB of Parquet. Whole small segments are packed
+    into a share, so up to half more per share is taken when that saves a small last task."""
     total = sum(size for s in stores for _, _, size in batch.segment_files(s))
     lo, hi = EXPORT_SPLIT
-    return min(hi, max(lo, -(-total // max(1, tasks))))
+    split = min(hi, max(lo, -(-total // max(1, tasks))))
+    for k in range(5):
+        parts = plan(stores, min(hi, split + k * split // 8))
+        if len(parts) <= tasks:
+            return parts
+    return plan(stores, split)
 
 
 def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_rows=1 << 17, sort_by=None):
@@ -112,7 +118,7 @@ def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_
         raise InvalidArgumentError(f"export: cannot sort by unknown column(s) {unknown}")
     stores = find_stores(stores)
     scan = Scan({"paths": json.dumps(stores), "mode": mode})
-    parts = plan(stores, _export_split(stores, _tasks(spark)), _tasks(spark))
+    parts = _export_parts(stores, _tasks(spark))
     out_dir = os.path.abspath(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
