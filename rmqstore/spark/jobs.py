@@ -66,6 +66,7 @@ def _export_part(scan, index, part, out_dir, compression, row_group_rows, sort_b
 
 
 EXPORT_SPLIT = (32 << 20, 1 << 30)
+SORTED_SPLIT_MAX = 256 << 20   # a sorting task holds its rows twice (read, sorted)
 PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
 
 
@@ -75,13 +76,14 @@ def _codec_available(name):
         (name.lower() == "none" or pa.Codec.is_available(name.lower()))
 
 
-def _export_parts(stores, tasks):
+def _export_parts(stores, tasks, hi=EXPORT_SPLIT[1]):
     """The export's tasks: the stores' commitlogs shared out among ``tasks``, each share
-    within EXPORT_SPLIT. Few large tasks: a Python task costs about 0.1 s to schedule
-    whatever it does, as much as writing 50 MB of Parquet. Whole small segments are packed
-    into a share, so up to half more per share is taken when that saves a small last task."""
+    within EXPORT_SPLIT (at most ``hi``). Few large tasks: a Python task costs about 0.1 s
+    to schedule whatever it does, as much as writing 50 MB of Parquet. Whole small segments
+    are packed into a share, so up to half more per share is taken when that saves a small
+    last task."""
     total = sum(size for s in stores for _, _, size in batch.segment_files(s))
-    lo, hi = EXPORT_SPLIT
+    lo = EXPORT_SPLIT[0]
     split = min(hi, max(lo, -(-total // max(1, tasks))))
     for k in range(5):
         parts = plan(stores, min(hi, split + k * split // 8))
@@ -96,7 +98,8 @@ def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_
     ``topic`` and ``date`` columns), then an empty ``_SUCCESS`` marker as Spark's writers do.
     Each task decodes its commitlog range and writes its own files with pyarrow
     (``partitioned.PartitionedWriter``): no shuffle, no row conversion in the JVM. There are
-    two tasks per core, each of a share of the commitlog between 32 MiB and 1 GiB.
+    two tasks per core, each of a share of the commitlog between 32 MiB and 1 GiB (256 MiB
+    with ``sort_by``).
 
     Options: ``compression`` the Parquet codec of every column (snappy; "none", "lz4",
     "zstd"...); ``row_group_rows`` rows per row group (131072; a file's last row group
@@ -118,7 +121,7 @@ def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_
         raise InvalidArgumentError(f"export: cannot sort by unknown column(s) {unknown}")
     stores = find_stores(stores)
     scan = Scan({"paths": json.dumps(stores), "mode": mode})
-    parts = _export_parts(stores, _tasks(spark))
+    parts = _export_parts(stores, _tasks(spark), SORTED_SPLIT_MAX if sort_by else EXPORT_SPLIT[1])
     out_dir = os.path.abspath(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
