@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from rmqstore import Message, MessageStore, StoreConfig, batch
+from rmqstore.errors import InvalidArgumentError
 
 from conftest import SMALL_INDEX
 
@@ -78,6 +79,8 @@ def test_writer_round_trip_and_save_modes(spark, tmp_path):
     summary = jobs.write(df, out, **WRITE_OPTIONS)
     stores = sorted(p for p in os.listdir(out) if not p.startswith("_"))
     assert summary["messages"] == 300 and summary["stores"] == len(stores) == 3
+    assert summary["bytes"] == sum(batch.count_records(out / name)[1] for name in stores) \
+        == batch.count_records(src)[1]
     back = spark.read.format("rocketmq").load(str(out))
     assert _content(back.collect()) == _content(df.collect())
     for name in stores:   # consume queues and index built, as the store's own dispatch would
@@ -118,7 +121,7 @@ def test_write_store_copies_a_store_record_for_record(tmp_path):
     table = pa.Table.from_batches([rb for p, b, _ in batch.segment_files(src) for rb in batch.iter_arrow(p, b)])
     cfg = store_config({"commitlogFileSize": str(64 * 1024), "consumeQueueEntries": "50", "indexSlots": "1000",
                         "indexEntries": "4000"})
-    assert write_store(tmp_path / "out", cfg, table.to_batches(max_chunksize=70)) == 300
+    assert write_store(tmp_path / "out", cfg, table.to_batches(max_chunksize=70)) == (300, batch.count_records(src)[1])
     assert _records(tmp_path / "out") == _records(src)
 
 
@@ -143,7 +146,7 @@ def test_written_stores_rebuild_to_the_same_queues(spark, tmp_path):
     spark.read.format("rocketmq").load(str(src)).coalesce(1).write.format("rocketmq").mode("append") \
         .options(**{k: str(v) for k, v in WRITE_OPTIONS.items()}).option("consumeQueueEntries", "50") \
         .save(str(tmp_path / "out"))
-    (store,) = [tmp_path / "out" / p for p in os.listdir(tmp_path / "out")]
+    (store,) = [tmp_path / "out" / p for p in os.listdir(tmp_path / "out") if not p.startswith("_")]
     cfg = StoreConfig(consume_queue_entries=50, commitlog_file_size=1 << 20, **SMALL_INDEX)
     jobs.rebuild(spark, str(store), str(tmp_path / "rebuilt"), cfg)
     for sub, at_least in (("consumequeue", 12), ("index", 1)):
@@ -172,7 +175,8 @@ def test_export_row_groups_sorting_and_success_marker(spark, tmp_path):
 
     from rmqstore.spark import jobs
     src = _varied_store(tmp_path / "src", 600)
-    jobs.export(spark, [str(src)], tmp_path / "pq", row_group_rows=40, sort_by=["queue_id", "born_timestamp"])
+    jobs.export(spark, [str(src)], tmp_path / "pq", row_group_rows=40, sort_by=["queue_id", "born_timestamp"],
+                compression="zstd")
     assert os.path.getsize(tmp_path / "pq" / "_SUCCESS") == 0
     files = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "pq") for f in fs if f.endswith(".parquet")]
     rows = 0
@@ -180,12 +184,16 @@ def test_export_row_groups_sorting_and_success_marker(spark, tmp_path):
         meta = pq.ParquetFile(f).metadata
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         assert all(s == 40 for s in sizes[:-1]) and 0 < sizes[-1] <= 40
+        assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"ZSTD"}
         t = pq.read_table(f, columns=["queue_id", "born_timestamp"]).to_pylist()
         assert t == sorted(t, key=lambda r: (r["queue_id"], r["born_timestamp"]))
         rows += meta.num_rows
     assert rows == 600
     with pytest.raises(Exception, match="unknown column"):
         jobs.export(spark, [str(src)], tmp_path / "pq2", sort_by=["nope"])
+    with pytest.raises(InvalidArgumentError, match="compression must be one of"):
+        jobs.export(spark, [str(src)], tmp_path / "pq2", compression="zip")
+    assert not os.path.exists(tmp_path / "pq2")
 
 
 def test_max_bytes_per_trigger_bounds_micro_batches(spark, tmp_path):
@@ -228,3 +236,37 @@ def test_born_timestamps_survive(spark, tmp_path):
     assert sorted(r.born_timestamp for r in rows) == \
         [datetime.fromtimestamp((1_700_000_000_000 + i) / 1000, timezone.utc).replace(tzinfo=None) for i in range(5)]
     shutil.rmtree(src)
+
+
+def test_partitioned_writer_splits_buffers_and_reopens(tmp_path, monkeypatch):
+    """The export task's writer (no Spark): rows land in topic=/date= files, equal to what
+    went in; under a small memory cap and one open file at a time it writes smaller row
+    groups and more files, and still loses and repeats nothing."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    from rmqstore.spark import partitioned
+    src = _varied_store(tmp_path / "src", 600)
+    batches = [rb for p, b, _ in batch.segment_files(src) for rb in batch.iter_arrow(p, b, batch_bytes=4096)]
+    want = pa.Table.from_batches(batches)
+    day = datetime.fromtimestamp(want.column("store_timestamp")[0].value / 1e6, timezone.utc).date()
+    for cap, max_open in ((1 << 30, 128), (2000, 1)):
+        monkeypatch.setattr(partitioned, "MAX_OPEN", max_open)
+        out = tmp_path / f"out{max_open}"
+        w = partitioned.PartitionedWriter(str(out), 7, batch.arrow_schema(), 64, buffer_bytes=cap)
+        for rb in batches:
+            w.write(rb)
+        w.close()
+        assert sorted(os.listdir(out)) == ["_temporary", "topic=%25RETRY%25g", "topic=TopicA", "topic=TopicB"]
+        files = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs]
+        assert all(f.startswith(str(out / "topic=")) and f"/date={day}/part-00007-" in f for f in files)
+        groups = [pq.ParquetFile(f).metadata.row_group(i).num_rows for f in files
+                  for i in range(pq.ParquetFile(f).metadata.num_row_groups)]
+        if max_open == 128:   # one file per partition, full row groups but the last
+            assert len(files) == 3 and sorted(groups, reverse=True)[:6] == [64] * 6
+        else:
+            assert len(files) > 3 and max(groups) < 64
+        got = ds.dataset(str(out), partitioning="hive", exclude_invalid_files=True).to_table()
+        cols = [c for c in batch.arrow_schema().names if c != "topic"]
+        assert got.select(cols).sort_by("phy_offset").to_pylist() == want.select(cols).sort_by("phy_offset").to_pylist()
+        assert sorted(got.column("topic").to_pylist()) == sorted(want.column("topic").to_pylist())

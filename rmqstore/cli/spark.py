@@ -40,7 +40,8 @@ def _print_summary(args, summary):
 
 
 def _export(args, jobs, spark):
-    _print_summary(args, jobs.export(spark, args.stores, args.out, args.mode, row_group_rows=args.row_group_rows,
+    _print_summary(args, jobs.export(spark, args.stores, args.out, args.mode, compression=args.compression,
+                                     row_group_rows=args.row_group_rows,
                                      sort_by=args.sort_by.split(",") if args.sort_by else None))
 
 
@@ -119,6 +120,8 @@ def register(sub, json_only, store_opts):
     j.add_argument("--row-group-rows", type=positive_int, default=1 << 17, metavar="N",
                    help="rows per Parquet row group (131072)")
     j.add_argument("--sort-by", metavar="COLUMNS", help="comma-separated columns to sort each task's rows by")
+    j.add_argument("--compression", default="snappy", metavar="CODEC",
+                   help="Parquet codec: none, snappy (default), gzip, brotli, lz4 or zstd")
     j = job("rebuild", _rebuild, "a store's consume queues and index files from its commitlog",
             "Write a store's consumequeue/ and index/ again from its commitlog: consume queues in "
             "parallel, the index on the driver. Both directories must be empty or absent under --out "

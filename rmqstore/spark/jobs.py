@@ -10,7 +10,6 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import unquote
 
 import numpy as np
 
@@ -39,68 +38,90 @@ def read(spark, stores, **options):
     return spark.read.format(NAME).options(**{k: str(v) for k, v in options.items()}).load(list(stores))
 
 
-_PATH_ESCAPE = frozenset(map(chr, range(0x20))) | frozenset('"#%\'*/:=?\\\x7f{[]^')
-
-
-def _spark_path_name(value):
-    """A partition value as Spark writes it in a path (ExternalCatalogUtils.escapePathName:
-    the listed characters as %XX, the rest verbatim), so Spark's reader gets it back."""
-    return "".join(f"%{ord(c):02X}" if c in _PATH_ESCAPE else c for c in value)
-
-
 def _export_part(scan, index, part, out_dir, compression, row_group_rows, sort_by):
     """Write partition number ``index``'s records as Parquet files under ``out_dir`` in
-    Spark's layout topic=/date=, with pyarrow; returns (messages, commitlog bytes). Files
-    are written under ``_temporary/index/`` first, then moved into place."""
+    Spark's layout topic=/date= (see ``partitioned``); returns (messages, commitlog bytes)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-    schema = batch.arrow_schema().append(pa.field("date", pa.date32()))
+
+    from rmqstore.spark.partitioned import PartitionedWriter
+    schema = batch.arrow_schema()
     seen = [0, 0]
 
     def batches():
         for path, base, start, end in part.pieces:
             for rb in scan.read(part.store, path, base, start, end):
                 seen[0] += rb.num_rows
-                seen[1] += pc.sum(rb.column("store_size")).as_py()
-                yield rb.append_column("date", pc.cast(rb.column("store_timestamp"), pa.date32()))
+                seen[1] += pc.sum(rb.column("store_size")).as_py() or 0
+                yield rb
 
     data = batches()
     if sort_by:   # within the task's files, as Spark's sortWithinPartitions
-        data = pa.Table.from_batches(list(data), schema).sort_by([(c, "ascending") for c in sort_by])
-    tmp = os.path.join(out_dir, "_temporary", str(index))
-    ds.write_dataset(data, tmp, schema=schema, format="parquet", partitioning=["topic", "date"],
-                     partitioning_flavor="hive", basename_template=f"part-{index:05d}-{{i}}.parquet",
-                     file_options=ds.ParquetFileFormat().make_write_options(compression=compression),
-                     min_rows_per_group=row_group_rows, max_rows_per_group=row_group_rows, use_threads=False)
-    for d, _, files in os.walk(tmp):   # pyarrow URI-encodes values; Spark would misread UTF-8 that way
-        dirs = [seg.split("=", 1) for seg in os.path.relpath(d, tmp).split(os.sep) if "=" in seg]
-        final = os.path.join(out_dir, *(f"{k}={_spark_path_name(unquote(v))}" for k, v in dirs))
-        for f in files:
-            os.makedirs(final, exist_ok=True)
-            os.replace(os.path.join(d, f), os.path.join(final, f))
+        data = pa.Table.from_batches(list(data), schema).sort_by([(c, "ascending") for c in sort_by]).to_batches()
+    writer = PartitionedWriter(out_dir, index, schema, row_group_rows, compression)
+    for rb in data:
+        writer.write(rb)
+    writer.close()
     return tuple(seen)
+
+
+EXPORT_SPLIT = (32 << 20, 1 << 30)
+SORTED_SPLIT_MAX = 256 << 20   # a sorting task holds its rows twice (read, sorted)
+PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
+
+
+def _codec_available(name):
+    import pyarrow as pa
+    return isinstance(name, str) and name.lower() in PARQUET_CODECS and \
+        (name.lower() == "none" or pa.Codec.is_available(name.lower()))
+
+
+def _export_parts(stores, tasks, hi=EXPORT_SPLIT[1]):
+    """The export's tasks: the stores' commitlogs shared out among ``tasks``, each share
+    within EXPORT_SPLIT (at most ``hi``). Few large tasks: a Python task costs about 0.1 s
+    to schedule whatever it does, as much as writing 50 MB of Parquet. Whole small segments
+    are packed into a share, so up to half more per share is taken when that saves a small
+    last task."""
+    total = sum(size for s in stores for _, _, size in batch.segment_files(s))
+    lo = EXPORT_SPLIT[0]
+    split = min(hi, max(lo, -(-total // max(1, tasks))))
+    for k in range(5):
+        parts = plan(stores, min(hi, split + k * split // 8))
+        if len(parts) <= tasks:
+            return parts
+    return plan(stores, split)
 
 
 def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_rows=1 << 17, sort_by=None):
     """Write the stores' messages to Parquet under ``out_dir`` (replaced), partitioned by
     topic and store date (UTC) in the Hive layout ``spark.read.parquet`` reads back (with
     ``topic`` and ``date`` columns), then an empty ``_SUCCESS`` marker as Spark's writers do.
-    Each task decodes its commitlog range and writes its own files with pyarrow: no shuffle,
-    no row conversion in the JVM. Row groups hold ``row_group_rows`` rows (the last one of a
-    file fewer); ``sort_by`` (column names) sorts each task's rows before writing, as
-    ``sortWithinPartitions`` does. ``out_dir`` must be a path every executor sees (any path
-    in local mode). Returns a summary (messages, commitlog bytes, seconds, MB/s)."""
+    Each task decodes its commitlog range and writes its own files with pyarrow
+    (``partitioned.PartitionedWriter``): no shuffle, no row conversion in the JVM. There are
+    two tasks per core, each of a share of the commitlog between 32 MiB and 1 GiB (256 MiB
+    with ``sort_by``).
+
+    Options: ``compression`` the Parquet codec of every column (snappy; "none", "lz4",
+    "zstd"...); ``row_group_rows`` rows per row group (131072; a file's last row group
+    fewer); ``sort_by`` column names to sort each task's rows by before writing, as
+    ``sortWithinPartitions`` does (the task's rows are then held in memory at once).
+    Dictionary encoding is used for store, tags, born_host and store_host only, min/max
+    statistics are written for every column but body, keys, properties and uniq_key.
+    ``out_dir`` must be a path every executor sees (any path in local mode). Returns a
+    summary (messages, commitlog bytes, seconds, MB/s)."""
     t0 = time.perf_counter()
     if row_group_rows < 1:
         raise InvalidArgumentError(f"row_group_rows must be positive, not {row_group_rows}")
+    if not _codec_available(compression):
+        raise InvalidArgumentError(f"export: compression must be one of {PARQUET_CODECS} (available here), "
+                                   f"not {compression!r}")
     sort_by = list(sort_by or ())
     unknown = [c for c in sort_by if c not in batch.arrow_schema().names]
     if unknown:
         raise InvalidArgumentError(f"export: cannot sort by unknown column(s) {unknown}")
     stores = find_stores(stores)
     scan = Scan({"paths": json.dumps(stores), "mode": mode})
-    parts = plan(stores, scan.split_bytes, _tasks(spark))
+    parts = _export_parts(stores, _tasks(spark), SORTED_SPLIT_MAX if sort_by else EXPORT_SPLIT[1])
     out_dir = os.path.abspath(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
@@ -119,8 +140,9 @@ def write(df, out_dir, mode="error", **options):
     one store per task; ``options`` as its StoreConfig options, e.g. ``indexSlots``), with
     Spark's save modes: error (default; errorifexists) refuses a directory that already
     holds a store, ignore then writes nothing, append adds stores, overwrite replaces them.
-    Returns a summary (messages and commitlog bytes written, stores, seconds, MB/s)."""
-    from rmqstore.spark.writer import stores_in
+    Returns a summary (messages and commitlog bytes written, stores, seconds, MB/s), from
+    the ``_SUCCESS`` summary the writer leaves."""
+    from rmqstore.spark.writer import SUCCESS, stores_in
     if mode not in WRITE_MODES:
         raise InvalidArgumentError(f"write mode must be one of {WRITE_MODES}, not {mode!r}")
     t0 = time.perf_counter()
@@ -132,9 +154,10 @@ def write(df, out_dir, mode="error", **options):
         return _summary("write", t0, 0, 0, stores=0, out=out_dir)
     df.write.format(NAME).mode("overwrite" if mode == "overwrite" else "append") \
         .options(**{k: str(v) for k, v in options.items()}).save(out_dir)
-    new = [s for s in stores_in(out_dir) if mode == "overwrite" or s not in before]
-    counts = [batch.count_records(s) for s in new]
-    return _summary("write", t0, sum(n for n, _ in counts), sum(b for _, b in counts), stores=len(new), out=out_dir)
+    with open(os.path.join(out_dir, SUCCESS)) as f:
+        counts = json.load(f)["stores"].values()
+    return _summary("write", t0, sum(n for n, _ in counts), sum(b for _, b in counts), stores=len(counts),
+                    out=out_dir)
 
 
 def query(spark, stores, topic=None, key=None, uniq_key=None, begin=None, end=None):

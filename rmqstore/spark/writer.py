@@ -5,8 +5,11 @@ columns go to the append kernel with no Python object per row; consume queues an
 files built by the store's dispatcher, so every store is byte-compatible with a broker's),
 first under ``dir/_temporary/<job>/``; the driver's commit moves the stores to
 ``dir/part-<task>-<job>`` (``mode("overwrite")`` first removes the stores already in
-``dir``), an abort removes them. ``mode("error")`` / ``mode("ignore")`` are
-``jobs.write``'s (Spark's Python data sources take only append and overwrite).
+``dir``) and writes ``dir/_SUCCESS``: JSON ``{"stores": {name: [messages, commitlog
+bytes]}}`` of the stores this job wrote, as Hadoop's S3A committers put a summary there
+(``jobs.write`` reports it without reading the stores back); an abort removes them.
+``mode("error")`` / ``mode("ignore")`` are ``jobs.write``'s (Spark's Python data sources
+take only append and overwrite).
 
 Columns are the source's (``batch.arrow_schema()``): ``topic`` and ``body`` are required;
 ``queue_id`` (null: the store's round robin per topic), ``tags``, ``keys``, ``uniq_key``,
@@ -16,9 +19,11 @@ of these fields, see ``put_arrow``); the columns a store assigns (``store``,
 ``queue_offset``, ``phy_offset``, ``store_size``, ``msg_id``, ``body_crc``,
 ``store_timestamp``, ``store_host``) are ignored. Options: StoreConfig fields in camelCase
 (``commitlogFileSize``, ``indexSlots``, ``messageVersion``, ``storeHost``,
-``strictTopicNames``...), RocketMQ's defaults otherwise.
+``strictTopicNames``...), RocketMQ's defaults otherwise, but for ``warmMappedFile`` (false
+here) and ``flushIntervalMs`` (100 here; see ``store_config``).
 """
 import dataclasses
+import json
 import os
 import shutil
 import uuid
@@ -33,10 +38,16 @@ ASSIGNED = ("store", "queue_offset", "phy_offset", "store_size", "msg_id", "body
             "store_host")
 
 
+BULK = dict(warm_mapped_file=False, flush_interval_ms=100)
+
+
 def store_config(options):
     """A StoreConfig from the options naming its fields in camelCase, case-insensitively
-    (others are ignored)."""
-    defaults = StoreConfig()
+    (others are ignored), with BULK's defaults: a task writes its store in one go, so
+    faulting pages in as it writes costs less than a background thread faulting them ahead
+    and a next segment made ahead, most often removed unused at close; and flushing every
+    100 ms sends the pages to disk while the task writes, leaving little for close to sync."""
+    defaults = StoreConfig(**BULK)
     fields = {name.replace("_", ""): name for name in StoreConfig.names()}
     changes = {}
     for key, value in options.items():
@@ -72,18 +83,22 @@ def check_schema(schema, source_schema):
     return tuple(c for c in schema.fieldNames() if c not in ASSIGNED)
 
 
+SUCCESS = "_SUCCESS"
+
+
 @dataclasses.dataclass
 class Written(WriterCommitMessage):
     store: str
     messages: int
+    nbytes: int = 0
 
 
 def write_store(path, config, batches):
     """Write the rows of Arrow ``batches`` into a new store at ``path``, one ``put_arrow``
     per batch (columns straight to the append kernel, rows in order, queue ids per row);
-    waits for its consume queues and index. A row with no topic or body is an
-    InvalidArgumentError naming it."""
-    count = 0
+    waits for its consume queues and index. Returns (messages, commitlog bytes of their
+    records). A row with no topic or body is an InvalidArgumentError naming it."""
+    count = nbytes = 0
     with MessageStore(path, config) as store:
         for rb in batches:
             for name in REQUIRED:
@@ -91,10 +106,10 @@ def write_store(path, config, batches):
                 if col.null_count:
                     row = col.is_null().index(True).as_py()
                     raise InvalidArgumentError(f"rocketmq writer: row {row} has no {name}")
-            store.put_arrow(rb)
+            nbytes += int(store.put_arrow(rb)["size"].sum())
             count += rb.num_rows
         store.wait_dispatched()
-    return count
+    return count, nbytes
 
 
 def stores_in(path):
@@ -119,15 +134,19 @@ class StoreWriter(DataSourceArrowWriter):
         name = f"part-{ctx.partitionId() if ctx else 0:05d}-{self.job}-{uuid.uuid4().hex[:6]}"
         os.makedirs(self.temp, exist_ok=True)
         path = os.path.join(self.temp, name)
-        return Written(path, write_store(path, self.config, iterator))
+        return Written(path, *write_store(path, self.config, iterator))
 
     def commit(self, messages):
         if self.overwrite:
             for old in stores_in(self.path):
                 shutil.rmtree(old)
+        written = {}
         for m in messages:
             if m is not None and m.messages:
                 os.replace(m.store, os.path.join(self.path, os.path.basename(m.store)))
+                written[os.path.basename(m.store)] = [m.messages, m.nbytes]
+        with open(os.path.join(self.path, SUCCESS), "w") as f:
+            json.dump({"stores": written}, f)
         self._clean()
 
     def abort(self, messages):
