@@ -4,6 +4,7 @@ from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memcpy
 from libc.stdint cimport int64_t
+import errno
 import os
 
 from rmqstore._cext cimport *
@@ -129,6 +130,36 @@ cdef class MappedSegment:
         check(rc, self.path, "zero")
         if pos < self.m.reserved and not self.m.dense:   # [0, reserved) must stay allocated
             self.m.reserved = pos - pos % rmq_page_size()
+
+    def data_ranges(self, int64_t pos, int64_t end):
+        """The parts of ``[pos, end)`` (``end`` clamped to the file) the file system holds data
+        for, as [(start, stop)], found with lseek SEEK_DATA / SEEK_HOLE: the rest are holes,
+        which read as zeros. The whole range where the file system cannot tell."""
+        cdef list out = []
+        if end > self.m.size:
+            end = self.m.size
+        if pos >= end:
+            return out
+        self.check_range(pos, end - pos)
+        if not hasattr(os, "SEEK_DATA"):
+            return [(pos, end)]
+        pin(self)    # the descriptor stays open meanwhile
+        try:
+            while pos < end:
+                try:
+                    start = os.lseek(self.m.fd, pos, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno != errno.ENXIO:    # ENXIO: nothing but a hole up to the end of the file
+                        out.append((pos, end))    # e.g. EINVAL: no SEEK_DATA on this file system
+                    break
+                if start >= end:
+                    break
+                stop = min(end, os.lseek(self.m.fd, start, os.SEEK_HOLE))
+                out.append((start, stop))
+                pos = stop
+        finally:
+            unpin(self)
+        return out
 
     def reserve(self, int64_t end):
         """Allocate the disk blocks of ``[0, end)`` (clamped to the file) now, with the GIL

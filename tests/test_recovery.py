@@ -5,6 +5,7 @@ import os
 import pytest
 
 from rmqstore import Message, MessageStore, StoreConfig
+from rmqstore._segment import MappedSegment
 
 from conftest import CRASHED_498, SMALL_INDEX, copy_store, load_jsonl_gz, tree_state
 
@@ -137,6 +138,44 @@ def test_garbage_after_last_record_is_zeroed(tmp_path):
         assert "magic" in s.recovery.stop_reason
         assert s.recovery.commitlog_bytes_truncated > 0
         _check_prefix(s, res, bodies, 30, cfg)
+
+
+def test_garbage_far_into_a_sparse_segment_is_zeroed(tmp_path):
+    """A large segment with little written is mostly holes: recovery reads only the parts
+    the file holds data for, and still finds stale bytes far past the disk window."""
+    cfg = _cfg(commitlog_file_size=256 << 20, reserve_ahead_bytes=1 << 20)
+    res, bodies = _write(tmp_path, 30, cfg)
+    end = res[-1].phy_offset + res[-1].size
+    _patch(tmp_path, 200 << 20, b"\x7f" * 64, cfg)     # a lone block far past the reserved window
+    _crash_marker(tmp_path)
+    with MessageStore(tmp_path, cfg) as s:
+        assert s.recovery.end_offset == end
+        assert s.recovery.commitlog_bytes_truncated > 0
+        _check_prefix(s, res, bodies, 30, cfg)
+        seg = s.commitlog.segments.segments[0]
+        assert all(lo < (200 << 20) for lo, _ in seg.data_ranges(end, seg.size))   # the block is freed
+
+
+def test_data_ranges_cover_every_written_byte(tmp_path):
+    """data_ranges is never short of a byte written; holes (never written) are left out."""
+    size, page = 64 << 20, os.sysconf("SC_PAGE_SIZE")
+    path = str(tmp_path / "f")
+    spots = [0, page * 3 + 5, 5 << 20, (40 << 20) + 17, size - 1]
+    with open(path, "wb") as f:     # a sparse file with islands, as another writer may leave one
+        f.truncate(size)
+        for p in spots:
+            f.seek(p)
+            f.write(b"\x01")
+    seg = MappedSegment(path, 0, size)
+    try:
+        ranges = seg.data_ranges(0, size)
+        assert all(any(lo <= p < hi for lo, hi in ranges) for p in spots)
+        if os.stat(path).st_blocks * 512 < size // 4:                   # the file system keeps holes
+            assert sum(hi - lo for lo, hi in ranges) < size // 4
+        assert seg.data_ranges(size - 1, size) == [(size - 1, size)]
+        assert seg.data_ranges(10, 10) == []
+    finally:
+        seg.close()
 
 
 def test_bad_crc_in_the_middle_truncates_there(tmp_path):
