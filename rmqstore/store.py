@@ -111,22 +111,19 @@ def _config(name: str, v: Any) -> Any:
     return v if v is None or isinstance(v, StoreConfig) else _bad_type(name, v, "a StoreConfig or None")
 
 
-_ARG_CHECKS: dict[str, Callable[[str, Any], Any]] = {
-    "str": _message.text_arg,
-    "str | None": lambda name, v: v if v is None else _message.text_arg(name, v),
-    "int": _int,
-    "int | None": lambda name, v: v if v is None else _int(name, v),
-    "bool": _bool,
-    "float | None": _seconds,
-    "Progress | None": _callable,
-    "Sequence[str]": _str_sequence,
-    "str | os.PathLike[str]": _store_path,
-    "StoreConfig | None": _config,
+# annotation -> (the kind _gate.check_args passes without a call when plainly fine, the check)
+_ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
+    "str": (_gate.ARG_STR, _message.text_arg),
+    "str | None": (_gate.ARG_STR | _gate.ARG_OR_NONE, lambda name, v: v if v is None else _message.text_arg(name, v)),
+    "int": (_gate.ARG_INT64, _int),
+    "int | None": (_gate.ARG_INT64 | _gate.ARG_OR_NONE, lambda name, v: v if v is None else _int(name, v)),
+    "bool": (_gate.ARG_OTHER, _bool),
+    "float | None": (_gate.ARG_OTHER, _seconds),
+    "Progress | None": (_gate.ARG_OTHER, _callable),
+    "Sequence[str]": (_gate.ARG_OTHER, _str_sequence),
+    "str | os.PathLike[str]": (_gate.ARG_OTHER, _store_path),
+    "StoreConfig | None": (_gate.ARG_OTHER, _config),
 }
-
-
-_ARG_KINDS = {"str": _gate.ARG_STR, "str | None": _gate.ARG_STR | _gate.ARG_OR_NONE, "int": _gate.ARG_INT64,
-              "int | None": _gate.ARG_INT64 | _gate.ARG_OR_NONE}   # passed without a call when plainly fine
 
 
 def _arg_checks(method: Callable[..., Any]) -> list[tuple[int, str, int, Callable[[str, Any], Any]]]:
@@ -134,7 +131,7 @@ def _arg_checks(method: Callable[..., Any]) -> list[tuple[int, str, int, Callabl
     annotation listed in _ARG_CHECKS (InvalidArgumentError, or InvalidArgumentTypeError for
     a wrong type)."""
     params = list(inspect.signature(method).parameters.values())[1:]
-    return [(i, p.name, _ARG_KINDS.get(p.annotation, _gate.ARG_OTHER), _ARG_CHECKS[p.annotation])
+    return [(i, p.name, *_ARG_CHECKS[p.annotation])
             for i, p in enumerate(params) if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS]
 
 
