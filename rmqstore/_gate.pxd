@@ -6,3 +6,11 @@ cdef class Gate:
     cdef object on_closing
     cpdef enter(self)
     cpdef leave(self)
+
+
+cdef class ArgChecks:
+    cdef Py_ssize_t n
+    cdef Py_ssize_t *pos         # argument position and kind of each check
+    cdef int *kinds
+    cdef list names, funcs
+    cdef int run(self, tuple args, dict kwargs) except -1

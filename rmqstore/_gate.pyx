@@ -63,7 +63,7 @@ cdef class Gate:
         return False
 
 
-# kinds of argument check_args knows without a call (others: their check function)
+# kinds of argument ArgChecks knows without a call (others: their check function)
 ARG_OTHER, ARG_STR, ARG_INT64 = 0, 1, 2
 ARG_OR_NONE = 4     # added to a kind: None passes too
 
@@ -80,29 +80,50 @@ cdef inline bint passes(int kind, object v) noexcept:
     return kind == ARG_STR and type(v) is str and PyUnicode_IS_ASCII(v)
 
 
-cpdef check_args(list checks, tuple args, dict kwargs):
-    """Run the checks, (position, name, kind, check(name, value)) each, on the arguments
-    given (positional or by keyword); the common valid kinds pass without a call."""
-    cdef Py_ssize_t i, n = len(args)
-    cdef tuple c
-    for c in checks:
-        i = c[0]
-        if i < n:
-            v = args[i]
-        elif kwargs and c[1] in kwargs:
-            v = kwargs[c[1]]
-        else:
-            continue
-        if not passes(c[2], v):
-            c[3](c[1], v)
+cdef class ArgChecks:
+    """The argument checks of a store method, from (position, name, kind, check(name,
+    value)) tuples: run() checks the arguments given (positional or by keyword), the
+    common valid kinds passing without a call."""
+
+    def __cinit__(self, list checks not None):
+        cdef Py_ssize_t j
+        self.n = len(checks)
+        self.pos = <Py_ssize_t *>malloc(max(1, self.n) * sizeof(Py_ssize_t))
+        self.kinds = <int *>malloc(max(1, self.n) * sizeof(int))
+        if self.pos == NULL or self.kinds == NULL:
+            raise MemoryError()
+        for j in range(self.n):
+            self.pos[j], self.kinds[j] = checks[j][0], checks[j][2]
+        self.names = [c[1] for c in checks]
+        self.funcs = [c[3] for c in checks]
+
+    def __dealloc__(self):
+        free(self.pos)
+        free(self.kinds)
+
+    def __call__(self, tuple args not None, dict kwargs=None):
+        self.run(args, kwargs)
+
+    cdef int run(self, tuple args, dict kwargs) except -1:
+        cdef Py_ssize_t j, n = len(args)
+        for j in range(self.n):
+            if self.pos[j] < n:
+                v = args[self.pos[j]]
+            elif kwargs and self.names[j] in kwargs:
+                v = kwargs[self.names[j]]
+            else:
+                continue
+            if not passes(self.kinds[j], v):
+                self.funcs[j](self.names[j], v)
+        return 0
 
 
-def gated(method, list checks not None):
+def gated(method, ArgChecks checks not None):
     """``method`` of a store run as an operation of the store's ``_gate`` (see Gate), its
-    arguments checked first (check_args): the whole wrapper in C."""
+    arguments checked first: the whole wrapper in C."""
     def run(self, *args, **kwargs):
         cdef Gate gate
-        check_args(checks, args, kwargs)
+        checks.run(args, kwargs)
         gate = self._gate
         gate.enter()
         try:

@@ -23,6 +23,7 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcmp, memcpy, memset
 import numpy as np
 cimport numpy as cnp
+from rmqstore._gate cimport ArgChecks, Gate
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
@@ -343,8 +344,9 @@ cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, 
 cdef class IndexFiles:
     """An immutable snapshot of the index files, newest first, for lock-free queries.
 
-    Each query pins every mapped file it reads (a closed file is skipped), walks them with
-    the GIL released and returns RocketMQ's IndexService.queryOffset answer."""
+    Each query pins every mapped file it reads (a closed file is skipped), walks them (a
+    batch of keys with the GIL released) and returns RocketMQ's IndexService.queryOffset
+    answer."""
     cdef list segs
     cdef FileView *views
     cdef Py_ssize_t n
@@ -376,7 +378,7 @@ cdef class IndexFiles:
         cdef MappedSegment seg
         for i in range(self.n):
             seg = self.segs[i]
-            pinned[i] = not seg.closed
+            pinned[i] = not (seg.closing or seg.unmapped)
             if pinned[i]:
                 pin(seg)
         return 0
@@ -455,10 +457,9 @@ cdef class IndexFiles:
                 raise MemoryError()
             h = build_hash(t, tlen, k, klen, buf)
             self.pin_all(pinned)
-            try:
-                with nogil:
-                    n = self.walk(pinned, h, b, e, mn, out)
-                    sort_i64(out, n)
+            try:       # with the GIL: a few cache misses, less than dropping and taking it back
+                n = self.walk(pinned, h, b, e, mn, out)
+                sort_i64(out, n)
             finally:
                 self.unpin_all(pinned)
             if log is not None:
@@ -553,6 +554,35 @@ cdef void walk_keys(IndexFiles f, bint *pinned, const int32_t *hs, Py_ssize_t nk
         n = f.walk(pinned, hs[i], b, e, mn, out + bd[i])
         sort_i64(out + bd[i], n)
         bd[i + 1] = bd[i] + n
+
+
+cdef class KeyLookup:
+    """MessageStore.query_by_key as one C call: its argument checks, the store's operation gate, and the index walk and
+    read-back on the current IndexFiles (``index.view``) and commitlog segments
+    (``segments.segments``), with no Python frame between them (see StoreWriter)."""
+    cdef Gate gate
+    cdef object index, segments
+    cdef ArgChecks checks
+    cdef Py_ssize_t cap
+
+    def __init__(self, Gate gate not None, index not None, segments not None, ArgChecks checks not None,
+                 Py_ssize_t cap):
+        self.gate = gate
+        self.index = index
+        self.segments = segments
+        self.checks = checks
+        self.cap = cap
+
+    def query_by_key(self, topic, key, max_num=64, begin=0, end=None):
+        """MessageStore.query_by_key (see its documentation)."""
+        cdef IndexFiles view
+        self.checks.run((topic, key, max_num, begin, end), None)
+        self.gate.enter()
+        try:
+            view = self.index.view
+            return view._query(topic, key, max_num, begin, end, self.cap, self.segments.segments)
+        finally:
+            self.gate.leave()
 
 
 cdef int limits(object topic, object max_num, object begin, object end, Py_ssize_t cap,

@@ -42,6 +42,12 @@ cdef enum PrefaultMode:
 cdef enum:
     HOLE = 0x7FFFFFFF    # size of a consume-queue entry that names no message
 
+# Bytes from which a read kernel copies or decodes with the GIL released: below it, dropping
+# the GIL and taking it back costs more than the work, and may wait out another thread's
+# switch interval (5 ms) for a copy of a few hundred bytes.
+cdef enum:
+    NOGIL_MIN = 1 << 16
+
 # _cq.ENTRY_DTYPE: one consume-queue entry, native order (20 bytes).
 cdef packed struct CqEntry:
     int64_t phy_offset

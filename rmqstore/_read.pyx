@@ -174,6 +174,13 @@ cdef struct Found:      # a record gather_messages hands out, read under a pin i
     int64_t phy
 
 
+cdef void copy_found(const Found *found, Py_ssize_t n, char *q) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        memcpy(q, found[i].p, found[i].r.total)
+        q += found[i].r.total
+
+
 def gather_messages(list segs not None, MappedSegment cq_seg not None, int64_t cq_pos, Py_ssize_t n,
                     Py_ssize_t max_count, Py_ssize_t max_msgs, int64_t max_bytes, int64_t cl_max, int64_t file_size,
                     codes, tags):
@@ -189,8 +196,8 @@ def gather_messages(list segs not None, MappedSegment cq_seg not None, int64_t c
     Returns (messages, entries consumed, removing, problems): ``removing`` when a record
     was gone before any message was found; problems are (entry index, phy, size, text to
     log or None). Each record's segment is pinned while it is read, and the found ones'
-    until the end, when their records are copied (GIL released) into one buffer that the
-    messages share."""
+    until the end, when their records are copied (the GIL released for NOGIL_MIN bytes or
+    more) into one buffer that the messages share."""
     cdef Py_ssize_t i, used = 0, nmsg = 0, cap
     cdef int64_t total = 0, at = 0
     cdef bint removing = False
@@ -212,10 +219,11 @@ def gather_messages(list segs not None, MappedSegment cq_seg not None, int64_t c
                     found, cap, held, problems, &used, &nmsg, &total, &removing)
         owner = PyBytes_FromStringAndSize(NULL, total)
         q = PyBytes_AS_STRING(owner)
-        with nogil:
-            for i in range(nmsg):
-                memcpy(q + at, found[i].p, found[i].r.total)
-                at += found[i].r.total
+        if total >= NOGIL_MIN:
+            with nogil:
+                copy_found(found, nmsg, q)
+        else:
+            copy_found(found, nmsg, q)
         at = 0
         for i in range(nmsg):
             msgs.append(ext_in(owner, at, &found[i].r, found[i].phy))
@@ -342,7 +350,10 @@ def scan_messages(MappedSegment seg not None, int64_t pos, int64_t stop, bint ch
         if n:
             owner = PyBytes_FromStringAndSize(NULL, end - pos)
             q = PyBytes_AS_STRING(owner)
-            with nogil:
+            if end - pos >= NOGIL_MIN:
+                with nogil:
+                    memcpy(<char *>q, seg.m.base + pos, end - pos)
+            else:
                 memcpy(<char *>q, seg.m.base + pos, end - pos)
     finally:
         unpin(seg)
@@ -359,14 +370,20 @@ def scan_messages(MappedSegment seg not None, int64_t pos, int64_t stop, bint ch
 
 cdef Py_ssize_t crc_prefix(const char *q, int64_t size, Py_ssize_t n) noexcept:
     """How many of the ``n`` records at ``q`` (``size`` bytes) pass their body CRC before
-    the first that does not (GIL released)."""
+    the first that does not (GIL released for NOGIL_MIN bytes or more)."""
+    if size < NOGIL_MIN:
+        return crc_run(q, size, n)
+    with nogil:
+        return crc_run(q, size, n)
+
+
+cdef Py_ssize_t crc_run(const char *q, int64_t size, Py_ssize_t n) noexcept nogil:
     cdef RecView r
     cdef int64_t at = 0
     cdef Py_ssize_t i = 0
-    with nogil:
-        while i < n and parse_record(q + at, size - at, True, &r) == REC_OK:
-            at += r.total
-            i += 1
+    while i < n and parse_record(q + at, size - at, True, &r) == REC_OK:
+        at += r.total
+        i += 1
     return i
 
 

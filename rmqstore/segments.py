@@ -58,7 +58,8 @@ class SegmentQueue:
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         self._view = ([], [])   # (segments, their base offsets), replaced as one
-        self.last = None        # the newest segment
+        self.segments = []      # _view's segments and the newest of them: plain attributes,
+        self.last = None        # read per put and per key query
         self._lock = threading.Lock()
         self._alloc = ThreadPoolExecutor(1, thread_name_prefix="rmq-alloc") if preallocate and not readonly else None
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
@@ -112,11 +113,8 @@ class SegmentQueue:
 
     def _publish(self, segs):
         self._view = (segs, [s.base_offset for s in segs])
-        self.last = segs[-1] if segs else None   # a plain attribute: the appender reads it per put
-
-    @property
-    def segments(self):
-        return self._view[0]
+        self.segments = segs
+        self.last = segs[-1] if segs else None
 
     # -- lookup -------------------------------------------------------------------------
     @property

@@ -17,6 +17,7 @@ import numpy as np
 import rmqstore._append as _append
 import rmqstore._columns as _columns
 import rmqstore._gate as _gate
+import rmqstore._index as _index
 from rmqstore import _message, _record, ingest, ownership
 from rmqstore._cq import ENTRY_DTYPE
 from rmqstore.checkpoint import Checkpoint
@@ -111,7 +112,7 @@ def _config(name: str, v: Any) -> Any:
     return v if v is None or isinstance(v, StoreConfig) else _bad_type(name, v, "a StoreConfig or None")
 
 
-# annotation -> (the kind _gate.check_args passes without a call when plainly fine, the check)
+# annotation -> (the kind _gate.ArgChecks passes without a call when plainly fine, the check)
 _ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
     "str": (_gate.ARG_STR, _message.text_arg),
     "str | None": (_gate.ARG_STR | _gate.ARG_OR_NONE, lambda name, v: v if v is None else _message.text_arg(name, v)),
@@ -126,13 +127,12 @@ _ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
 }
 
 
-def _arg_checks(method: Callable[..., Any]) -> list[tuple[int, str, int, Callable[[str, Any], Any]]]:
-    """The checks (_gate.check_args) of the arguments of ``method`` that carry an
-    annotation listed in _ARG_CHECKS (InvalidArgumentError, or InvalidArgumentTypeError for
-    a wrong type)."""
+def _arg_checks(method: Callable[..., Any]) -> _gate.ArgChecks:
+    """The checks of the arguments of ``method`` that carry an annotation listed in
+    _ARG_CHECKS (InvalidArgumentError, or InvalidArgumentTypeError for a wrong type)."""
     params = list(inspect.signature(method).parameters.values())[1:]
-    return [(i, p.name, *_ARG_CHECKS[p.annotation])
-            for i, p in enumerate(params) if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS]
+    return _gate.ArgChecks([(i, p.name, *_ARG_CHECKS[p.annotation]) for i, p in enumerate(params)
+                            if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS])
 
 
 def _checked(method: F) -> F:
@@ -141,7 +141,7 @@ def _checked(method: F) -> F:
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _gate.check_args(checks, args, kwargs)
+        checks(args, kwargs)
         return method(self, *args, **kwargs)
     return run  # type: ignore[return-value]
 
@@ -279,6 +279,15 @@ class MessageStore:
             self.put = self._writer.put   # type: ignore[method-assign]
         if type(self).put_batch is MessageStore.put_batch:
             self.put_batch = self._writer.put_batch   # type: ignore[method-assign]
+        self._bind_key_lookup()
+
+    def _bind_key_lookup(self) -> None:
+        """The instance's query_by_key: a C method on the index service (see put), unless a
+        subclass overrides it; bound again when rebuild makes a new service."""
+        if self.index is not None and type(self).query_by_key is MessageStore.query_by_key:
+            self.query_by_key = _index.KeyLookup(   # type: ignore[method-assign]
+                self._gate, self.index, self.commitlog.segments, _arg_checks(inspect.unwrap(MessageStore.query_by_key)),
+                self.config.max_msgs_num_batch).query_by_key
 
     def _recover(self, progress: Progress | None = None) -> None:
         cfg = self.config
@@ -836,6 +845,7 @@ class MessageStore:
             self.consume_queues, self.index, self._cq_builder, d = fresh_logics(
                 self.path, self.config, self.commitlog, self.checkpoint, self.consume_queues, self.index)
             self.dispatcher = d
+            self._bind_key_lookup()
             try:
                 dispatch_all(self.commitlog, self.consume_queues, d, progress)
             finally:

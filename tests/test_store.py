@@ -11,6 +11,7 @@ import time
 import pytest
 
 from rmqstore import (
+    InvalidArgumentTypeError,
     InvalidTopicError,
     Message,
     MessageNotFoundError,
@@ -85,11 +86,37 @@ def test_a_subclass_overriding_put_is_called(tmp_path):
             seen.append("put_batch")
             return super().put_batch(msgs, queue_id)
 
+        def query_by_key(self, topic, key, max_num=64, begin=0, end=None):
+            seen.append("query_by_key")
+            return super().query_by_key(topic, key, max_num, begin, end)
+
     with Logged(tmp_path / "s", _cfg()) as s:
-        s.put(Message("T", b"one"))
+        s.put(Message("T", b"one", keys="k"))
         s.put_batch([Message("T", b"two")])
         assert [bytes(m.body) for m in s.scan()] == [b"one", b"two"]
-    assert seen == ["put", "put_batch"]
+        s.wait_dispatched()
+        s.query_by_key("T", "k")
+    assert seen == ["put", "put_batch", "query_by_key"]
+
+
+def test_query_by_key_takes_keywords_and_checks_them(tmp_path):
+    """query_by_key is a C method on a MessageStore: keywords, defaults and the argument
+    checks are those of MessageStore.query_by_key."""
+    with MessageStore(tmp_path / "s", _cfg()) as s:
+        s.put_batch([Message("T", f"b{i}".encode(), keys=f"k{i % 2}") for i in range(5)])
+        s.wait_dispatched()
+        want = [b"b4", b"b2", b"b0"]
+        assert [bytes(m.body) for m in s.query_by_key("T", "k0")] == want
+        assert [bytes(m.body) for m in s.query_by_key(key="k0", topic="T", max_num=2)] == want[:2]
+        assert s.query_by_key("T", "k0", end=0) == []
+        with pytest.raises(InvalidArgumentTypeError):
+            s.query_by_key("T", b"k0")
+        with pytest.raises(InvalidArgumentTypeError):
+            s.query_by_key("T", "k0", max_num="2")
+        with pytest.raises(TypeError):
+            s.query_by_key("T", "k0", colour=1)
+    with pytest.raises(StoreClosedError):
+        s.query_by_key("T", "k0")
 
 
 def test_get_past_end_is_not_found(tmp_path):
