@@ -195,7 +195,7 @@ class ConsumeQueue:
         """Where the entry of queue offset ``index`` lies: (segment, file position, entries
         written from there to the end of that file); (None, 0, 0) when none is stored."""
         pos = index * ENTRY
-        seg = self.segments.find(pos) if index >= self.min_offset else None
+        seg = self.segments.find(pos) if index >= self.min_logic_offset // ENTRY else None
         if seg is None:
             return None, 0, 0
         rel = pos - seg.base_offset

@@ -16,6 +16,7 @@ import numpy as np
 
 import rmqstore._append as _append
 import rmqstore._columns as _columns
+import rmqstore._consume as _consume
 import rmqstore._gate as _gate
 import rmqstore._index as _index
 from rmqstore import _message, _record, ingest, ownership
@@ -24,7 +25,7 @@ from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import CommitLog
 from rmqstore.config import StoreConfig
 from rmqstore.consume_queue import ConsumeQueueTable, check_boundary
-from rmqstore.consumer import GetMessageResult, get_message
+from rmqstore.consumer import GetMessageResult
 from rmqstore.dispatch import ConsumeQueueBuilder, Dispatcher, new_dispatcher
 from rmqstore.errors import (
     CorruptRecordError,
@@ -279,11 +280,19 @@ class MessageStore:
             self.put = self._writer.put   # type: ignore[method-assign]
         if type(self).put_batch is MessageStore.put_batch:
             self.put_batch = self._writer.put_batch   # type: ignore[method-assign]
-        self._bind_key_lookup()
+        self._bind_readers()
 
-    def _bind_key_lookup(self) -> None:
-        """The instance's query_by_key: a C method on the index service (see put), unless a
-        subclass overrides it; bound again when rebuild makes a new service."""
+    def _bind_readers(self) -> None:
+        """The instance's get_messages and query_by_key: C methods over the consume queues
+        and the index service (see put), unless a subclass overrides them; bound again when
+        rebuild makes new ones."""
+        cfg = self.config
+        self._reader = _consume.QueueReader(
+            self._gate, _arg_checks(inspect.unwrap(MessageStore.get_messages)), self.consume_queues,
+            self.commitlog.segments, (cfg.max_transfer_count_on_message_in_memory,
+                                      cfg.max_transfer_bytes_on_message_in_memory, cfg.consume_queue_entries))
+        if type(self).get_messages is MessageStore.get_messages:
+            self.get_messages = self._reader.get_messages   # type: ignore[method-assign]
         if self.index is not None and type(self).query_by_key is MessageStore.query_by_key:
             self.query_by_key = _index.KeyLookup(   # type: ignore[method-assign]
                 self._gate, self.index, self.commitlog.segments, _arg_checks(inspect.unwrap(MessageStore.query_by_key)),
@@ -678,7 +687,6 @@ class MessageStore:
         cols["missing"] += start
         return cols
 
-    @_gated
     def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
                      tags: str | None = None) -> GetMessageResult:
         """RocketMQ's getMessage: up to ``max_count`` messages of one queue.
@@ -692,8 +700,7 @@ class MessageStore:
         Returns:
             GetMessageResult: status, messages, next/min/max offsets and ``problems``
             (entries that could not be followed)."""
-        self._check_open()
-        return get_message(self.consume_queues, self.commitlog, self.config, topic, queue_id, offset, max_count, tags)
+        return self._reader.get_messages(topic, queue_id, offset, max_count, tags)   # gated and checked in C
 
     @_gated
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
@@ -845,7 +852,7 @@ class MessageStore:
             self.consume_queues, self.index, self._cq_builder, d = fresh_logics(
                 self.path, self.config, self.commitlog, self.checkpoint, self.consume_queues, self.index)
             self.dispatcher = d
-            self._bind_key_lookup()
+            self._bind_readers()
             try:
                 dispatch_all(self.commitlog, self.consume_queues, d, progress)
             finally:

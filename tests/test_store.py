@@ -73,8 +73,8 @@ def test_put_get_roundtrip(tmp_path):
 
 
 def test_a_subclass_overriding_put_is_called(tmp_path):
-    """put and put_batch are the writer's C methods on a MessageStore, but a subclass's own
-    put / put_batch still run."""
+    """put, put_batch, query_by_key and get_messages are C methods on a MessageStore, but a
+    subclass's own still run."""
     seen = []
 
     class Logged(MessageStore):
@@ -90,13 +90,18 @@ def test_a_subclass_overriding_put_is_called(tmp_path):
             seen.append("query_by_key")
             return super().query_by_key(topic, key, max_num, begin, end)
 
+        def get_messages(self, topic, queue_id, offset, max_count=32, tags=None):
+            seen.append("get_messages")
+            return super().get_messages(topic, queue_id, offset, max_count, tags)
+
     with Logged(tmp_path / "s", _cfg()) as s:
         s.put(Message("T", b"one", keys="k"))
         s.put_batch([Message("T", b"two")])
         assert [bytes(m.body) for m in s.scan()] == [b"one", b"two"]
         s.wait_dispatched()
         s.query_by_key("T", "k")
-    assert seen == ["put", "put_batch", "query_by_key"]
+        assert [bytes(m.body) for m in s.get_messages("T", 0, 0).messages] == [b"one"]
+    assert seen == ["put", "put_batch", "query_by_key", "get_messages"]
 
 
 def test_query_by_key_takes_keywords_and_checks_them(tmp_path):
