@@ -35,6 +35,17 @@ SCHEMA = pa.schema([
     ("store_host", pa.string()), ("reconsume_times", pa.int32()),
 ])
 COLUMNS = tuple(SCHEMA.names)
+_TYPES = [f.type for f in SCHEMA]
+_SCHEMAS = {}   # column names -> their schema: batches of a scan share one
+
+
+def _schema_of(tuple names):
+    schema = _SCHEMAS.get(names)
+    if schema is None:
+        if len(_SCHEMAS) >= 64:
+            _SCHEMAS.clear()
+        schema = _SCHEMAS[names] = pa.schema([SCHEMA.field(k) for k in names])
+    return schema
 
 cdef enum:   # column numbers, in SCHEMA order
     STORE, TOPIC, QUEUE_ID, QUEUE_OFFSET, PHY_OFFSET, STORE_SIZE, MSG_ID, TAGS, KEYS, UNIQ_KEY
@@ -415,7 +426,7 @@ cdef class _Batch:
         for c in range(NCOL):
             if not self.b.want[c]:
                 continue
-            t = SCHEMA.field(c).type
+            t = _TYPES[c]
             if c in (QUEUE_ID, STORE_SIZE, BODY_CRC, SYS_FLAG, FLAG, RECONSUME, QUEUE_OFFSET, PHY_OFFSET,
                      BORN_TS, STORE_TS):
                 out[COLUMNS[c]] = pa.Array.from_buffers(t, n, [None, self.bufs[c]])
@@ -431,7 +442,7 @@ cdef class _Batch:
             else:
                 out[COLUMNS[c]] = self._strings(c, n, binary=c == BODY)
         return pa.RecordBatch.from_arrays([out[k] for k in self.names],
-                                          schema=pa.schema([SCHEMA.field(k) for k in self.names]))
+                                          schema=_schema_of(tuple(self.names)))
 
 
 def _column_name(int c):

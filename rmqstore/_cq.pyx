@@ -10,6 +10,9 @@ from rmqstore._layout cimport CqEntry, HOLE
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore.errors import InvalidArgumentError, OutOfRangeError
 
+cdef enum:
+    TOPICS_SEEN = 16   # distinct topics topic_ids tells apart without the GIL
+
 cnp.import_array()
 
 ENTRY_SIZE = sizeof(CqEntry)
@@ -87,27 +90,37 @@ def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:
     ``raw[off:off+length]``; new topics are decoded once and appended to ``names``."""
     cdef Py_ssize_t i, n = off.shape[0], size = len(raw)
     cdef const char *base = raw
-    cdef int32_t prev_off = -1, prev_len = -1, prev_id = -1
+    cdef int32_t seen_off[TOPICS_SEEN]
+    cdef int32_t seen_len[TOPICS_SEEN]
+    cdef int32_t seen_id[TOPICS_SEEN]
+    cdef int nseen = 0, last = 0, j, k, hit
     if off.shape[0] > length.shape[0]:
         raise OutOfRangeError("fewer topic lengths than offsets")
     out = np.empty(n, np.int32)
     cdef int32_t[::1] o = out
-    with nogil:     # a row of the previous row's topic is the common case: the GIL only for a new one
+    with nogil:     # rows of topics met before in the batch (up to TOPICS_SEEN): the GIL only for others
         for i in range(n):
-            if off[i] >= 0 and length[i] >= 0 and off[i] + length[i] <= size and prev_id >= 0 \
-                    and length[i] == prev_len and memcmp(base + off[i], base + prev_off, prev_len) == 0:
-                o[i] = prev_id
-                continue
-            with gil:
-                if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
-                    raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
-                key = raw[off[i]:off[i] + length[i]]
-                tid = ids.get(key)
-                if tid is None:
-                    tid = ids[key] = len(names)
-                    names.append(key.decode("utf-8", "replace"))
-                prev_off, prev_len, prev_id = off[i], length[i], tid
-            o[i] = prev_id
+            hit = -1
+            if off[i] >= 0 and length[i] >= 0 and off[i] + length[i] <= size:
+                for k in range(nseen):
+                    j = (last + k) % nseen   # the previous row's topic first
+                    if length[i] == seen_len[j] and memcmp(base + off[i], base + seen_off[j], seen_len[j]) == 0:
+                        hit, last = seen_id[j], j
+                        break
+            if hit < 0:
+                with gil:
+                    if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
+                        raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
+                    key = raw[off[i]:off[i] + length[i]]
+                    tid = ids.get(key)
+                    if tid is None:
+                        tid = ids[key] = len(names)
+                        names.append(key.decode("utf-8", "replace"))
+                    hit = tid
+                last = nseen if nseen < TOPICS_SEEN else i % TOPICS_SEEN
+                nseen = max(nseen, last + 1)
+                seen_off[last], seen_len[last], seen_id[last] = off[i], length[i], hit
+            o[i] = hit
     return out
 
 

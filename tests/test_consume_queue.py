@@ -6,10 +6,12 @@ import os
 import struct
 import time
 
+import numpy as np
 import pytest
 
 from rmqstore import GetMessageStatus as S
-from rmqstore import InvalidArgumentError, Message, MessageStore, StoreConfig
+from rmqstore import InvalidArgumentError, Message, MessageStore, StoreConfig, _cq
+from rmqstore.errors import OutOfRangeError
 
 import reference_codec as ref
 from conftest import SMALL_INDEX
@@ -305,3 +307,29 @@ def test_offset_by_time_boundaries_with_ties(tmp_path, per_file):
         assert s.offset_by_time("Nope", 0, times[0]) == 0
         with pytest.raises(InvalidArgumentError):
             s.offset_by_time("T", 0, times[0], boundary="middle")
+
+
+def _topic_rows(topics):
+    """Raw bytes holding ``topics`` back to back, with their offsets and lengths (int32)."""
+    raw = b"".join(t.encode() for t in topics)
+    lengths = np.array([len(t.encode()) for t in topics], np.int32)
+    return raw, np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32), lengths
+
+
+def test_topic_ids_numbers_topics_in_first_seen_order_past_the_no_gil_cache():
+    # 40 distinct topics, more than topic_ids keeps without the GIL: rotating, repeated, evicted, met again
+    topics = [f"T{(i * 7) % 40}" for i in range(200)] + ["T3", "T3", "Ü", "T39", "Ü"]
+    raw, off, length = _topic_rows(topics)
+    ids, names = {}, ["earlier"]
+    got = _cq.topic_ids(raw, off, length, ids, names)
+    assert [names[i] for i in got.tolist()] == topics
+    assert names[0] == "earlier" and len(names) == 42 and len(set(names)) == 42
+    assert names[1:4] == ["T0", "T7", "T14"]
+    again = _cq.topic_ids(raw, off, length, ids, names)   # a later batch: same numbers, no new names
+    assert again.tolist() == got.tolist() and len(names) == 42
+
+
+def test_topic_ids_refuses_a_topic_outside_the_bytes_even_after_cached_ones():
+    raw, off, length = _topic_rows(["A", "B", "A"])
+    with pytest.raises(OutOfRangeError):
+        _cq.topic_ids(raw, off, np.array([1, 1, 5], np.int32), {}, [])
