@@ -118,9 +118,11 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
         if not common:
             return None
         return common * n, np.arange(n + 1, dtype=np.int64) * len(common)
-    if isinstance(tags, str) and key_rows is None and uniq_key is None:   # the same string on every row
-        row = b"\x02".join(p for p in (common, _pair("TAGS", tags)) if p)
-        return row * n, np.arange(n + 1, dtype=np.int64) * len(row)
+    if isinstance(tags, str):   # the same on every row: part of what every row starts with
+        common = b"\x02".join(p for p in (common, _pair("TAGS", tags)) if p)
+        tag_rows = None
+        if key_rows is None and uniq_key is None:
+            return common * n, np.arange(n + 1, dtype=np.int64) * len(common)
     names, columns = [], []
     if tag_rows is not None:
         names.append("TAGS")

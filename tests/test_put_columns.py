@@ -384,10 +384,11 @@ def test_every_body_kind_same_records_as_put(tmp_path, container):
     bodies = _bodies_of_every_kind()
     with MessageStore(tmp_path / "put", CFG) as s:
         for b in bodies:
-            s.put(Message("T", b, keys="k"), 1)
+            s.put(Message("T", b, tags="TagA", keys="k", properties={"p": "v"}), 1)
         expected = _records(s)
     with MessageStore(tmp_path / "columns", CFG) as s:
-        r = s.put_columns("T", container(bodies), queue_ids=1, keys=["k"] * len(bodies))
+        r = s.put_columns("T", container(bodies), queue_ids=1, tags="TagA", keys=["k"] * len(bodies),
+                          properties={"p": "v"})
         assert _records(s) == expected and r["size"].tolist() == [len(x) for x in expected]
         assert [bytes(m.body) for m in s.scan(check_crc=True)] == [bytes(memoryview(b)) for b in bodies]
 
