@@ -117,6 +117,28 @@ cdef object held_body(object body):
     return view
 
 
+cdef inline void copy_short(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
+    """memcpy for the short fields of a record (hosts, topic, properties): up to 32 bytes as
+    two overlapping fixed-size moves, which the compiler inlines, instead of a library call
+    per field."""
+    if n >= 16:
+        if n > 32:
+            memcpy(dst, src, n)
+            return
+        memcpy(dst, src, 16)
+        memcpy(dst + n - 16, src + n - 16, 16)
+    elif n >= 8:
+        memcpy(dst, src, 8)
+        memcpy(dst + n - 8, src + n - 8, 8)
+    elif n >= 4:
+        memcpy(dst, src, 4)
+        memcpy(dst + n - 4, src + n - 4, 4)
+    elif n > 0:
+        dst[0] = src[0]
+        dst[n // 2] = src[n // 2]
+        dst[n - 1] = src[n - 1]
+
+
 cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
     """Copy ``n`` bytes to ``dst`` and return BODYCRC of the bytes as they stand at ``dst``:
     one pass in cache-sized chunks, each checksummed right after its copy. The CRC so
@@ -156,10 +178,10 @@ cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_l
     rmq_st32(p + 36, h.sys_flag)
     rmq_st64(p + 40, h.born_ts)
     p += 48
-    memcpy(p, born, born_len)
+    copy_short(p, born, born_len)
     p += born_len
     rmq_st64(p, h.store_ts)
-    memcpy(p + 8, store, store_len)
+    copy_short(p + 8, store, store_len)
     p += 8 + store_len
     rmq_st32(p, h.reconsume)
     rmq_st64(p + 4, h.prepared)
@@ -173,7 +195,7 @@ cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_l
     else:
         rmq_st16(p, <int16_t>tlen)
         p += 2
-    memcpy(p, tp, tlen)
+    copy_short(p, tp, tlen)
     return p + tlen
 
 
@@ -430,7 +452,7 @@ cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, ch
                          r.topic[r.tids[i]], r.tlen[r.tids[i]])
         plen = r.po[i + 1] - r.po[i]
         rmq_st16(p, <int16_t>plen)
-        memcpy(p + 2, r.props + r.po[i], plen)
+        copy_short(p + 2, r.props + r.po[i], plen)
         pos += r.sizes[i]
         i += 1
         if seg_base + pos >= warm_mark:
