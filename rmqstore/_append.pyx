@@ -12,6 +12,7 @@ from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThr
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 from rmqstore._cext cimport rmq_crc32, rmq_st16, rmq_st32, rmq_st64
+from rmqstore._copy cimport copy_short
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg
@@ -115,28 +116,6 @@ cdef object held_body(object body):
     except (BufferError, ValueError, TypeError) as e:   # e.g. a strided memoryview or array
         raise InvalidArgumentTypeError(f"body must be one contiguous run of bytes: {e}") from None
     return view
-
-
-cdef inline void copy_short(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
-    """memcpy for the short fields of a record (hosts, topic, properties): up to 32 bytes as
-    two overlapping fixed-size moves, which the compiler inlines, instead of a library call
-    per field."""
-    if n >= 16:
-        if n > 32:
-            memcpy(dst, src, n)
-            return
-        memcpy(dst, src, 16)
-        memcpy(dst + n - 16, src + n - 16, 16)
-    elif n >= 8:
-        memcpy(dst, src, 8)
-        memcpy(dst + n - 8, src + n - 8, 8)
-    elif n >= 4:
-        memcpy(dst, src, 4)
-        memcpy(dst + n - 4, src + n - 4, 4)
-    elif n > 0:
-        dst[0] = src[0]
-        dst[n // 2] = src[n // 2]
-        dst[n - 1] = src[n - 1]
 
 
 cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
