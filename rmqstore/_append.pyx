@@ -287,14 +287,17 @@ cdef const int64_t[::1] int_column(object values, Py_ssize_t n, int64_t lo, int6
 
 
 cdef class BodyRows:
-    """The bodies of a put_columns call as (pointer, length) per row, and what keeps those
-    bytes in place until the call ends: a contiguous column's buffer (``data`` with n + 1
-    ``offsets``), or a sequence of bytes-like items (``offsets`` None), held as our own
+    """The bodies of a put_columns call where they lie, and what keeps those bytes in place
+    until the call ends: a contiguous column's buffer (``data`` with n + 1 ``offsets``,
+    read in place), or a sequence of bytes-like items (``offsets`` None) as (pointer,
+    length) per row, the items held as our own
     tuple; bytes are immutable and any other item is pinned by a buffer export (a
     bytearray cannot be resized meanwhile; its bytes may still change: the CRC is taken
     from the copy). So a list of bytes is copied once, into the mapping."""
-    cdef const char **ptr
+    cdef const char **ptr           # a sequence's items (NULL for a column)
     cdef int64_t *len
+    cdef const char *base           # a column: row i at base + off[i]
+    cdef const int64_t[::1] off
     cdef Py_buffer *views           # per row, where pinned[i]
     cdef char *pinned
     cdef Py_ssize_t n
@@ -302,9 +305,7 @@ cdef class BodyRows:
     cdef const unsigned char[::1] data
 
     def __cinit__(self, data, offsets):
-        cdef const int64_t[::1] o
         cdef Py_ssize_t i
-        cdef const char *base
         cdef tuple items
         cdef object v
         if offsets is None:
@@ -315,19 +316,16 @@ cdef class BodyRows:
             self.n = len(items)
         else:
             self.data = data
-            o = column_offsets(offsets, self.data.shape[0], "body")
-            self.n = o.shape[0] - 1
+            self.off = column_offsets(offsets, self.data.shape[0], "body")
+            self.n = self.off.shape[0] - 1
+            self.base = ""
+            if self.data.shape[0]:
+                self.base = <const char *>&self.data[0]
+            return
         self.ptr = <const char **>malloc(max(self.n, 1) * sizeof(char *))
         self.len = <int64_t *>malloc(max(self.n, 1) * sizeof(int64_t))
         if self.ptr == NULL or self.len == NULL:
             raise MemoryError()
-        if offsets is not None:
-            base = ""
-            if self.data.shape[0]:
-                base = <const char *>&self.data[0]
-            for i in range(self.n):
-                self.ptr[i], self.len[i] = base + o[i], o[i + 1] - o[i]
-            return
         for i in range(self.n):
             v = items[i]
             if PyBytes_CheckExact(v):
@@ -355,6 +353,9 @@ cdef class BodyRows:
     def __len__(self):
         return self.n
 
+    cdef inline int64_t length(self, Py_ssize_t i) noexcept:
+        return self.len[i] if self.ptr != NULL else self.off[i + 1] - self.off[i]
+
     def release(self):
         """Drop the buffer exports (also done when the object goes)."""
         self._release()
@@ -381,8 +382,10 @@ cdef enum:
 
 cdef struct Rows:
     # put_columns' columns as C arrays, row i at index i (see Appender.put_columns)
-    const char **body
+    const char **body               # a sequence's bodies, or NULL: body_base + body_off[i]
     const int64_t *body_len
+    const char *body_base
+    const int64_t *body_off
     const char *props
     const int64_t *po
     const char *hosts
@@ -413,6 +416,8 @@ cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, ch
     cdef int64_t pos = wpos[0], plen
     cdef int32_t born_len, tran
     cdef char *p
+    cdef const char *body
+    cdef int64_t blen
     while i < n and r.sizes[i] + 8 <= seg_size - pos:
         tran = r.sfl[i] & TRANSACTION_MASK
         if tran == TRAN_PREPARED or tran == TRAN_ROLLBACK:
@@ -426,8 +431,12 @@ cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, ch
         h.flag, h.reconsume, h.born_ts = <int32_t>r.flg[i], <int32_t>r.rct[i], r.bts[i] if r.bts[i] else h.store_ts
         h.sys_flag = (<int32_t>r.sfl[i] & ~(BORN_V6 | STORE_V6)) | r.host_bits \
             | (BORN_V6 if born_len == 20 or born_len == 0 and r.hlen == 20 else 0)
+        if r.body != NULL:
+            body, blen = r.body[i], r.body_len[i]
+        else:
+            body, blen = r.body_base + r.body_off[i], r.body_off[i + 1] - r.body_off[i]
         p = write_record(base + pos, h, r.hosts + r.ho[i] if born_len else r.store_host,
-                         born_len if born_len else r.hlen, r.store_host, r.hlen, r.body[i], r.body_len[i],
+                         born_len if born_len else r.hlen, r.store_host, r.hlen, body, blen,
                          r.topic[r.tids[i]], r.tlen[r.tids[i]])
         plen = r.po[i + 1] - r.po[i]
         rmq_st16(p, <int16_t>plen)
@@ -673,7 +682,7 @@ cdef class Appender:
             born_len = <int32_t>(ho[i + 1] - ho[i]) if ho[i + 1] > ho[i] else hlen
             if born_len != 8 and born_len != 20:
                 raise InvalidArgumentError(f"row {i}: a born host packed in {born_len} bytes, not 8 or 20")
-            total = fixed + born_len + tlens[tids[i]] + bodies.len[i] + plen
+            total = fixed + born_len + tlens[tids[i]] + bodies.length(i) + plen
             if total > self.max_size or total + 8 > seg_size:
                 raise MessageTooLargeError(f"row {i}: message of {total} bytes exceeds the limit "
                                            f"({min(self.max_size, seg_size - 8)} bytes)")
@@ -720,7 +729,9 @@ cdef class Appender:
             ts = now_ms()
             h.store_ts, h.prepared, h.version = ts, 0, self.version
             topic_ptrs = np.array([<size_t>PyBytes_AS_STRING(b) for b in encoded], np.uintp)
-            r.body, r.body_len = bodies.ptr, bodies.len
+            r.body, r.body_len, r.body_base = bodies.ptr, bodies.len, bodies.base
+            if bodies.ptr == NULL:
+                r.body_off = &bodies.off[0]
             r.props, r.po = "", &po[0]
             if pd.shape[0]:
                 r.props = <const char *>&pd[0]
