@@ -5,12 +5,14 @@ lock."""
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memchr
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 from rmqstore._cext cimport rmq_crc32, rmq_st16, rmq_st32, rmq_st64
+from rmqstore._copy cimport copy_short
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg
@@ -155,10 +157,10 @@ cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_l
     rmq_st32(p + 36, h.sys_flag)
     rmq_st64(p + 40, h.born_ts)
     p += 48
-    memcpy(p, born, born_len)
+    copy_short(p, born, born_len)
     p += born_len
     rmq_st64(p, h.store_ts)
-    memcpy(p + 8, store, store_len)
+    copy_short(p + 8, store, store_len)
     p += 8 + store_len
     rmq_st32(p, h.reconsume)
     rmq_st64(p + 4, h.prepared)
@@ -172,7 +174,7 @@ cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_l
     else:
         rmq_st16(p, <int16_t>tlen)
         p += 2
-    memcpy(p, tp, tlen)
+    copy_short(p, tp, tlen)
     return p + tlen
 
 
@@ -282,6 +284,169 @@ cdef const int64_t[::1] int_column(object values, Py_ssize_t n, int64_t lo, int6
     if n and (a.min() < lo or a.max() > hi):
         raise InvalidArgumentError(f"{what} must be in [{lo}, {hi}]")
     return np.ascontiguousarray(a, dtype=np.int64)
+
+
+cdef class BodyRows:
+    """The bodies of a put_columns call where they lie, and what keeps those bytes in place
+    until the call ends: a contiguous column's buffer (``data`` with n + 1 ``offsets``,
+    read in place), or a sequence of bytes-like items (``offsets`` None) as (pointer,
+    length) per row, the items held as our own
+    tuple; bytes are immutable and any other item is pinned by a buffer export (a
+    bytearray cannot be resized meanwhile; its bytes may still change: the CRC is taken
+    from the copy). So a list of bytes is copied once, into the mapping."""
+    cdef const char **ptr           # a sequence's items (NULL for a column)
+    cdef int64_t *len
+    cdef const char *base           # a column: row i at base + off[i]
+    cdef const int64_t[::1] off
+    cdef Py_buffer *views           # per row, where pinned[i]
+    cdef char *pinned
+    cdef Py_ssize_t n
+    cdef object keep
+    cdef const unsigned char[::1] data
+
+    def __cinit__(self, data, offsets):
+        cdef Py_ssize_t i
+        cdef tuple items
+        cdef object v
+        if offsets is None:
+            if isinstance(data, (str, bytes, bytearray, memoryview)) or not hasattr(data, "__iter__"):
+                raise InvalidArgumentTypeError(f"bodies must be a sequence of bytes-like objects, "
+                                               f"not {type(data).__name__}")
+            items = self.keep = tuple(data)
+            self.n = len(items)
+        else:
+            self.data = data
+            self.off = column_offsets(offsets, self.data.shape[0], "body")
+            self.n = self.off.shape[0] - 1
+            self.base = ""
+            if self.data.shape[0]:
+                self.base = <const char *>&self.data[0]
+            return
+        self.ptr = <const char **>malloc(max(self.n, 1) * sizeof(char *))
+        self.len = <int64_t *>malloc(max(self.n, 1) * sizeof(int64_t))
+        if self.ptr == NULL or self.len == NULL:
+            raise MemoryError()
+        for i in range(self.n):
+            v = items[i]
+            if PyBytes_CheckExact(v):
+                self.ptr[i], self.len[i] = PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v)
+            else:
+                self._pin(i, v)
+
+    cdef int _pin(self, Py_ssize_t i, object v) except -1:
+        if self.views == NULL:
+            self.views = <Py_buffer *>calloc(self.n, sizeof(Py_buffer))
+            self.pinned = <char *>calloc(self.n, 1)
+            if self.views == NULL or self.pinned == NULL:
+                raise MemoryError()
+        if not isinstance(v, str):
+            try:
+                PyObject_GetBuffer(v, &self.views[i], PyBUF_SIMPLE)   # fails for strided views
+                self.pinned[i] = 1
+            except (BufferError, TypeError, ValueError):
+                pass
+        if not self.pinned[i]:
+            raise InvalidArgumentTypeError(f"bodies: {type(v).__name__} where contiguous bytes are due")
+        self.ptr[i], self.len[i] = <const char *>self.views[i].buf, self.views[i].len
+        return 0
+
+    def __len__(self):
+        return self.n
+
+    cdef inline int64_t length(self, Py_ssize_t i) noexcept:
+        return self.len[i] if self.ptr != NULL else self.off[i + 1] - self.off[i]
+
+    def release(self):
+        """Drop the buffer exports (also done when the object goes)."""
+        self._release()
+
+    cdef void _release(self) noexcept:
+        cdef Py_ssize_t i
+        if self.views != NULL:
+            for i in range(self.n):
+                if self.pinned[i]:
+                    PyBuffer_Release(&self.views[i])
+            free(self.views)
+            free(self.pinned)
+            self.views, self.pinned = NULL, NULL
+
+    def __dealloc__(self):
+        self._release()
+        free(self.ptr)
+        free(self.len)
+
+
+cdef enum:
+    NOGIL_BYTES = 1 << 18     # put_columns releases the GIL to write a batch of at least this many bytes
+
+
+cdef struct Rows:
+    # put_columns' columns as C arrays, row i at index i (see Appender.put_columns)
+    const char **body               # a sequence's bodies, or NULL: body_base + body_off[i]
+    const int64_t *body_len
+    const char *body_base
+    const int64_t *body_off
+    const char *props
+    const int64_t *po
+    const char *hosts
+    const int64_t *ho
+    const int64_t *flg
+    const int64_t *sfl
+    const int64_t *bts
+    const int64_t *rct
+    const int64_t *tids
+    const int32_t *qids
+    const int64_t *slots
+    const int64_t *sizes
+    int64_t *next_off               # next queue offset per (topic, queue) slot
+    int64_t *qoffs
+    int64_t *phys
+    const char **topic
+    const int64_t *tlen
+    const char *store_host
+    int32_t hlen, host_bits
+
+
+cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, char *base, int64_t seg_base,
+                          int64_t seg_size, int64_t *wpos, int64_t warm_mark) noexcept nogil:
+    """Write rows ``i``.. at ``base + *wpos`` while they fit in the segment (a record and an
+    8-byte BLANK), stopping after the row that reaches ``warm_mark``; returns the next
+    row and leaves ``*wpos`` past the last record written. Takes each row's queue offset
+    (PREPARED / ROLLBACK: 0, not advancing)."""
+    cdef int64_t pos = wpos[0], plen
+    cdef int32_t born_len, tran
+    cdef char *p
+    cdef const char *body
+    cdef int64_t blen
+    while i < n and r.sizes[i] + 8 <= seg_size - pos:
+        tran = r.sfl[i] & TRANSACTION_MASK
+        if tran == TRAN_PREPARED or tran == TRAN_ROLLBACK:
+            r.qoffs[i] = 0
+        else:
+            r.qoffs[i] = r.next_off[r.slots[i]]
+            r.next_off[r.slots[i]] += 1
+        born_len = <int32_t>(r.ho[i + 1] - r.ho[i])
+        r.phys[i] = seg_base + pos
+        h.phy, h.total, h.queue_offset, h.queue_id = r.phys[i], r.sizes[i], r.qoffs[i], r.qids[i]
+        h.flag, h.reconsume, h.born_ts = <int32_t>r.flg[i], <int32_t>r.rct[i], r.bts[i] if r.bts[i] else h.store_ts
+        h.sys_flag = (<int32_t>r.sfl[i] & ~(BORN_V6 | STORE_V6)) | r.host_bits \
+            | (BORN_V6 if born_len == 20 or born_len == 0 and r.hlen == 20 else 0)
+        if r.body != NULL:
+            body, blen = r.body[i], r.body_len[i]
+        else:
+            body, blen = r.body_base + r.body_off[i], r.body_off[i + 1] - r.body_off[i]
+        p = write_record(base + pos, h, r.hosts + r.ho[i] if born_len else r.store_host,
+                         born_len if born_len else r.hlen, r.store_host, r.hlen, body, blen,
+                         r.topic[r.tids[i]], r.tlen[r.tids[i]])
+        plen = r.po[i + 1] - r.po[i]
+        rmq_st16(p, <int16_t>plen)
+        copy_short(p + 2, r.props + r.po[i], plen)
+        pos += r.sizes[i]
+        i += 1
+        if seg_base + pos >= warm_mark:
+            break
+    wpos[0] = pos
+    return i
 
 
 cdef inline int64_t now_ms() noexcept nogil:
@@ -443,12 +608,13 @@ cdef class Appender:
         finally:
             PyThread_release_lock(self._lock)
 
-    def put_columns(self, list topics not None, topic_ids, body_data not None, body_offsets not None,
+    def put_columns(self, list topics not None, topic_ids, body_data not None, body_offsets,
                     props_data=None, props_offsets=None, queue_ids=None, *, flag=None, sys_flag=None,
                     born_timestamp=None, reconsume_times=None, born_host_data=None, born_host_offsets=None):
         """Append ``n`` messages from columns, with no Python object per message: row i goes
         to ``topics[topic_ids[i]]`` (``topic_ids`` None: all to ``topics[0]``), its body is
-        ``body_data[body_offsets[i]:body_offsets[i + 1]]`` and its properties string
+        ``body_data[body_offsets[i]:body_offsets[i + 1]]`` (``body_offsets`` None: item i of
+        the sequence ``body_data``, copied from where it is, see BodyRows) and its properties string
         (RocketMQ's ``name\\x01value\\x02...``, checked by the caller) likewise from
         ``props_data``/``props_offsets`` (None: none). ``queue_ids``: None (round robin per
         topic), an int, or ``n`` ints (-1: that row round robin). Optional ``n`` ints each
@@ -458,11 +624,12 @@ cdef class Appender:
         packed (8 or 20 bytes) as a column like the bodies (None, or 0 bytes: the store
         host). One store timestamp, one lock; all or nothing: every size and queue id
         is checked, and every segment the batch rolls into is made, before the first record
-        is written. Returns numpy arrays (phy_offset, size, queue_id, queue_offset)."""
-        cdef const unsigned char[::1] bd = body_data
+        is written. The records are written with the GIL released, in runs that end where
+        the segment ends or the warm mark is passed. Returns numpy arrays (phy_offset,
+        size, queue_id, queue_offset)."""
+        cdef BodyRows bodies = BodyRows(body_data, body_offsets)
         cdef const unsigned char[::1] pd = props_data if props_data is not None else b""
-        cdef const int64_t[::1] bo = column_offsets(body_offsets, bd.shape[0], "body")
-        cdef Py_ssize_t n = bo.shape[0] - 1, i, nt = len(topics), tlen
+        cdef Py_ssize_t n = bodies.n, i, j, nt = len(topics), tlen
         cdef const int64_t[::1] po
         cdef const int64_t[::1] flg = int_column(flag, n, -0x80000000, 0x7FFFFFFF, "flag")
         cdef const int64_t[::1] sfl = int_column(sys_flag, n, 0, 0x7FFFFFFF, "sys_flag")
@@ -475,9 +642,10 @@ cdef class Appender:
             raise InvalidArgumentError(f"{ho.shape[0] - 1} born hosts for {n} bodies")
         cdef const int64_t[::1] tids = int_column(topic_ids, n, 0, nt - 1, "topic_ids")
         cdef const char *store_p = PyBytes_AS_STRING(self.store_host)
-        cdef int32_t hlen = <int32_t>len(self.store_host), born_len, q, t = 0, tran
+        cdef int32_t hlen = <int32_t>len(self.store_host), born_len
         cdef int32_t host_bits = STORE_V6 if hlen == 20 else 0
-        cdef int64_t fixed, plen, total, ts, wpos, seg_size = self.segments.file_size
+        cdef int64_t fixed, plen, total, ts, wpos, seg_size = self.segments.file_size, batch_bytes = 0
+        cdef Rows r
         cdef list names = [], encoded = [], states = []
         cdef const int64_t[::1] slots
         cdef int64_t[::1] next_off
@@ -485,9 +653,7 @@ cdef class Appender:
         cdef int64_t[::1] tlens = np.empty(len(topics), np.int64)
         cdef _TopicState st
         cdef MappedSegment seg
-        cdef const char *empty = ""
         cdef RecordHead h
-        cdef char *p
         sizes_a, phys_a = np.empty(n, np.int64), np.empty(n, np.int64)
         qids_a, qoffs_a = np.empty(n, np.int32), np.empty(n, np.int64)
         cdef int64_t[::1] sizes = sizes_a, phys = phys_a, qoffs = qoffs_a
@@ -516,11 +682,12 @@ cdef class Appender:
             born_len = <int32_t>(ho[i + 1] - ho[i]) if ho[i + 1] > ho[i] else hlen
             if born_len != 8 and born_len != 20:
                 raise InvalidArgumentError(f"row {i}: a born host packed in {born_len} bytes, not 8 or 20")
-            total = fixed + born_len + tlens[tids[i]] + bo[i + 1] - bo[i] + plen
+            total = fixed + born_len + tlens[tids[i]] + bodies.length(i) + plen
             if total > self.max_size or total + 8 > seg_size:
                 raise MessageTooLargeError(f"row {i}: message of {total} bytes exceeds the limit "
                                            f"({min(self.max_size, seg_size - 8)} bytes)")
             sizes[i] = total
+            batch_bytes += total
         if queue_ids is not None and not isinstance(queue_ids, int):
             qids_a[:] = int_column(queue_ids, n, -1, 0x7FFFFFFF, "queue_ids")
         else:
@@ -561,7 +728,21 @@ cdef class Appender:
             self._make_room(sizes_a)
             ts = now_ms()
             h.store_ts, h.prepared, h.version = ts, 0, self.version
-            for i in range(n):
+            topic_ptrs = np.array([<size_t>PyBytes_AS_STRING(b) for b in encoded], np.uintp)
+            r.body, r.body_len, r.body_base = bodies.ptr, bodies.len, bodies.base
+            if bodies.ptr == NULL:
+                r.body_off = &bodies.off[0]
+            r.props, r.po = "", &po[0]
+            if pd.shape[0]:
+                r.props = <const char *>&pd[0]
+            r.hosts, r.ho = <const char *>&hd[0], &ho[0]
+            r.flg, r.sfl, r.bts, r.rct, r.tids = &flg[0], &sfl[0], &bts[0], &rct[0], &tids[0]
+            r.qids, r.slots, r.sizes, r.next_off, r.qoffs, r.phys = &qids[0], &slots[0], &sizes[0], \
+                &next_off[0], &qoffs[0], &phys[0]
+            r.topic, r.tlen = <const char **><size_t>topic_ptrs.ctypes.data, &tlens[0]
+            r.store_host, r.hlen, r.host_bits = store_p, hlen, host_bits
+            i = 0
+            while i < n:
                 wpos = seg.wrote_pos
                 if sizes[i] + 8 > seg.m.size - wpos:
                     if seg.m.size - wpos >= 8:
@@ -569,32 +750,19 @@ cdef class Appender:
                         rmq_st32(seg.m.base + wpos + 4, C_BLANK)
                     seg.wrote_pos = seg.m.size
                     seg = self.seg = self.segments.roll()
-                    wpos = 0
+                    continue
                 if seg.m.readonly or seg.closing or seg.unmapped:
                     raise StoreClosedError(f"{seg.path}: segment not writable")
-                t, q = tids[i], qids[i]
-                tran = sfl[i] & TRANSACTION_MASK
-                if tran == TRAN_PREPARED or tran == TRAN_ROLLBACK:
-                    qoffs[i] = 0
+                if batch_bytes >= NOGIL_BYTES:
+                    with nogil:
+                        j = write_run(&r, &h, i, n, seg.m.base, seg.base_offset, seg.m.size, &wpos, self.warm_mark)
                 else:
-                    qoffs[i] = next_off[slots[i]]
-                    next_off[slots[i]] += 1
-                born_len = <int32_t>(ho[i + 1] - ho[i])
-                phys[i] = seg.base_offset + wpos
-                h.phy, h.total, h.queue_offset, h.queue_id = phys[i], sizes[i], qoffs[i], q
-                h.flag, h.reconsume, h.born_ts = <int32_t>flg[i], <int32_t>rct[i], bts[i] if bts[i] else ts
-                h.sys_flag = (<int32_t>sfl[i] & ~(BORN_V6 | STORE_V6)) | host_bits \
-                    | (BORN_V6 if born_len == 20 or born_len == 0 and hlen == 20 else 0)
-                p = write_record(seg.m.base + wpos, &h, <const char *>&hd[0] + ho[i] if born_len else store_p,
-                                 born_len if born_len else hlen, store_p, hlen,
-                                 <const char *>&bd[0] + bo[i] if bd.shape[0] else empty, bo[i + 1] - bo[i],
-                                 PyBytes_AS_STRING(encoded[t]), tlens[t])
-                rmq_st16(p, <int16_t>(po[i + 1] - po[i]))
-                memcpy(p + 2, <const char *>&pd[0] + po[i] if pd.shape[0] else empty, po[i + 1] - po[i])
-                seg.wrote_pos = wpos + sizes[i]
+                    j = write_run(&r, &h, i, n, seg.m.base, seg.base_offset, seg.m.size, &wpos, self.warm_mark)
+                seg.wrote_pos = wpos
                 seg.store_timestamp = ts
-                if phys[i] + sizes[i] >= self.warm_mark:
+                if seg.base_offset + wpos >= self.warm_mark:
                     self.warm(seg)
+                i = j
         finally:
             if next_a is not None:   # the offsets taken, also by rows written before an error
                 for k, first, nxt in zip(keys_a.tolist(), first_a.tolist(), next_a.tolist()):

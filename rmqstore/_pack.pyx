@@ -1,5 +1,5 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""A list of bytes packed as a column, as ``put_columns`` takes bodies: one bytes object
+"""A list of bytes packed as a column, as ``put_columns`` takes born hosts: one bytes object
 holding them all and int64 offsets (row i is ``data[off[i]:off[i + 1]]``), in one C pass."""
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE

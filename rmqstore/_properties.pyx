@@ -11,7 +11,8 @@ as the store's ``generate_uniq_key`` stamps ``put``'s messages."""
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memchr, memcmp, memcpy
+from libc.string cimport memcmp, memcpy
+from rmqstore._copy cimport copy_short
 import numpy as np
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -29,11 +30,13 @@ def properties_rows(bytes common not None, list names not None, list columns not
     cdef Py_ssize_t i, j, vl, nc = len(columns), cl = len(common)
     cdef int64_t row, pos
     cdef const char *vp
+    cdef const char *cp = PyBytes_AS_STRING(common)
     cdef char *out
     cdef list col
     offsets = np.zeros(n + 1, np.int64)
     cdef int64_t[::1] off = offsets
     cdef list name_bytes = [name.encode() for name in names]
+    cdef int64_t[::1] name_len = np.array([len(b) for b in name_bytes] or [0], np.int64)
     for col in columns:
         if len(col) != n:
             raise InvalidArgumentError(f"{len(col)} values for {n} messages")
@@ -46,13 +49,13 @@ def properties_rows(bytes common not None, list names not None, list columns not
             if type(v) is not str and convert is not None:
                 v = (<list>columns[j])[i] = convert(names[j], v)
             vp = _checked_text(v, names[j], &vl)
-            row += (1 if row else 0) + len(<bytes>name_bytes[j]) + 1 + vl
+            row += (1 if row else 0) + name_len[j] + 1 + vl
         off[i + 1] = off[i] + row
     data = PyBytes_FromStringAndSize(NULL, off[n])
     out = PyBytes_AS_STRING(data)
     for i in range(n):
         pos = off[i]
-        memcpy(out + pos, PyBytes_AS_STRING(common), cl)
+        copy_short(out + pos, cp, cl)
         pos += cl
         for j in range(nc):
             v = (<list>columns[j])[i]
@@ -62,10 +65,10 @@ def properties_rows(bytes common not None, list names not None, list columns not
             if pos > off[i]:
                 out[pos] = 2
                 pos += 1
-            memcpy(out + pos, PyBytes_AS_STRING(name_bytes[j]), len(<bytes>name_bytes[j]))
-            pos += len(<bytes>name_bytes[j])
+            copy_short(out + pos, PyBytes_AS_STRING(name_bytes[j]), name_len[j])
+            pos += name_len[j]
             out[pos] = 1
-            memcpy(out + pos + 1, vp, vl)
+            copy_short(out + pos + 1, vp, vl)
             pos += 1 + vl
     return data, offsets
 
@@ -78,7 +81,7 @@ cdef const char *_checked_text(object v, str what, Py_ssize_t *n) except NULL:
         p = PyUnicode_AsUTF8AndSize(v, n)
     except UnicodeEncodeError:
         raise InvalidArgumentError(f"{what} {v!r}: not valid Unicode text (a lone surrogate?)") from None
-    if memchr(p, 1, n[0]) or memchr(p, 2, n[0]):
+    if not clean(p, n[0]):
         raise InvalidArgumentError(f"a {what} value holds a \\x01/\\x02 separator")
     return p
 

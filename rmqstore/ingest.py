@@ -61,28 +61,22 @@ def _arrow_binary(values: Any) -> Column | None:
     return col
 
 
-def binary_column(values: Any, what: str) -> Column:
-    """``values`` (a sequence of bytes-like objects, or an Arrow binary array) as a column."""
+def body_column(values: Any) -> tuple[Any, np.ndarray | None]:
+    """Bodies as the kernel takes them: an Arrow binary array as a column (data, offsets),
+    a sequence of bytes-like objects as (a tuple of them, None): the kernel copies each
+    from where it lies (_append.BodyRows), so a list of bytes is copied once."""
     col = _arrow_binary(values)
     if col is not None:
         return col
     if isinstance(values, (str, bytes, bytearray, memoryview)) or not hasattr(values, "__iter__"):
-        raise InvalidArgumentTypeError(f"{what} must be a sequence of bytes-like objects, not {type(values).__name__}")
-    packed = _pack.pack_bytes(values) if type(values) is list else None   # the common case, in C
-    if packed is not None:
-        return packed
-    views = []
-    for v in values:
-        try:
-            m = memoryview(v) if not isinstance(v, str) else None
-        except TypeError:
-            m = None
-        if m is None or not m.c_contiguous:
-            raise InvalidArgumentTypeError(f"{what}: {type(v).__name__} where contiguous bytes are due")
-        views.append(m)
-    offsets = np.zeros(len(views) + 1, np.int64)
-    np.cumsum([m.nbytes for m in views], out=offsets[1:])
-    return b"".join(views), offsets
+        raise InvalidArgumentTypeError(f"bodies must be a sequence of bytes-like objects, not {type(values).__name__}")
+    return tuple(values), None
+
+
+def rows_of(column: tuple[Any, np.ndarray | None]) -> int:
+    """Rows of a body column (see body_column)."""
+    data, offsets = column
+    return len(data) if offsets is None else len(offsets) - 1
 
 
 def _text(name: str, v: Any) -> str:
@@ -124,9 +118,11 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
         if not common:
             return None
         return common * n, np.arange(n + 1, dtype=np.int64) * len(common)
-    if isinstance(tags, str) and key_rows is None and uniq_key is None:   # the same string on every row
-        row = b"\x02".join(p for p in (common, _pair("TAGS", tags)) if p)
-        return row * n, np.arange(n + 1, dtype=np.int64) * len(row)
+    if isinstance(tags, str):   # the same on every row: part of what every row starts with
+        common = b"\x02".join(p for p in (common, _pair("TAGS", tags)) if p)
+        tag_rows = None
+        if key_rows is None and uniq_key is None:
+            return common * n, np.arange(n + 1, dtype=np.int64) * len(common)
     names, columns = [], []
     if tag_rows is not None:
         names.append("TAGS")
@@ -239,8 +235,8 @@ def host_column(values: Any, n: int) -> Column | None:
     else:
         rows = _per_row(values, n, "born hosts") or []
         packed_of: dict[str, bytes] = {}
-        col = binary_column([b"" if h is None else packed_of.get(h) or packed_of.setdefault(h, pack_host(
-            _text("born_host", h))) for h in rows], "born_host")
+        col = _pack.pack_bytes([b"" if h is None else packed_of.get(h) or packed_of.setdefault(h, pack_host(
+            _text("born_host", h))) for h in rows])   # every item bytes
     if len(col[1]) != n + 1:
         raise InvalidArgumentError(f"{len(col[1]) - 1} born hosts for {n} messages")
     return col
@@ -332,7 +328,7 @@ def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tupl
     delayed = [row for row, level in delays if topic_names[topic_ids[row]] != SCHEDULE_TOPIC and _delays(level)
                and gets_cq_entry(0 if fields["sys_flag"] is None else int(fields["sys_flag"][row]))]
     queue_ids = int_column(col("queue_id"), n, "queue_ids", -1, 0) if "queue_id" in names else None
-    return (topic_names, topic_ids, binary_column(col("body"), "body"), (data, offsets) if len(data) else None,
+    return (topic_names, topic_ids, body_column(col("body")), (data, offsets) if len(data) else None,
             queue_ids, fields, delayed)
 
 

@@ -481,8 +481,8 @@ class MessageStore:
         self._check_open()
         if properties is not None and "DELAY" in properties:
             raise InvalidArgumentError("put_columns does not delay messages: put them one by one with DELAY")
-        body = ingest.binary_column(bodies, "bodies")
-        n = len(body[1]) - 1
+        body = ingest.body_column(bodies)
+        n = ingest.rows_of(body)
         names, ids = ingest.topic_column(topic, n)
         props = ingest.properties_column(n, tags, keys, properties, self.commitlog.uniq_key)
         fields = ingest.message_fields(n, flag, sys_flag, born_timestamp, born_host, reconsume_times)

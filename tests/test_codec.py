@@ -341,3 +341,19 @@ def test_parse_msg_id_rejects(bad):
 def test_pack_host_rejects(bad):
     with pytest.raises(InvalidArgumentError):
         _record.pack_host(bad)
+
+
+@given(st.lists(st.sampled_from(["TAGS", "TAGSX", "XTAGS", "TAG", "KEYS", "\x01", "\x02", "A", "b c", "值"]),
+                max_size=14))
+@settings(max_examples=400, deadline=None)
+def test_tags_code_of_any_properties_string_matches_reference(parts):
+    """The kernel's property lookup (the consume-queue tags code) on properties strings with
+    repeated, empty, prefixed and separator-holding pairs, against RocketMQ's map rules in
+    the reference parser (last non-empty value wins)."""
+    props = "".join(parts).encode()
+    raw = bytearray(ref.encode_record("T", b"body", {}))
+    assert raw[-2:] == b"\0\0"
+    raw[-2:] = struct.pack(">h", len(props)) + props
+    raw[0:4] = struct.pack(">i", len(raw))
+    tags = ref.parse_properties(props).get("TAGS")
+    assert _read.decode_bytes(bytes(raw), 0, True).tags_code == (ref.java_hash(tags) if tags else 0)
