@@ -296,7 +296,7 @@ class MessageStore:
         if self.index is not None and type(self).query_by_key is MessageStore.query_by_key:
             self.query_by_key = _index.KeyLookup(   # type: ignore[method-assign]
                 self._gate, self.index, self.commitlog.segments, _arg_checks(inspect.unwrap(MessageStore.query_by_key)),
-                self.config.max_msgs_num_batch).query_by_key
+                cfg.max_msgs_num_batch).query_by_key
 
     def _recover(self, progress: Progress | None = None) -> None:
         cfg = self.config
