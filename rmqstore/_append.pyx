@@ -33,8 +33,8 @@ cdef Py_ssize_t props_length(dict props) except -1:
     for k, v in props.items():
         if v is None:
             continue
-        if type(k) is not str or type(v) is not str:
-            raise InvalidArgumentError(f"property {k!r}: names and values must be str")
+        if not isinstance(k, str) or not isinstance(v, str):    # a subclass by its value, as its UTF-8 below
+            raise InvalidArgumentTypeError(f"property {k!r}: names and values must be str")
         try:
             kp = PyUnicode_AsUTF8AndSize(k, &kl)
             vp = PyUnicode_AsUTF8AndSize(v, &vl)

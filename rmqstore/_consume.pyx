@@ -38,10 +38,10 @@ cdef class QueueReader:
 
     def get_messages(self, topic, queue_id, offset, max_count=32, tags=None):
         """MessageStore.get_messages (see its documentation)."""
-        self.checks.run((topic, queue_id, offset, max_count, tags), None)
+        cdef tuple a = self.checks.run((topic, queue_id, offset, max_count, tags), None)
         self.gate.enter()
         try:
-            return self.read(topic, queue_id, offset, max_count, tags)
+            return self.read(a[0], a[1], a[2], a[3], a[4])
         finally:
             self.gate.leave()
 

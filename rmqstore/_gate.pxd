@@ -13,4 +13,4 @@ cdef class ArgChecks:
     cdef Py_ssize_t *pos         # argument position and kind of each check
     cdef int *kinds
     cdef list names, funcs
-    cdef int run(self, tuple args, dict kwargs) except -1
+    cdef tuple run(self, tuple args, dict kwargs)

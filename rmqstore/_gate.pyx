@@ -83,7 +83,9 @@ cdef inline bint passes(int kind, object v) noexcept:
 cdef class ArgChecks:
     """The argument checks of a store method, from (position, name, kind, check(name,
     value)) tuples: run() checks the arguments given (positional or by keyword), the
-    common valid kinds passing without a call."""
+    common valid kinds passing without a call. A check returns the value the method is
+    to see (a str subclass as a str, an ``__index__`` integer as an int), which takes
+    the argument's place."""
 
     def __cinit__(self, list checks not None):
         cdef Py_ssize_t j
@@ -102,10 +104,13 @@ cdef class ArgChecks:
         free(self.kinds)
 
     def __call__(self, tuple args not None, dict kwargs=None):
-        self.run(args, kwargs)
+        return self.run(args, kwargs)
 
-    cdef int run(self, tuple args, dict kwargs) except -1:
+    cdef tuple run(self, tuple args, dict kwargs):
+        """``args`` checked, or a copy holding the values the checks changed; a changed
+        keyword argument is replaced in ``kwargs``."""
         cdef Py_ssize_t j, n = len(args)
+        cdef list changed = None
         for j in range(self.n):
             if self.pos[j] < n:
                 v = args[self.pos[j]]
@@ -113,9 +118,18 @@ cdef class ArgChecks:
                 v = kwargs[self.names[j]]
             else:
                 continue
-            if not passes(self.kinds[j], v):
-                self.funcs[j](self.names[j], v)
-        return 0
+            if passes(self.kinds[j], v):
+                continue
+            w = self.funcs[j](self.names[j], v)
+            if w is v:
+                continue
+            if self.pos[j] < n:
+                if changed is None:
+                    changed = list(args)
+                changed[self.pos[j]] = w
+            else:
+                kwargs[self.names[j]] = w
+        return args if changed is None else tuple(changed)
 
 
 def gated(method, ArgChecks checks not None):
@@ -123,7 +137,7 @@ def gated(method, ArgChecks checks not None):
     arguments checked first: the whole wrapper in C."""
     def run(self, *args, **kwargs):
         cdef Gate gate
-        checks.run(args, kwargs)
+        args = checks.run(args, kwargs)
         gate = self._gate
         gate.enter()
         try:

@@ -17,7 +17,7 @@ so it terminates on any input."""
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_FromObject
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcmp, memcpy, memset
@@ -441,6 +441,7 @@ cdef class IndexFiles:
         cdef bint *pinned = stack_pins
         cdef int32_t h
         limits(topic, max_num, begin, end, cap, &mn, &b, &e)
+        topic = PyUnicode_FromObject(topic)     # a str subclass as the str the read-back compares
         check_key(key)
         if mn == 0:
             return []
@@ -496,6 +497,7 @@ cdef class IndexFiles:
         cdef char *buf
         cdef int32_t *hs
         limits(topic, max_num, begin, end, cap, &mn, &b, &e)
+        topic = PyUnicode_FromObject(topic)     # a str subclass as the str the read-back compares
         keys = list(keys)       # ours: the str objects, whose UTF-8 the GIL-free passes read, stay alive
         PyObject_GC_UnTrack(<void *>keys)   # a temporary: collections need not walk it
         nk = len(keys)
@@ -576,11 +578,11 @@ cdef class KeyLookup:
     def query_by_key(self, topic, key, max_num=64, begin=0, end=None):
         """MessageStore.query_by_key (see its documentation)."""
         cdef IndexFiles view
-        self.checks.run((topic, key, max_num, begin, end), None)
+        cdef tuple a = self.checks.run((topic, key, max_num, begin, end), None)
         self.gate.enter()
         try:
             view = self.index.view
-            return view._query(topic, key, max_num, begin, end, self.cap, self.segments.segments)
+            return view._query(a[0], a[1], a[2], a[3], a[4], self.cap, self.segments.segments)
         finally:
             self.gate.leave()
 

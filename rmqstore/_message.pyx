@@ -97,6 +97,85 @@ cdef class Message:
         self.prepared_transaction_offset = int_arg("prepared_transaction_offset", prepared_transaction_offset,
                                                    0, 0x7FFFFFFFFFFFFFFF)
 
+    # the fields, set as __init__ sets them (the put path reads them in C)
+    @property
+    def topic(self):
+        return self.topic
+
+    @topic.setter
+    def topic(self, v):
+        self.topic = text_arg("topic", v)
+
+    @property
+    def body(self):
+        return self.body
+
+    @body.setter
+    def body(self, v):
+        self.body = body_arg(v)
+
+    @property
+    def properties(self):
+        return self.properties
+
+    @properties.setter
+    def properties(self, v):
+        if not isinstance(v, dict):
+            raise InvalidArgumentTypeError(f"properties must be a dict of str to str, not {type(v).__name__}")
+        self.properties = v     # its names and values are checked when the message is put
+
+    @property
+    def flag(self):
+        return self.flag
+
+    @flag.setter
+    def flag(self, v):
+        self.flag = int_arg("flag", v, -0x80000000, 0x7FFFFFFF)
+
+    @property
+    def sys_flag(self):
+        return self.sys_flag
+
+    @sys_flag.setter
+    def sys_flag(self, v):
+        self.sys_flag = int_arg("sys_flag", v, 0, 0x7FFFFFFF)
+
+    @property
+    def born_timestamp(self):
+        return self.born_timestamp
+
+    @born_timestamp.setter
+    def born_timestamp(self, v):
+        self.born_timestamp = int_arg("born_timestamp", v, 0, 0x7FFFFFFFFFFFFFFF)
+
+    @property
+    def born_host_packed(self):
+        return self.born_host_packed
+
+    @born_host_packed.setter
+    def born_host_packed(self, v):
+        if v is not None and type(v) is not bytes:
+            raise InvalidArgumentTypeError(f"born_host_packed must be bytes or None, not {type(v).__name__}")
+        if v is not None and len(v) not in (8, 20):
+            raise InvalidArgumentError(f"born_host_packed must be 8 (IPv4) or 20 (IPv6) bytes, not {len(v)}")
+        self.born_host_packed = v
+
+    @property
+    def reconsume_times(self):
+        return self.reconsume_times
+
+    @reconsume_times.setter
+    def reconsume_times(self, v):
+        self.reconsume_times = int_arg("reconsume_times", v, 0, 0x7FFFFFFF)
+
+    @property
+    def prepared_transaction_offset(self):
+        return self.prepared_transaction_offset
+
+    @prepared_transaction_offset.setter
+    def prepared_transaction_offset(self, v):
+        self.prepared_transaction_offset = int_arg("prepared_transaction_offset", v, 0, 0x7FFFFFFFFFFFFFFF)
+
     @property
     def tags(self):
         return self.properties.get("TAGS")

@@ -80,9 +80,10 @@ def rows_of(column: tuple[Any, np.ndarray | None]) -> int:
 
 
 def _text(name: str, v: Any) -> str:
-    if type(v) is not str:
+    """``v`` as a plain str (a str subclass by its value, not its __str__)."""
+    if not isinstance(v, str):
         raise InvalidArgumentTypeError(f"{name} must be str, not {type(v).__name__}")
-    return v
+    return v if type(v) is str else str.__str__(v)
 
 
 def _pair(name: str, value: str) -> bytes:
@@ -97,7 +98,7 @@ def _per_row(values: Any, n: int, what: str) -> list[Any] | None:
     if values is None:
         return None
     if isinstance(values, str):
-        return [values] * n
+        return [_text(what, values)] * n
     if hasattr(values, "to_pylist"):
         values = values.to_pylist()
     if len(values) != n:
@@ -119,7 +120,7 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
             return None
         return common * n, np.arange(n + 1, dtype=np.int64) * len(common)
     if isinstance(tags, str):   # the same on every row: part of what every row starts with
-        common = b"\x02".join(p for p in (common, _pair("TAGS", tags)) if p)
+        common = b"\x02".join(p for p in (common, _pair("TAGS", _text("tags", tags))) if p)
         tag_rows = None
         if key_rows is None and uniq_key is None:
             return common * n, np.arange(n + 1, dtype=np.int64) * len(common)
@@ -133,13 +134,16 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
     if uniq_key is not None:
         names.append("UNIQ_KEY")
         columns.append([uniq_key() for _ in range(n)])
-    data, offsets = _properties.properties_rows(common, names, columns, n, _joined_keys)
+    data, offsets = _properties.properties_rows(common, names, columns, n, _row_text)
     return data, offsets
 
 
-def _joined_keys(name: str, value: Any) -> Any:
-    """A row's KEYS given as a sequence of str, as the str it is stored as (other values
-    as they are: the kernel refuses them)."""
+def _row_text(name: str, value: Any) -> Any:
+    """A row's value that is not a plain str as the str it is stored as: a str subclass by
+    its value, KEYS given as a sequence of str joined by spaces (other values as they are:
+    the kernel refuses them)."""
+    if isinstance(value, str):
+        return _text(name, value)
     if name != "KEYS" or isinstance(value, (bytes, bytearray)) or not hasattr(value, "__iter__"):
         return value
     return " ".join(_text("key", x) for x in value)

@@ -142,8 +142,7 @@ def _checked(method: F) -> F:
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        checks(args, kwargs)
-        return method(self, *args, **kwargs)
+        return method(self, *checks(args, kwargs), **kwargs)
     return run  # type: ignore[return-value]
 
 

@@ -46,6 +46,45 @@ def test_bad_arguments_are_invalid_argument_errors(store, name):
     assert bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
 
 
+class Name(str):
+    """A str subclass (as enum.StrEnum members are) that hides its value behind __str__."""
+
+    def __str__(self):
+        return "not the value"
+
+
+class Index:
+    """An integer that is no int (numpy's are alike): it has __index__."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+def _lookalike(v):
+    if type(v) is str:
+        return Name(v)
+    if type(v) is int:
+        return Index(v)
+    return v
+
+
+@pytest.mark.parametrize("name", sorted(set(CALLS) - {"put", "verify", "clean_expired", "rebuild", "commit_offset"}))
+def test_str_subclasses_and_index_integers_are_taken_as_their_values(store, name):
+    """Arguments the checks accept as str or int (a str subclass, an object with
+    __index__) give the answer their plain values give, whichever path runs the call."""
+    def answer(args):
+        try:
+            r = getattr(store, name)(*args)
+            return repr(list(r) if hasattr(r, "__next__") else r)
+        except StoreError as e:
+            return f"{type(e).__name__}: {e}"
+
+    assert answer([_lookalike(v) for v in CALLS[name]]) == answer(CALLS[name])
+
+
 @pytest.mark.parametrize("position", range(4))
 def test_bad_constructor_arguments(tmp_path, position):
     good = [str(tmp_path / "s"), StoreConfig(warm_mapped_file=False), False, None]

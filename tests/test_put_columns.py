@@ -53,8 +53,26 @@ def _other_kinds(bodies, keys):
     return bodies, keys
 
 
+class Name(str):
+    """A str subclass (as enum.StrEnum members are) whose __str__ is not its value."""
+
+    def __str__(self):
+        return "not the value"
+
+
+def _named(v):
+    """``v`` with every str in it (also in lists and dict keys/values) as a Name."""
+    if isinstance(v, str):
+        return Name(v)
+    if isinstance(v, list):
+        return [_named(x) for x in v]
+    if isinstance(v, dict):
+        return {Name(k): _named(x) for k, x in v.items()}
+    return v
+
+
 @pytest.mark.parametrize("queues", ["round-robin", "given"])
-@pytest.mark.parametrize("kinds", ["lists of bytes and str", "other sequences"])
+@pytest.mark.parametrize("kinds", ["lists of bytes and str", "other sequences", "str subclasses"])
 def test_same_records_as_put(tmp_path, queues, kinds):
     topics, bodies, tags, keys = _rows(120)
     qids = None if queues == "round-robin" else [i % 4 for i in range(120)]
@@ -64,9 +82,12 @@ def test_same_records_as_put(tmp_path, queues, kinds):
             s.put(Message(topics[i], bodies[i], tags=tags[i], keys=keys[i], properties=props),
                   None if qids is None else qids[i])
         expected = _records(s)
-    col_bodies, col_keys = (bodies, keys) if kinds == "lists of bytes and str" else _other_kinds(bodies, keys)
+    col_bodies, col_keys = (bodies, keys) if kinds != "other sequences" else _other_kinds(bodies, keys)
+    col_topics, col_tags, col_props = topics, tags, props
+    if kinds == "str subclasses":
+        col_topics, col_tags, col_keys, col_props = _named(topics), _named(tags), _named(keys), _named(props)
     with MessageStore(tmp_path / "columns", CFG) as s:
-        r = s.put_columns(topics, col_bodies, queue_ids=qids, tags=tags, keys=col_keys, properties=props)
+        r = s.put_columns(col_topics, col_bodies, queue_ids=qids, tags=col_tags, keys=col_keys, properties=col_props)
         assert _records(s) == expected
         assert len(r["phy_offset"]) == 120 and int(r["phy_offset"][-1] + r["size"][-1]) == s.max_phy_offset
         s.wait_dispatched()
@@ -75,6 +96,18 @@ def test_same_records_as_put(tmp_path, queues, kinds):
             assert (m.topic, m.queue_id, m.queue_offset) == (topics[i], r["queue_id"][i], r["queue_offset"][i])
             got = s.get_messages(topics[i], int(r["queue_id"][i]), int(r["queue_offset"][i]), 1).messages[0]
             assert bytes(got.body) == bodies[i]
+
+
+def test_one_str_subclass_for_every_row_is_stored_by_its_value(tmp_path):
+    """tags and keys given once for all rows as str subclasses: stored as put stores the
+    plain values (not their __str__, and a keys string not taken as a sequence)."""
+    with MessageStore(tmp_path / "put", CFG) as s:
+        for body in (b"a", b"b"):
+            s.put(Message("T", body, tags="x", keys="k1 k2"), 0)
+        expected = _records(s)
+    with MessageStore(tmp_path / "columns", CFG) as s:
+        s.put_columns(Name("T"), [b"a", b"b"], queue_ids=0, tags=Name("x"), keys=Name("k1 k2"))
+        assert _records(s) == expected
 
 
 def test_queue_offsets_continue_across_put_and_put_columns(tmp_path):

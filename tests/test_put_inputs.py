@@ -53,8 +53,8 @@ CHILD = textwrap.dedent("""
                             ("body", memoryview(b"strided")[::2]),
                             ("body", __import__("numpy").zeros((4, 4), "u1")[:, 1])):
             old = getattr(m, attr)
-            setattr(m, attr, value)
-            try:
+            try:     # refused when set, or else when put
+                setattr(m, attr, value)
                 s.put(m)
             except InvalidArgumentError:
                 pass
@@ -192,7 +192,7 @@ def test_a_batch_writes_what_was_checked(tmp_path):
     class Meddler:   # stands in for the warmer; the appender calls it after the first record
         def submit(self, *args):
             msgs[1].body = b"x" * (1 << 20)           # over max_message_size
-            msgs[1].born_host_packed = b"\0" * 3     # not a packed host
+            msgs[1].born_host_packed = bytes([10, 0, 0, 9, 0, 0, 0, 1])   # another host (a bad one is refused when set)
             msgs[1].properties["q"] = "2"
             try:
                 first.extend(b"more")
@@ -231,3 +231,32 @@ def test_put_batch_is_all_or_nothing(tmp_path_factory, n, where, bad):
         assert not s.query_by_key("T", "k0")
         after = s.put(Message("T", b"after"))
         assert after.phy_offset == before.phy_offset + before.size
+
+
+class _Name(str):
+    def __str__(self):
+        return "not the value"
+
+
+@pytest.mark.parametrize("attr, good, bad", [
+    ("topic", "U", [None, 5, b"T", "\ud800"]),
+    ("body", b"new", [None, "text", 7]),
+    ("properties", {"a": "1"}, [None, [("a", "1")], "a=1"]),
+    ("flag", -5, [None, 1.5, True, "1", 1 << 31]),
+    ("sys_flag", 4, [None, -1, 1 << 31]),
+    ("born_timestamp", 123, [None, -1, 1 << 63, 1.5]),
+    ("born_host_packed", bytes([10, 0, 0, 9, 0, 0, 0, 1]), [b"abc", "10.0.0.9:1", bytearray(8)]),
+    ("reconsume_times", 2, [None, -1, 1 << 31]),
+    ("prepared_transaction_offset", 9, [None, -1, 1 << 63]),
+])
+def test_message_fields_set_are_checked_as_the_constructor_checks_them(attr, good, bad):
+    """Setting a Message field takes what Message() takes (a str subclass by its value) and
+    refuses the rest with InvalidArgumentError, never a bare TypeError/OverflowError."""
+    m = Message("T", b"x")
+    for v in bad:
+        with pytest.raises(InvalidArgumentError):
+            setattr(m, attr, v)
+    setattr(m, attr, good)
+    assert getattr(m, attr) == good
+    m.topic = _Name("V")
+    assert type(m.topic) is str and m.topic == "V"
