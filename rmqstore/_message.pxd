@@ -2,16 +2,16 @@
 from libc.stdint cimport int32_t, int64_t
 from rmqstore._record cimport RecView
 
-cdef class Message:          # each field a property whose setter checks the value as __init__ does
-    cdef str topic
-    cdef object body
-    cdef dict properties
-    cdef int32_t flag
-    cdef int32_t sys_flag
-    cdef int64_t born_timestamp
-    cdef bytes born_host_packed
-    cdef int32_t reconsume_times
-    cdef int64_t prepared_transaction_offset
+cdef class Message:          # a field set from Python is checked as __init__ checks it (__setattr__)
+    cdef public str topic
+    cdef public object body
+    cdef public dict properties
+    cdef public int32_t flag
+    cdef public int32_t sys_flag
+    cdef public int64_t born_timestamp
+    cdef public bytes born_host_packed
+    cdef public int32_t reconsume_times
+    cdef public int64_t prepared_transaction_offset
 
 cdef class PutResult:
     cdef readonly int64_t phy_offset

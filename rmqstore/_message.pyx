@@ -6,6 +6,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyObject_CheckBuffer
+from cpython.object cimport PyObject_GenericSetAttr
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcmp
 from rmqstore._layout cimport C_MAGIC_V1, REC_OK, TRANSACTION_MASK
@@ -97,84 +98,11 @@ cdef class Message:
         self.prepared_transaction_offset = int_arg("prepared_transaction_offset", prepared_transaction_offset,
                                                    0, 0x7FFFFFFFFFFFFFFF)
 
-    # the fields, set as __init__ sets them (the put path reads them in C)
-    @property
-    def topic(self):
-        return self.topic
-
-    @topic.setter
-    def topic(self, v):
-        self.topic = text_arg("topic", v)
-
-    @property
-    def body(self):
-        return self.body
-
-    @body.setter
-    def body(self, v):
-        self.body = body_arg(v)
-
-    @property
-    def properties(self):
-        return self.properties
-
-    @properties.setter
-    def properties(self, v):
-        if not isinstance(v, dict):
-            raise InvalidArgumentTypeError(f"properties must be a dict of str to str, not {type(v).__name__}")
-        self.properties = v     # its names and values are checked when the message is put
-
-    @property
-    def flag(self):
-        return self.flag
-
-    @flag.setter
-    def flag(self, v):
-        self.flag = int_arg("flag", v, -0x80000000, 0x7FFFFFFF)
-
-    @property
-    def sys_flag(self):
-        return self.sys_flag
-
-    @sys_flag.setter
-    def sys_flag(self, v):
-        self.sys_flag = int_arg("sys_flag", v, 0, 0x7FFFFFFF)
-
-    @property
-    def born_timestamp(self):
-        return self.born_timestamp
-
-    @born_timestamp.setter
-    def born_timestamp(self, v):
-        self.born_timestamp = int_arg("born_timestamp", v, 0, 0x7FFFFFFFFFFFFFFF)
-
-    @property
-    def born_host_packed(self):
-        return self.born_host_packed
-
-    @born_host_packed.setter
-    def born_host_packed(self, v):
-        if v is not None and type(v) is not bytes:
-            raise InvalidArgumentTypeError(f"born_host_packed must be bytes or None, not {type(v).__name__}")
-        if v is not None and len(v) not in (8, 20):
-            raise InvalidArgumentError(f"born_host_packed must be 8 (IPv4) or 20 (IPv6) bytes, not {len(v)}")
-        self.born_host_packed = v
-
-    @property
-    def reconsume_times(self):
-        return self.reconsume_times
-
-    @reconsume_times.setter
-    def reconsume_times(self, v):
-        self.reconsume_times = int_arg("reconsume_times", v, 0, 0x7FFFFFFF)
-
-    @property
-    def prepared_transaction_offset(self):
-        return self.prepared_transaction_offset
-
-    @prepared_transaction_offset.setter
-    def prepared_transaction_offset(self, v):
-        self.prepared_transaction_offset = int_arg("prepared_transaction_offset", v, 0, 0x7FFFFFFFFFFFFFFF)
+    def __setattr__(self, name, value):
+        """A field takes what __init__ takes (a str subclass as its str, an __index__
+        integer as an int), or InvalidArgumentError."""
+        check = FIELD_CHECKS.get(name)
+        PyObject_GenericSetAttr(self, name, value if check is None else check(value))
 
     @property
     def tags(self):
@@ -186,6 +114,38 @@ cdef class Message:
 
     def __repr__(self):
         return f"Message(topic={self.topic!r}, body={len(self.body)} bytes, properties={self.properties!r})"
+
+
+def _properties_field(v):
+    if not isinstance(v, dict):
+        raise InvalidArgumentTypeError(f"properties must be a dict of str to str, not {type(v).__name__}")
+    return v     # its names and values are checked when the message is put
+
+
+def _packed_host_field(v):
+    if v is not None and type(v) is not bytes:
+        raise InvalidArgumentTypeError(f"born_host_packed must be bytes or None, not {type(v).__name__}")
+    if v is not None and len(v) not in (8, 20):
+        raise InvalidArgumentError(f"born_host_packed must be 8 (IPv4) or 20 (IPv6) bytes, not {len(v)}")
+    return v
+
+
+def _int_field(name, lo, hi):
+    return lambda v: int_arg(name, v, lo, hi)
+
+
+# Message's fields: the check of a value set from Python, the ranges as in Message.__init__
+cdef dict FIELD_CHECKS = {
+    "topic": lambda v: text_arg("topic", v),
+    "body": lambda v: body_arg(v),
+    "properties": _properties_field,
+    "born_host_packed": _packed_host_field,
+    "flag": _int_field("flag", -0x80000000, 0x7FFFFFFF),
+    "sys_flag": _int_field("sys_flag", 0, 0x7FFFFFFF),
+    "born_timestamp": _int_field("born_timestamp", 0, 0x7FFFFFFFFFFFFFFF),
+    "reconsume_times": _int_field("reconsume_times", 0, 0x7FFFFFFF),
+    "prepared_transaction_offset": _int_field("prepared_transaction_offset", 0, 0x7FFFFFFFFFFFFFFF),
+}
 
 
 @cython.no_gc
