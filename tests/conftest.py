@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+# before any test imports grpc: see rmqstore/endpoint/__init__.py (Spark's JVM launch, a
+# forked child, could otherwise die of gRPC's fork handlers)
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 FIXTURES = Path(os.environ.get("RMQSTORE_FIXTURES", Path(__file__).resolve().parents[2] / "shared" / "fixtures"))
 if not FIXTURES.is_dir():
     FIXTURES = Path("/work/shared/fixtures")

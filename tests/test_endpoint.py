@@ -268,3 +268,31 @@ def test_fifo_push_consumer_keeps_group_order(tmp_path):
             pc.shutdown()
     for g in range(2):
         assert order[f"g{g}"] == [f"{g}:{i}".encode() for i in range(g, 20, 2)]
+
+
+CHILDREN = """
+import os, subprocess, sys
+os.environ.pop("GRPC_ENABLE_FORK_SUPPORT", None)
+from rmqstore import MessageStore
+from rmqstore.endpoint import Endpoint
+import grpc
+with MessageStore(sys.argv[1]) as store:
+    ep = Endpoint(store, "127.0.0.1:0")
+    grpc.channel_ready_future(grpc.insecure_channel(ep.address)).result(timeout=10)
+    failed = sum(subprocess.Popen(["/bin/sh", "-c", "exit 0"], stdin=subprocess.PIPE,
+                                  preexec_fn=lambda: None).wait() != 0 for _ in range(300))
+    ep.stop()
+print("failed", failed)
+"""
+
+
+def test_children_forked_beside_a_running_endpoint_live(tmp_path):
+    """A process serving the endpoint can still start programs the way PySpark starts its
+    JVM (fork, close descriptors, exec): gRPC's fork handlers, on by default, killed about
+    2% of such children."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in __import__("os").environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    p = subprocess.run([sys.executable, "-c", CHILDREN, str(tmp_path / "s")], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.split() == ["failed", "0"], (p.stdout, p.stderr[-2000:])
