@@ -112,7 +112,7 @@ cdef inline Py_ssize_t token_end(const char *p, Py_ssize_t i, Py_ssize_t end) no
 cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *buf,
                      int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
     """Index keys of one DISPATCH_DTYPE row: UNIQ_KEY, then every non-empty space-separated
-    KEYS token, written to the outputs. Returns how many."""
+    KEYS token, written to the outputs (``tss`` may be NULL: no timestamps). Returns how many."""
     cdef int64_t phy = d.phy_offset
     cdef int32_t sys_flag = d.sys_flag
     cdef int64_t ts = d.store_timestamp
@@ -129,7 +129,8 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *
     if find_property(props, plen, b"UNIQ_KEY", 8, &voff, &vlen):
         hashes[n] = build_hash(topic, tlen, props + voff, vlen, buf)
         phys[n] = phy
-        tss[n] = ts
+        if tss != NULL:
+            tss[n] = ts
         n += 1
     if find_property(props, plen, b"KEYS", 4, &voff, &vlen):
         i = voff
@@ -138,7 +139,8 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *
             if j > i:
                 hashes[n] = build_hash(topic, tlen, props + i, j - i, buf)
                 phys[n] = phy
-                tss[n] = ts
+                if tss != NULL:
+                    tss[n] = ts
                 n += 1
             i = j + 1
     return n

@@ -48,6 +48,7 @@ from rmqstore.maintenance.verify import verify as verify_components
 from rmqstore.offsets import ConsumerOffsets
 from rmqstore.recovery import recover_commitlog
 from rmqstore.segments import detect_file_size
+from rmqstore.shared_lock import SharedLock
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], object]
@@ -205,7 +206,7 @@ class MessageStore:
         self._lock_fd: int | None = None
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
-        self._maintenance = threading.Lock()   # verify and rebuild: one at a time (rebuild swaps the dispatcher)
+        self._maintenance = SharedLock()   # verifies run together, a rebuild (it swaps the dispatcher) alone
         self._gate = _gate.Gate(self.path, self._check_open)   # see _gate.pyx; put and put_batch pass it too
         self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
         store_dir(self.path, not read_only, cfg.dir_mode)
@@ -822,7 +823,8 @@ class MessageStore:
         """Check the whole store (rules in maintenance/verify.py): records and CRCs, consume
         queues and index against the commitlog, checkpoint times. Changes nothing; returns
         a VerifyReport listing at most ``max_problems``. ``progress(nbytes)`` is called
-        after each commitlog segment."""
+        after each commitlog segment. Verifies in several threads run at once; a rebuild
+        waits for them."""
         self._check_open()
         if max_problems < 0:
             raise InvalidArgumentError(f"max_problems must be >= 0, got {max_problems}")
@@ -831,7 +833,7 @@ class MessageStore:
             self._stop_if_closing()
             if progress is not None:
                 progress(nbytes)
-        with self._maintenance:
+        with self._maintenance.shared():
             if not self.read_only:
                 self.dispatcher.wait_dispatched()
             return verify_components(self.commitlog.segments, self.consume_queues, self.index, self.checkpoint,
@@ -845,7 +847,7 @@ class MessageStore:
         ``progress(nbytes)`` follows the dispatch. Returns the commitlog bytes dispatched;
         raises CorruptRecordError where a bad record stops it."""
         self._check_writable()
-        with self._maintenance, self.commitlog.lock, self._logics_lock:
+        with self._maintenance.exclusive(), self.commitlog.lock, self._logics_lock:
             self.dispatcher.stop()
             start = self.commitlog.min_offset
             self.consume_queues, self.index, self._cq_builder, d = fresh_logics(

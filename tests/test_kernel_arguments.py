@@ -10,7 +10,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
-    from rmqstore import _append, _arrow, _columns, _cq, _index, _message, _read, _record
+    from rmqstore import _append, _arrow, _columns, _cq, _index, _message, _read, _record, _verify
     from rmqstore._segment import MappedSegment, fault_point, inject_fault
     from rmqstore.errors import StoreError
     from rmqstore.segments import SegmentQueue
@@ -38,6 +38,7 @@ SCRIPT = textwrap.dedent("""
         (_read.scan_messages, (seg, 0, seg.wrote_pos, True, 8, 1 << 20)), (_read.Flatten, ([[1]],)),
         (_read.decode_bytes, (seg.read(0, seg.wrote_pos),)), (_read.scan_segment, (seg, 0, seg.wrote_pos, True)),
         (_read.scan_dispatch, (seg, 0, seg.wrote_pos)),
+        (_verify.segment_columns, (seg, seg.wrote_pos, 1, {}, [], True)),
         (_columns.decode_batch, (seg, 0, seg.wrote_pos)), (_columns.decode_entries, (segs, entries)),
         (_record.crc32_body, (b"x",)), (_record.java_hash, ("x",)), (_record.msg_id, (host, 0)),
         (_record.parse_msg_id, ("00" * 16,)), (_record.properties_from, (b"A\\x01B", 0, 3)),

@@ -5,7 +5,6 @@ import threading
 import time
 
 from rmqstore import _columns, _read
-from rmqstore.maintenance.verify import verify
 
 from .peers import QUEUES, TOPIC, StoreCase
 
@@ -56,10 +55,7 @@ class StoreGIL(StoreCase):
     thread (time_loop) and by two at once (time_parallel). On 2 free cores the parallel run
     should take about half as long; track_speedup reports loop / parallel (medians of 5
     rounds after a warm-up, the order alternating between rounds). Only meaningful on a
-    machine with THREADS idle cores.
-
-    ``verify`` runs the verification store.verify() runs: store.verify() itself holds the
-    store's maintenance lock (one verify or rebuild at a time), so two calls would queue."""
+    machine with THREADS idle cores. Verifies run at once (only a rebuild waits for them)."""
     params = [["query_keys", "read_queue_columns", "verify"]]
     param_names = ["call"]
 
@@ -72,9 +68,7 @@ class StoreGIL(StoreCase):
         elif call == "read_queue_columns":
             self.work = lambda: [s.read_queue_columns(TOPIC, q) for q in range(QUEUES)]
         else:
-            self.work = lambda: verify(s.commitlog.segments, s.consume_queues, s.index, s.checkpoint,
-                                       s.config.delay_levels_ms(), read_only=s.read_only,
-                                       clean_shutdown=s.clean_shutdown)
+            self.work = s.verify
 
     def time_loop(self, call):
         for _ in range(THREADS):

@@ -35,9 +35,10 @@ import numpy as np
 import rmqstore._cq as _cq
 import rmqstore._index as _index
 import rmqstore._read as _read
+import rmqstore._verify as _verify
 from rmqstore import _record
-from rmqstore.dispatch import DispatchBatch, cq_tags
-from rmqstore.topics import is_safe_dirname
+from rmqstore.dispatch import deliver_time
+from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 
 if TYPE_CHECKING:
     from rmqstore.checkpoint import Checkpoint
@@ -48,10 +49,8 @@ if TYPE_CHECKING:
 
 Status = _record.Status
 _STEP_OVER = (Status.CRC, Status.PLACE)     # statuses naming one bad record, which can be stepped over
-_CHUNK_BYTES = 1 << 20       # record bytes per dispatch-scan call
 _WORKERS = min(4, len(os.sched_getaffinity(0)))
-_COLUMNS = {"phy": np.int64, "size": np.int32, "queue_id": np.int32, "queue_offset": np.int64, "tags": np.int64,
-            "topic": np.int32, "cq": bool, "key_hash": np.int32, "key_phy": np.int64}
+_COLUMNS = dict(_verify.ROW_COLUMNS + _verify.KEY_COLUMNS)
 
 
 @dataclass
@@ -92,13 +91,13 @@ class VerifyReport:
 class _Segment:
     """Step 1 for one commitlog segment (runs on a worker thread): its problems as
     (kind, path, offset, message) tuples, its record count and the columns of its messages
-    (``_collect``), with topic numbers local to the segment (``names``)."""
+    (``_collect``: ``cols``), with topic numbers local to the segment (``names``)."""
 
     def __init__(self, seg, limit, last, delays, with_keys):
         self.seg, self.delays, self.with_keys = seg, delays, with_keys
         self.problems = []
         self.records = 0
-        self.parts = {k: [] for k in _COLUMNS}
+        self.cols = {}
         self.numbers, self.names = {}, []
         self.max_store_ts = 0
         end, status = self._scan(limit)
@@ -130,41 +129,34 @@ class _Segment:
         return end, status
 
     def _collect(self, end):
-        """Index the records, about ``_CHUNK_BYTES`` of them per kernel call (a larger
-        copy costs fresh pages, a smaller one calls)."""
-        pos, per_call = 0, 256
-        while pos < end:
-            rows, raw, nxt, status = _read.scan_dispatch(self.seg, pos, end, per_call)
-            if len(rows):
-                self._add(rows, raw)
-                per_call = max(16, _CHUNK_BYTES * len(rows) // len(raw))
-            if status is not Status.END or nxt <= pos:
-                break
-            pos = nxt
+        """The columns of the records before ``end`` (one kernel pass over the mapping)."""
+        self.cols, self.max_store_ts = _verify.segment_columns(self.seg, end, self.records, self.numbers,
+                                                               self.names, self.with_keys)   # GIL released
+        self._schedule_tags(end)
+        self._unsafe_topics()
 
-    def _add(self, rows, raw):
-        batch = DispatchBatch(rows, raw, self.numbers, self.names)
-        p = self.parts
-        p["phy"].append(rows["phy_offset"])
-        p["size"].append(rows["size"])
-        p["queue_id"].append(rows["queue_id"])
-        p["queue_offset"].append(rows["queue_offset"])
-        p["tags"].append(cq_tags(batch, self.delays))
-        p["topic"].append(batch.topic_ids)
-        cq = _record.gets_cq_entry(rows["sys_flag"])
-        unsafe = [i for i, name in enumerate(batch.topic_names) if not is_safe_dirname(name)]
-        if unsafe:          # dispatch gives these no entry (dispatch.ConsumeQueueBuilder)
-            bad = np.isin(batch.topic_ids, unsafe)
-            for phy, t in zip(rows["phy_offset"][bad].tolist(), batch.topic_ids[bad].tolist(), strict=True):
-                self.problem(phy, f"record at commitlog offset {phy}: topic {batch.topic_names[t]!r} cannot "
-                             "name a consume-queue directory")
-            cq &= ~bad
-        p["cq"].append(cq)
-        if self.with_keys:
-            hashes, phys, _ = _index.extract_keys(raw, rows)
-            p["key_hash"].append(hashes)
-            p["key_phy"].append(phys)
-        self.max_store_ts = max(self.max_store_ts, int(rows["store_timestamp"].max()))
+    def _schedule_tags(self, end):
+        """A SCHEDULE_TOPIC_XXXX message's tags code is its delivery time (dispatch.cq_tags)."""
+        if SCHEDULE_TOPIC not in self.names:
+            return
+        seg, cols = self.seg, self.cols
+        tags = cols["tags"]
+        for i in np.flatnonzero(cols["topic"] == self.names.index(SCHEDULE_TOPIC)).tolist():
+            m = _read.decode_record(seg, int(cols["phy"][i]) - seg.base_offset, end)
+            tags[i] = deliver_time(m.properties.get("DELAY"), m.store_timestamp, int(tags[i]), self.delays)
+
+    def _unsafe_topics(self):
+        """Records whose topic cannot name a consume-queue directory: dispatch gives them no
+        entry (dispatch.ConsumeQueueBuilder); each is a problem."""
+        unsafe = [i for i, name in enumerate(self.names) if not is_safe_dirname(name)]
+        if not unsafe:
+            return
+        cols = self.cols
+        bad = np.isin(cols["topic"], unsafe)
+        for phy, t in zip(cols["phy"][bad].tolist(), cols["topic"][bad].tolist(), strict=True):
+            self.problem(phy, f"record at commitlog offset {phy}: topic {self.names[t]!r} cannot "
+                         "name a consume-queue directory")
+        cols["cq"] &= ~bad
 
     def _segment_end(self, end, status, last, limit):
         seg = self.seg
@@ -196,14 +188,15 @@ class _Records:
     ``key_hash`` / ``key_phy``."""
 
     def __init__(self, segments, end):
-        self.topic_names, numbers = [], {}
+        numbers = {}
         for sg in segments:   # segment-local topic numbers -> store-wide ones
-            remap = np.array([numbers.setdefault(n, len(numbers)) for n in sg.names] or [0], np.int32)
-            sg.parts["topic"] = [remap[t] for t in sg.parts["topic"]]
+            remap = np.array([numbers.setdefault(n, len(numbers)) for n in sg.names], np.int32)
+            if not np.array_equal(remap, np.arange(len(remap))):
+                sg.cols["topic"] = remap[sg.cols["topic"]]
         self.topic_names = list(numbers)
         for k, dtype in _COLUMNS.items():
-            parts = [a for sg in segments for a in sg.parts[k]]
-            setattr(self, k, np.concatenate(parts) if parts else np.empty(0, dtype))
+            parts = [sg.cols[k] for sg in segments]
+            setattr(self, k, parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, dtype))
         self.max_store_ts = max((sg.max_store_ts for sg in segments), default=0)
         if len(self.phy) and self.phy[-1] >= end:
             keep = self.phy < end
@@ -251,28 +244,37 @@ class _Verifier:
 
     # -- 1. commitlog -------------------------------------------------------------------------
     def commitlog(self, end, progress):
-        """Segments on worker threads (the kernels release the GIL), results in order."""
+        """Step 1 over every segment (``_checked``), results in order."""
         segs = self.segments.segments
         jobs = [(seg, seg.size if self.read_only else min(seg.size, end - seg.base_offset), k == len(segs) - 1)
                 for k, seg in enumerate(segs)]
         done = []
-        keys = self.index_service is not None
-        with ThreadPoolExecutor(_WORKERS, thread_name_prefix="rmq-verify") as pool:
-            segments = pool.map(lambda job: _Segment(*job, self.delays, keys), jobs)
-            for (seg, limit, _), sg in zip(jobs, segments, strict=True):
-                for p in sg.problems:
-                    self.problem(*p)
-                self.rep.segments += 1
-                self.rep.records += sg.records
-                self.rep.bytes += limit
-                done.append(sg)
-                if progress is not None:
-                    progress(seg.size)
+        for (seg, limit, _), sg in zip(jobs, self._checked(jobs), strict=True):
+            for p in sg.problems:
+                self.problem(*p)
+            self.rep.segments += 1
+            self.rep.records += sg.records
+            self.rep.bytes += limit
+            done.append(sg)
+            if progress is not None:
+                progress(seg.size)
         if self.read_only:   # check everything on disk, also past where a writer's recovery would cut
-            end = max([end] + [int(sg.parts["phy"][-1][-1] + sg.parts["size"][-1][-1])
-                               for sg in done if sg.parts["phy"] and len(sg.parts["phy"][-1])])
+            end = max([end] + [int(sg.cols["phy"][-1] + sg.cols["size"][-1]) for sg in done if len(sg.cols["phy"])])
         self.recs = _Records(done, end)
         return end
+
+    def _checked(self, jobs):
+        """A _Segment per job, in order: on worker threads when there are several (the
+        kernels release the GIL), on this one for one (no thread to start)."""
+        keys = self.index_service is not None
+
+        def check(job):
+            return _Segment(*job, self.delays, keys)
+        if len(jobs) < 2:
+            yield from map(check, jobs)
+            return
+        with ThreadPoolExecutor(_WORKERS, thread_name_prefix="rmq-verify") as pool:
+            yield from pool.map(check, jobs)
 
     # -- 2. consume queues ----------------------------------------------------------------------
     def consume_queues(self, end):
