@@ -124,6 +124,28 @@ def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:
     return out
 
 
+cdef inline Py_ssize_t lower_bound(const int64_t *a, Py_ssize_t n, int64_t x, Py_ssize_t hint) noexcept nogil:
+    """The first index of ascending ``a[:n]`` whose value is >= ``x`` (``n`` when none),
+    galloping out from ``hint``: a queue's entries come in commitlog order, so each is
+    found a few messages after the one before."""
+    cdef Py_ssize_t lo = 0, hi = n, step = 1, mid
+    if hint < n and a[hint] < x:
+        lo = hint + 1
+        while hint + step < n and a[hint + step] < x:
+            lo = hint + step + 1
+            step *= 2
+        hi = min(hint + step, n)
+    elif hint < n:
+        hi = hint
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 def check_entries(cnp.ndarray entries not None, int64_t end, int32_t topic, int32_t queue_id, int64_t first,
                   const int64_t[:] phy not None, const int32_t[:] size not None, const int32_t[:] topics not None,
                   const int32_t[:] queue_ids not None, const int64_t[:] queue_offsets not None,
@@ -134,7 +156,7 @@ def check_entries(cnp.ndarray entries not None, int64_t end, int32_t topic, int3
     topic, queue, queue offset and tags code that gets an entry; such messages are marked
     in ``covered``. Returns (indexes of the entries that fail, the index of the message at
     their offset or -1) as int64 arrays."""
-    cdef Py_ssize_t n, k, nrec = phy.shape[0], nbad = 0, lo, hi, mid
+    cdef Py_ssize_t n, k, nrec = phy.shape[0], nbad = 0, lo = 0
     cdef const CqEntry *e
     if entries.dtype != ENTRY_DTYPE or entries.ndim != 1 or not entries.flags.c_contiguous:
         raise InvalidArgumentError("entries must be a contiguous 1-d array of ENTRY_DTYPE")
@@ -151,13 +173,7 @@ def check_entries(cnp.ndarray entries not None, int64_t end, int32_t topic, int3
         for k in range(n):
             if e[k].size == HOLE or e[k].phy_offset >= end:
                 continue
-            lo, hi = 0, nrec
-            while lo < hi:          # the first message at or after the entry's offset
-                mid = (lo + hi) >> 1
-                if phy[mid] < e[k].phy_offset:
-                    lo = mid + 1
-                else:
-                    hi = mid
+            lo = lower_bound(&phy[0], nrec, e[k].phy_offset, lo)    # the first message at or after the entry
             if lo < nrec and phy[lo] == e[k].phy_offset:
                 if size[lo] == e[k].size and topics[lo] == topic and queue_ids[lo] == queue_id \
                         and queue_offsets[lo] == first + k and tags[lo] == e[k].tags_code and gets_entry[lo]:

@@ -1,10 +1,12 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """verify's kernel: the columns of a commitlog segment's messages (what consume queues and
 index files are checked against), read in one pass over the mapping with the GIL released.
-It copies no record bytes and takes the GIL back only for a topic it has not met before."""
+It copies no record bytes and takes the GIL back only for a topic it has not met before;
+its arrays (megabytes: unmapping them takes a while) are freed with the GIL released too."""
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp
 import numpy as np
 cimport numpy as cnp
@@ -105,10 +107,35 @@ cdef int point(Columns *c, dict cols) except -1:
     return 0
 
 
+cdef void free_released(object capsule) noexcept:
+    """Capsule destructor: free the memory of an ``empty`` array with the GIL released."""
+    cdef void *p = PyCapsule_GetPointer(capsule, NULL)
+    with nogil:
+        free(p)
+
+
+def empty(Py_ssize_t n, dtype):
+    """An uninitialised 1-d array of ``n`` values of ``dtype`` whose memory is freed with
+    the GIL released (np.empty frees it holding the GIL)."""
+    dt = np.dtype(dtype)
+    cdef cnp.npy_intp dims = n
+    cdef void *p = malloc(max(n, 1) * dt.itemsize)
+    if p == NULL:
+        raise MemoryError()
+    try:
+        owner = PyCapsule_New(p, NULL, free_released)
+    except BaseException:
+        free(p)
+        raise
+    arr = cnp.PyArray_SimpleNewFromData(1, &dims, dt.num, p)
+    cnp.set_array_base(arr, owner)
+    return arr
+
+
 def _grow(dict cols, spec, Py_ssize_t used, Py_ssize_t cap):
     """Give the columns of ``spec`` room for ``cap`` values, keeping the first ``used``."""
     for name, dtype in spec:
-        grown = np.empty(cap, dtype)
+        grown = empty(cap, dtype)
         grown[:used] = cols[name][:used]
         cols[name] = grown
 
@@ -134,8 +161,8 @@ def segment_columns(MappedSegment seg not None, int64_t end, Py_ssize_t count, d
     cdef bint more = True, oom = False
     cdef const char *p
     count = max(count, 16)
-    cols = {name: np.empty(count, dtype) for name, dtype in ROW_COLUMNS}
-    cols.update({name: np.empty(count * 2 if with_keys else 0, dtype) for name, dtype in KEY_COLUMNS})
+    cols = {name: empty(count, dtype) for name, dtype in ROW_COLUMNS}
+    cols.update({name: empty(count * 2 if with_keys else 0, dtype) for name, dtype in KEY_COLUMNS})
     c.rows = c.keys = c.max_ts = 0
     c.row_cap, c.key_cap = count, len(cols["key_hash"])
     seen.n = seen.last = 0

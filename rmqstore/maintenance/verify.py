@@ -195,8 +195,7 @@ class _Records:
                 sg.cols["topic"] = remap[sg.cols["topic"]]
         self.topic_names = list(numbers)
         for k, dtype in _COLUMNS.items():
-            parts = [sg.cols[k] for sg in segments]
-            setattr(self, k, parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, dtype))
+            setattr(self, k, _joined([sg.cols[k] for sg in segments], dtype))
         self.max_store_ts = max((sg.max_store_ts for sg in segments), default=0)
         if len(self.phy) and self.phy[-1] >= end:
             keep = self.phy < end
@@ -205,6 +204,11 @@ class _Records:
         if len(self.key_phy) and self.key_phy[-1] >= end:
             keep = self.key_phy < end
             self.key_hash, self.key_phy = self.key_hash[keep], self.key_phy[keep]
+
+
+def _joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """``parts`` as one array (itself when there is one)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
 def _slot(f: Any, s: int) -> int:
@@ -347,7 +351,7 @@ class _Verifier:
         if not files:
             self.lag(len(np.unique(self.recs.key_phy)))
             return
-        got_hash, got_phy = np.concatenate(got_hash), np.concatenate(got_phy)
+        got_hash, got_phy = _joined(got_hash, np.int32), _joined(got_phy, np.int64)
         self.rep.index_entries = len(got_hash)
         self._index_sequence(files, got_hash, got_phy)
 
@@ -387,7 +391,7 @@ class _Verifier:
             self.problem("index", path, ent_at + 20 * i, f"{path}: entry {i} points at commitlog offset {phy[i - 1]}, "
                          f"before entry {i - 1}'s {phy[i - 2]}")
         keep = (phy < end) & (phy >= self.segments.min_offset)   # below: removed by retention
-        return hashes[keep], phy[keep]
+        return (hashes, phy) if keep.all() else (hashes[keep], phy[keep])
 
     def _index_sequence(self, files, got_hash, got_phy):
         """The entries equal the keys dispatch derives from the commitlog (from the first

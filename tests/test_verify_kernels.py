@@ -1,10 +1,14 @@
-"""_verify.segment_columns, verify's one GIL-free pass over a commitlog segment, against the
-pure-Python reference codec: every record's columns and index keys, on RocketMQ's fixture
-stores and on stores written here (delayed, PREPARED and ROLLBACK messages, many topics,
-many keys, a broken record), whatever room it is told to expect."""
+"""verify's kernels. _verify.segment_columns, its one GIL-free pass over a commitlog segment,
+against the pure-Python reference codec: every record's columns and index keys, on
+RocketMQ's fixture stores and on stores written here (delayed, PREPARED and ROLLBACK
+messages, many topics, many keys, a broken record), whatever room it is told to expect.
+_cq.check_entries (its galloping search) against np.searchsorted, entries in any order."""
+import gc
+
+import numpy as np
 import pytest
 
-from rmqstore import Message, MessageStore, StoreConfig, _verify
+from rmqstore import Message, MessageStore, StoreConfig, _cq, _verify
 
 import reference_codec as ref
 from conftest import CLEAN_498, V2_533
@@ -120,3 +124,53 @@ def test_stops_at_a_broken_record(tmp_path):
         cols, _ = _verify.segment_columns(seg, seg.size, 1, {}, [], True)
     assert cols["phy"].tolist() == [m["phy_offset"] for m in records[:5]]
     assert cols["key_phy"].tolist() == [m["phy_offset"] for m in records[:5] for _ in range(2)]
+
+
+def test_empty_arrays_live_as_long_as_their_views():
+    a = _verify.empty(1000, np.int64)
+    a[:] = np.arange(1000)
+    view = a[10:13]
+    del a
+    gc.collect()
+    assert view.tolist() == [10, 11, 12]
+    assert _verify.empty(0, np.bool_).shape == (0,)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_check_entries_finds_what_searchsorted_finds(seed):
+    """Messages at random ascending offsets, one queue's entries pointing at them, at
+    offsets between them and past the end, in order and shuffled (a search from the last
+    hit must also look backwards): the failing entries and the message each names."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    phy = np.cumsum(rng.integers(1, 50, n)).astype(np.int64)
+    size = rng.integers(1, 9, n).astype(np.int32)
+    tags = rng.integers(0, 3, n).astype(np.int64)
+    zeros32, ones = np.zeros(n, np.int32), np.ones(n, np.uint8)
+    m = int(rng.integers(1, 300))
+    pick = rng.integers(0, n, m) if seed % 2 else np.sort(rng.integers(0, n, m))
+    entries = np.zeros(m, _cq.ENTRY_DTYPE)
+    entries["phy_offset"] = phy[pick] + (rng.random(m) < 0.2)       # some between messages
+    entries["size"], entries["tags_code"] = size[pick], tags[pick]
+    qoff = np.arange(m, dtype=np.int64)
+    queue_offsets = np.full(n, -1, np.int64)
+    queue_offsets[pick] = qoff                # the last entry naming a message owns it
+    end = int(phy[-1])                        # entries at the last message or after: not checked
+    covered = np.zeros(n, np.uint8)
+    wrong, at = _cq.check_entries(entries, end, 0, 0, 0, phy, size, zeros32, zeros32, queue_offsets, tags, ones,
+                                  covered)
+    want_wrong, want_at = [], []
+    for k, e in enumerate(entries):
+        if e["phy_offset"] >= end:
+            continue
+        i = int(np.searchsorted(phy, e["phy_offset"]))
+        if i < n and phy[i] == e["phy_offset"]:
+            if queue_offsets[i] == k:
+                continue
+            want_at.append(i)
+        else:
+            want_at.append(-1)
+        want_wrong.append(k)
+    assert wrong.tolist() == want_wrong and at.tolist() == want_at
+    assert np.flatnonzero(covered).tolist() == sorted({int(pick[k]) for k in range(m)
+                                                      if k not in want_wrong and entries[k]["phy_offset"] < end})
