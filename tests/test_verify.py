@@ -292,3 +292,23 @@ def test_consume_queue_entry_fields(own, field, value, words):
     _patch(f, struct.pack(at[1], value), 4 * 20 + at[0])
     p = _only_problem(_verify(path), "consume_queue")
     assert words in p.message and p.offset == 4
+
+
+def test_record_whose_topic_cannot_name_a_directory(tmp_path):
+    """Topic bytes are not under the body CRC: a record whose topic became ``../a`` gets no
+    consume-queue entry from dispatch, and verify names it (and the entry that points at it)."""
+    path = tmp_path / "s"
+    with MessageStore(path, _cfg()) as s:
+        s.put(Message("T0aa", b"first"), queue_id=0)
+        hit = s.put(Message("T0aa", b"second"), queue_id=0)
+    seg = path / "commitlog" / f"{0:020d}"
+    data = seg.read_bytes()
+    at = data.index(b"T0aa", hit.phy_offset)
+    _patch(seg, b"../a", at)
+    rep = _verify(path)
+    off = hit.phy_offset
+    assert rep.problems[0].kind == "commitlog" and rep.problems[0].offset == off
+    assert rep.problems[0].message == \
+        f"record at commitlog offset {off}: topic '../a' cannot name a consume-queue directory"
+    assert [p.kind for p in rep.problems[1:]] == ["consume_queue"]
+    assert rep.problems[1].offset == 1 and f"T0aa/0 queue offset 1 (commitlog offset {off}," in rep.problems[1].message

@@ -89,7 +89,7 @@ class VerifyReport:
 
 
 class _Segment:
-    """Step 1 for one commitlog segment (runs on a worker thread): its problems as
+    """Step 1 for one commitlog segment (on a worker thread when there are several): its problems as
     (kind, path, offset, message) tuples, its record count and the columns of its messages
     (``_collect``: ``cols``), with topic numbers local to the segment (``names``)."""
 
