@@ -60,7 +60,7 @@ cdef packed struct CqEntry:
     int64_t tags_code
 
 # _read.DISPATCH_DTYPE: one record indexed for dispatch, native order (60 bytes); topic and
-# properties positions are relative to the raw bytes returned beside the rows.
+# properties positions are relative to the raw bytes returned beside the rows (those fields only).
 cdef packed struct DispatchRow:
     int64_t phy_offset
     int32_t size

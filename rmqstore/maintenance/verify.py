@@ -137,7 +137,7 @@ class _Segment:
             rows, raw, nxt, status = _read.scan_dispatch(self.seg, pos, end, per_call)
             if len(rows):
                 self._add(rows, raw)
-                per_call = max(16, _CHUNK_BYTES * len(rows) // len(raw))
+                per_call = max(16, _CHUNK_BYTES * len(rows) // max(1, len(raw)))
             if status is not Status.END or nxt <= pos:
                 break
             pos = nxt
