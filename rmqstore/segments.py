@@ -1,12 +1,11 @@
 """SegmentQueue: an ordered run of fixed-size mapped files named by their start offset."""
-import bisect
 import errno
 import logging
 import os
 import threading
 from concurrent.futures import Future
 
-from rmqstore._segment import PREFAULT_AHEAD, MappedSegment
+from rmqstore._segment import PREFAULT_AHEAD, MappedSegment, queue_end, queue_find
 from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreError
 from rmqstore.files import file_size, make_dirs, only_zeros, refuse_symlink
 from rmqstore.worker import Worker
@@ -61,9 +60,8 @@ class SegmentQueue:
         self.readonly = readonly
         self.file_mode = file_mode
         self.dir_mode = dir_mode
-        self._view = ([], [])   # (segments, their base offsets), replaced as one
-        self.segments = []      # _view's segments and the newest of them: plain attributes,
-        self.last = None        # read per put and per key query
+        self.segments = []      # replaced, never changed, as segments come and go; with the newest
+        self.last = None        # of them, plain attributes read per put, key query and get_messages
         self._lock = threading.Lock()
         self._alloc = Worker("rmq-alloc") if preallocate and not readonly else None
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
@@ -116,7 +114,6 @@ class SegmentQueue:
         return seg
 
     def _publish(self, segs):
-        self._view = (segs, [s.base_offset for s in segs])
         self.segments = segs
         self.last = segs[-1] if segs else None
 
@@ -129,19 +126,11 @@ class SegmentQueue:
     @property
     def max_offset(self):
         """End of written data: last segment's base + its write position (0 when empty)."""
-        if self._end is not None:
-            return self._end
-        last = self.last
-        return last.base_offset + last.wrote_pos if last is not None else 0
+        return queue_end(self)
 
     def find(self, offset):
         """The segment holding ``offset``, or None."""
-        segs, bases = self._view
-        i = bisect.bisect_right(bases, offset) - 1
-        if i < 0 or i >= len(segs):
-            return None
-        seg = segs[i]
-        return seg if offset < seg.base_offset + self.file_size else None
+        return queue_find(self, offset) if 0 <= offset < 1 << 63 else None
 
     # -- writing ------------------------------------------------------------------------
     def _open_new(self, offset):
