@@ -8,9 +8,10 @@ dict (a repeated name keeps its first place and takes its last value; a null val
 written), then UNIQ_KEY, TAGS and KEYS columns set into it (in place when the map has the
 name, else appended), then a generated UNIQ_KEY for a row that has none or an empty one,
 as the store's ``generate_uniq_key`` stamps ``put``'s messages."""
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uintptr_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy
 from rmqstore._copy cimport copy_short
 import numpy as np
@@ -187,14 +188,16 @@ cdef const char *_EMPTY = ""   # the data of an array with no bytes: not NULL, w
 
 cdef class StringsView:
     """``Strings`` over a pyarrow string, large_string or dictionary<string> array (kept
-    alive with its dictionary's view)."""
+    alive with its dictionary's view), whose rows ``lo`` .. ``hi`` - 1 (all: hi < 0) will be
+    read: their offsets or indices are checked."""
     cdef Strings s
     cdef object arr
     cdef StringsView dictionary
 
-    def __init__(self, arr, str what):
+    def __init__(self, arr, str what, int64_t lo=0, int64_t hi=-1):
         import pyarrow as pa
         cdef int64_t i, j, n = len(arr), k
+        hi = n if hi < 0 else hi
         t = arr.type
         self.arr = arr
         self.s.start, self.s.length = arr.offset, n
@@ -208,7 +211,7 @@ cdef class StringsView:
             self.s.valid = _address(valid, (self.s.start + n + 7) // 8, what) if arr.null_count else NULL
             self.s.idx = _address(idx, (self.s.start + n) * self.s.idx_size, what)
             k = len(arr.dictionary)
-            for i in range(self.s.start, self.s.start + n):
+            for i in range(self.s.start + lo, self.s.start + hi):
                 if bit(self.s.valid, i):
                     j = index_at(&self.s, i)
                     if j < 0 or j >= k:
@@ -225,8 +228,8 @@ cdef class StringsView:
         else:
             self.s.off64 = <const int64_t *>_address(off, (self.s.start + n + 1) * 8 if n else 0, what)
         self.s.data = <const char *>_address(data, 0, what) if data is not None and data.size else _EMPTY
-        if n:
-            _offsets(self.s.off32, self.s.off64, self.s.start, n, data.size if data is not None else 0, what)
+        if hi > lo:
+            _offsets(self.s.off32, self.s.off64, self.s.start + lo, hi - lo, data.size if data is not None else 0, what)
 
 
 cdef class ListsView:
@@ -238,19 +241,13 @@ cdef class ListsView:
 
     def __init__(self, arr, str what):
         import pyarrow as pa
-        cdef int64_t n = len(arr)
+        cdef int64_t n = len(arr), lo = 0, hi = 0
         t = arr.type
         self.arr = arr
         if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t)):
             self.strings = StringsView(arr, what)
             self.l.s = self.strings.s
             return
-        if pa.types.is_map(t):
-            self.strings = StringsView(arr.values.field(0), f"{what} names")
-            self.items = StringsView(arr.values.field(1), f"{what} values")
-        else:
-            self.strings = StringsView(arr.values, what)
-        self.l.s = self.strings.s
         self.l.start = arr.offset
         valid, off = arr.buffers()[:2]
         self.l.valid = _address(valid, (self.l.start + n + 7) // 8, what) if arr.null_count else NULL
@@ -260,6 +257,14 @@ cdef class ListsView:
             else:
                 self.l.off32 = <const int32_t *>_address(off, (self.l.start + n + 1) * 4, what)
             _offsets(self.l.off32, self.l.off64, self.l.start, n, len(arr.values), what)
+            lo, hi = offset(self.l.off32, self.l.off64, self.l.start), offset(self.l.off32, self.l.off64,
+                                                                             self.l.start + n)
+        if pa.types.is_map(t):   # (only the strings the rows hold are read, and checked)
+            self.strings = StringsView(arr.values.field(0), f"{what} names", lo, hi)
+            self.items = StringsView(arr.values.field(1), f"{what} values", lo, hi)
+        else:
+            self.strings = StringsView(arr.values, what, lo, hi)
+        self.l.s = self.strings.s
 
 
 def topic_ids(arr, Py_ssize_t most=256):
@@ -359,6 +364,19 @@ cdef bint all_clean(const Strings *s, int64_t lo, int64_t hi, bint nulls) noexce
 cdef tuple _NAMES = (b"UNIQ_KEY", b"TAGS", b"KEYS")
 
 
+cdef bint constant(const Lists *l, int64_t n, const char **p, int64_t *length) noexcept nogil:
+    """Whether every one of the ``n`` rows of ``l`` is the same one string (``p[0]``,
+    ``length[0]``: it)."""
+    cdef int64_t i, x, y, m
+    cdef const char *q
+    for i in range(n):
+        q = str_at(&l.s, x, &m) if list_at(l, i, &x, &y) and y - x == 1 else NULL
+        if q == NULL or i > 0 and (m != length[0] or memcmp(q, p[0], m) != 0):
+            return False
+        p[0], length[0] = q, m
+    return n > 0
+
+
 def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
     """The properties column of ``n`` rows (see the module doc), read in place from pyarrow
     arrays: ``props`` None or a map<string, string> array; ``columns`` three of None or a
@@ -366,7 +384,7 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
     width) for UNIQ_KEY, TAGS and KEYS (the strings of a row joined by spaces; a strings
     column is lists of one); ``generate()`` a new UNIQ_KEY str (None: none generated).
 
-    Returns (data bytes, int64 offsets, [(row, DELAY value bytes)] for the rows whose
+    Returns (data bytearray, int64 offsets, [(row, DELAY value bytes)] for the rows whose
     properties hold a DELAY value). InvalidArgumentError names the row of an empty name, a
     separator inside a name or value, or a null key in a KEYS list; InvalidArgumentTypeError
     a column of another type."""
@@ -383,12 +401,14 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
     cdef const char *name
     cdef const char *value
     cdef Entry *e = NULL
-    cdef char *out = NULL
-    cdef char *grown
+    cdef char *out
     cdef list delays = []
+    cdef bytes prefix = b""
     columns = columns if columns is not None else [None, None, None]
     if len(columns) != 3:
         raise InvalidArgumentError("arrow_rows takes the UNIQ_KEY, TAGS and KEYS columns")
+    if any(col is not None and len(col) != n for col in [props, *columns]):
+        raise InvalidArgumentError(f"a column of another length than the batch's {n} rows")
     if props is not None:
         try:
             entries = ListsView(props, "properties")
@@ -414,15 +434,23 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
             else:
                 col_ok[c] = all_clean(&cols[c].s, offset(cols[c].off32, cols[c].off64, cols[c].start),
                                       offset(cols[c].off32, cols[c].off64, cols[c].start + n), False)
-        if have[c] and len(columns[c]) != n or props is not None and len(props) != n:
-            raise InvalidArgumentError(f"a column of another length than the batch's {n} rows")
+    for c in range(3 if props is None else 0):   # leading columns of one string for every row: a prefix
+        if not have[c]:
+            continue
+        if c == 0 or not col_ok[c] or not constant(&cols[c], n, &value, &value_len):
+            break
+        prefix += (b"\x02" if prefix else b"") + _NAMES[c] + b"\x01" + value[:value_len]
+        have[c] = False
     offsets = np.zeros(n + 1, np.int64)
     cdef int64_t[::1] row_end = offsets
-    cap = 64 * n + 64
+    cdef const char *prefix_p = prefix
+    cdef int64_t prefix_len = len(prefix)
+    cap = 64 * n + 64 + prefix_len * n
     e = <Entry *>malloc(sizeof(Entry) * (widest + 4))
-    out = <char *>malloc(cap)
+    data = PyByteArray_FromStringAndSize(NULL, cap)   # laid out in place, then cut to size
+    out = PyByteArray_AS_STRING(data)
     try:
-        if e == NULL or out == NULL:
+        if e == NULL:
             raise MemoryError()
         for i in range(n):
             # the row's dict, in order: the map's names, then the columns', then a generated UNIQ_KEY
@@ -468,7 +496,7 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
                     e[a].kind, e[a].value, e[a].value_len = DIRECT, PyBytes_AS_STRING(key), len(key)
                     e[a].checked = False
             # check and measure, then lay out
-            row_len = 0
+            row_len = prefix_len
             for a in range(k):
                 if e[a].kind == NULL_VALUE:
                     continue
@@ -484,10 +512,10 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
                 row_len += (1 if row_len else 0) + e[a].name_len + 1 + joined_len(cols, &e[a])
             if total + row_len > cap:
                 cap = max(2 * cap, total + row_len)
-                grown = <char *>realloc(out, cap)
-                if grown == NULL:
-                    raise MemoryError()
-                out = grown
+                PyByteArray_Resize(data, cap)
+                out = PyByteArray_AS_STRING(data)
+            copy_short(out + total, prefix_p, prefix_len)
+            total += prefix_len
             for a in range(k):
                 if e[a].kind == NULL_VALUE:
                     continue
@@ -503,10 +531,10 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
                 else:
                     total = write_joined(out, total, cols, &e[a])
             row_end[i + 1] = total
-        return PyBytes_FromStringAndSize(out, total), offsets, delays
+        PyByteArray_Resize(data, total)
+        return data, offsets, delays
     finally:
         free(e)
-        free(out)
 
 
 cdef int64_t joined_len(const Lists *cols, const Entry *e) noexcept nogil:

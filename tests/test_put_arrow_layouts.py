@@ -67,18 +67,43 @@ def test_every_layout_same_records_as_put(tmp_path, layout):
         assert _records(s) == expected
 
 
-def test_constant_and_single_topic_columns(tmp_path):
-    """One topic and one tag on every row (the shared prefix), keys per row."""
-    n = 50
-    batch = pa.record_batch({"topic": ["T"] * n, "body": pa.array([bytes([i]) * i for i in range(n)], pa.binary()),
-                             "tags": ["TagA"] * n, "keys": [f"key-{i}" for i in range(n)]})
+@pytest.mark.parametrize("columns", [
+    {"tags": ["TagA"] * 6, "keys": [f"key-{i}" for i in range(6)]},
+    {"tags": ["TagA"] * 6, "keys": ["k"] * 6},
+    {"keys": [["a", "b"]] * 6},
+    {"tags": ["TagA"] * 5 + [None], "keys": ["k"] * 6},
+    {"uniq_key": ["U"] * 6, "tags": ["TagA"] * 6},
+    {"tags": pa.array(["TagA"] * 6).dictionary_encode(), "keys": pa.array([["k"]] * 6)},
+])
+def test_constant_columns(tmp_path, columns):
+    """One topic, and columns with the same value on every row (a shared prefix where they
+    lead the properties), as put stores them."""
+    n = 6
+    bodies = [bytes([i]) * i for i in range(n)]
+    rows = {c: (v.to_pylist() if hasattr(v, "to_pylist") else v) for c, v in columns.items()}
     with MessageStore(tmp_path / "put", CFG) as s:
-        s.put_columns("T", [bytes([i]) * i for i in range(n)], tags="TagA", keys=[f"key-{i}" for i in range(n)])
+        for i in range(n):
+            p = {"UNIQ_KEY": rows["uniq_key"][i]} if "uniq_key" in rows else {}
+            s.put(Message("T", bodies[i], tags=rows.get("tags", [None] * n)[i], keys=rows.get("keys", [None] * n)[i],
+                          properties=p))
         expected = _records(s)
     with MessageStore(tmp_path / "arrow", CFG) as s:
-        s.put_arrow(batch)
+        s.put_arrow(pa.record_batch({"topic": ["T"] * n, "body": pa.array(bodies, pa.binary()), **columns}))
         assert _records(s) == expected
-        assert s.get_by_offset(0).properties == {"TAGS": "TagA", "KEYS": "key-0"}
+
+
+def test_constant_tags_then_generated_uniq_keys(tmp_path):
+    """A generated UNIQ_KEY follows the shared prefix and the per-row keys, as put places it."""
+    cfg = CFG.with_(generate_uniq_key=True)
+    with MessageStore(tmp_path / "put", cfg) as s:
+        s.put(Message("T", b"x", tags="TagA", keys="k0"))
+        want = [list(m.properties) for m in s.scan()]
+    with MessageStore(tmp_path / "arrow", cfg) as s:
+        s.put_arrow(pa.record_batch({"topic": ["T"] * 3, "body": pa.array([b"x"] * 3, pa.binary()),
+                                     "tags": ["TagA"] * 3, "keys": ["k0", "k1", "k2"]}))
+        got = [m.properties for m in s.scan()]
+    assert [list(p) for p in got] == want * 3 == [["TAGS", "KEYS", "UNIQ_KEY"]] * 3
+    assert len({p["UNIQ_KEY"] for p in got}) == 3 and [p["KEYS"] for p in got] == ["k0", "k1", "k2"]
 
 
 def test_separator_outside_the_slice_is_not_an_error(tmp_path):
