@@ -269,11 +269,11 @@ def _validity(arr: Any) -> np.ndarray:
 def _topics(values: Any) -> tuple[list[str], np.ndarray | None]:
     """(distinct topics, each row's index into them; None when there is one) of an Arrow
     strings column (read in place, see _properties.topic_ids; many topics: by pyarrow)."""
-    import pyarrow.compute as pc
     arr = _combined(values)
     found = _properties.topic_ids(arr)
     if found is not None:
         return found
+    import pyarrow.compute as pc
     topics = pc.dictionary_encode(arr)
     if topics.null_count:
         raise InvalidArgumentError(f"put_arrow: row {topics.is_null().index(True).as_py()} has no topic")
