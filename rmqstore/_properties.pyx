@@ -163,6 +163,8 @@ cdef const uint8_t *_address(buf, int64_t need, str what) except? NULL:
         if need > 0:
             raise InvalidArgumentError(f"{what}: a buffer of {need} bytes is missing")
         return NULL
+    if not buf.is_cpu:
+        raise InvalidArgumentTypeError(f"{what}: an Arrow buffer in device memory")
     if buf.size < need:
         raise InvalidArgumentError(f"{what}: a buffer of {buf.size} bytes where {need} are due")
     return <const uint8_t *><uintptr_t>buf.address
