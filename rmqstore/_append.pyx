@@ -274,10 +274,23 @@ cdef const int64_t[::1] column_offsets(object offsets, Py_ssize_t data_len, str 
     return o
 
 
+cdef object _zeros = np.zeros(0, np.int64)
+
+
+cdef const int64_t[::1] zeros(Py_ssize_t n):
+    """``n`` int64 zeros, read only, shared by the calls (a column given as None: no fresh
+    pages to fault in and fill per call)."""
+    global _zeros
+    if _zeros.shape[0] < n:
+        _zeros = np.zeros(n, np.int64)
+        _zeros.flags.writeable = False
+    return _zeros[:n]
+
+
 cdef const int64_t[::1] int_column(object values, Py_ssize_t n, int64_t lo, int64_t hi, str what) except *:
     """``values`` as ``n`` int64s in [lo, hi] (None: ``n`` zeros)."""
     if values is None:
-        return np.zeros(n, np.int64)
+        return zeros(n)
     a = np.asarray(values)
     if a.shape != (n,) or (n and a.dtype.kind not in "iu"):
         raise InvalidArgumentTypeError(f"{what} must be {n} ints")
@@ -637,7 +650,7 @@ cdef class Appender:
         cdef const int64_t[::1] rct = int_column(reconsume_times, n, 0, 0x7FFFFFFF, "reconsume_times")
         cdef const unsigned char[::1] hd = born_host_data if born_host_data is not None else b"\0"
         cdef const int64_t[::1] ho = column_offsets(born_host_offsets, hd.shape[0], "born host") \
-            if born_host_data is not None else np.zeros(n + 1, np.int64)
+            if born_host_data is not None else zeros(n + 1)
         if ho.shape[0] != n + 1:
             raise InvalidArgumentError(f"{ho.shape[0] - 1} born hosts for {n} bodies")
         cdef const int64_t[::1] tids = int_column(topic_ids, n, 0, nt - 1, "topic_ids")
@@ -659,7 +672,7 @@ cdef class Appender:
         cdef int64_t[::1] sizes = sizes_a, phys = phys_a, qoffs = qoffs_a
         cdef int32_t[::1] qids = qids_a
         if props_data is None:
-            po = np.zeros(n + 1, np.int64)
+            po = zeros(n + 1)
         else:
             po = column_offsets(props_offsets, pd.shape[0], "properties")
             if po.shape[0] != n + 1:

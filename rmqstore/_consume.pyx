@@ -4,6 +4,8 @@ frame between them (a Python get_message cost about 3 us a call, 1 of 32 message
 import logging
 
 from rmqstore._gate cimport ArgChecks, Gate
+from rmqstore._layout cimport CqEntry
+from rmqstore._segment cimport MappedSegment, queue_end, queue_find
 from rmqstore._read import gather_messages
 from rmqstore.consumer import GetMessageResult, GetMessageStatus, TagFilter
 from rmqstore.errors import InvalidArgumentError
@@ -11,6 +13,7 @@ from rmqstore.topics import is_safe_dirname
 
 log = logging.getLogger("rmqstore.consumer")
 
+cdef long long ENTRY = sizeof(CqEntry)   # bytes of a consume-queue entry
 cdef object ALL = TagFilter(None)       # no expression: every message
 # looking a member up on the Enum class costs about 0.1 us
 cdef object FOUND = GetMessageStatus.FOUND
@@ -49,21 +52,23 @@ cdef class QueueReader:
         """Up to ``max_count`` messages of one queue from ``offset``, filtered by a tag
         expression; statuses and next offsets as RocketMQ's (a call never crosses a
         consume-queue file)."""
-        cdef long long lo, hi, off, n, avail, window, first, per_file
+        cdef long long lo, hi, off, n, avail, window, first, per_file, pos
+        cdef MappedSegment seg
         if not isinstance(max_count, int) or max_count <= 0:
             raise InvalidArgumentError(f"max_count must be a positive int, got {max_count!r}")
         if not isinstance(offset, int):
             raise InvalidArgumentError(f"offset must be an int, got {offset!r}")
         flt = TagFilter(tags) if tags is not None else ALL
-        cq = self.queues.get(topic, queue_id)
-        if cq is None:
+        cq = self.queues.queues.get((topic, queue_id))     # ConsumeQueueTable.get, and below the
+        if cq is None:                                      # ConsumeQueue calls, without Python frames
             # RocketMQ's findConsumeQueue creates any queue asked for, so an unknown
             # topic/queue answers NO_MESSAGE_IN_QUEUE; one that cannot exist does not.
             if not isinstance(queue_id, int) or queue_id < 0 or not isinstance(topic, str) \
                     or not is_safe_dirname(topic):
                 return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, cq.max_offset
+        files = cq.segments
+        lo, hi = cq.min_logic_offset // ENTRY, queue_end(files) // ENTRY
         if hi == 0:
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
         if offset < lo:
@@ -74,7 +79,8 @@ cdef class QueueReader:
             # 4.9.8 and 5.3.3 both answer nextBeginOffset = maxOffset here (manifests)
             return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
         off = offset        # within [lo, hi): fits
-        seg, pos, avail = cq.file_entries(off)
+        seg = queue_find(files, off * ENTRY)     # ConsumeQueue.file_entries
+        avail = 0 if seg is None else max(0, seg.wrote_pos - (off * ENTRY - seg.base_offset)) // ENTRY
         if avail == 0:
             per_file = self.per_file
             return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, off - off % per_file + per_file, lo, hi)
@@ -84,6 +90,7 @@ cdef class QueueReader:
         n = max_count       # checked to fit an int64
         window = min(avail, max(800, n))
         first = window if flt.codes is not None else min(window, n)
+        pos = off * ENTRY - seg.base_offset
         found = self.gather(seg, pos, first, n, flt)
         if len(found[0]) < n and found[1] == first < window:
             found = self.gather(seg, pos, window, n, flt)
@@ -98,4 +105,4 @@ cdef class QueueReader:
         """gather_messages over ``count`` entries at ``pos`` of ``seg``, with the store's limits."""
         segs = self.segments
         return gather_messages(segs.segments, seg, pos, count, max_count, self.max_msgs, self.max_bytes,
-                               segs.max_offset, segs.file_size, flt.codes, flt.tags)
+                               queue_end(segs), segs.file_size, flt.codes, flt.tags)

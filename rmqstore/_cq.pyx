@@ -6,7 +6,7 @@ from libc.string cimport memcmp
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
-from rmqstore._layout cimport CqEntry, HOLE
+from rmqstore._layout cimport PAGE_SHIFT, CqEntry, HOLE
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore.errors import InvalidArgumentError, OutOfRangeError
 
@@ -21,15 +21,25 @@ assert ENTRY_DTYPE.itemsize == sizeof(CqEntry)
 
 
 def append_entry(MappedSegment seg not None, int64_t phy_offset, int32_t size, int64_t tags_code):
-    """Write one entry at the write position and publish it."""
+    """Write one entry at the write position and publish it. An entry that is the first
+    to touch a page is written with the GIL released: the dispatcher writes these, and the
+    page fault (milliseconds on a busy disk) would otherwise stall every other thread."""
     cdef int64_t pos = seg.wrote_pos
     seg.check_range(pos, 20)
     ensure(seg, pos + 20)
     cdef char *p = seg.m.base + pos
+    if (pos - 1) >> PAGE_SHIFT == (pos + 19) >> PAGE_SHIFT:
+        store_entry(p, phy_offset, size, tags_code)
+    else:
+        with nogil:
+            store_entry(p, phy_offset, size, tags_code)
+    seg.wrote_pos = pos + 20
+
+
+cdef inline void store_entry(char *p, int64_t phy_offset, int32_t size, int64_t tags_code) noexcept nogil:
     rmq_st64(p, phy_offset)
     rmq_st32(p + 8, size)
     rmq_st64(p + 12, tags_code)
-    seg.wrote_pos = pos + 20
 
 
 def read_entries(MappedSegment seg not None, int64_t pos, int64_t count):

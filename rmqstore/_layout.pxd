@@ -48,6 +48,11 @@ cdef enum:
 cdef enum:
     NOGIL_MIN = 1 << 16
 
+# A write from a background thread that is the first to touch a page (any page size is a
+# multiple of 4 KiB) faults it in: done with the GIL released, so the fault stalls no one.
+cdef enum:
+    PAGE_SHIFT = 12
+
 # _cq.ENTRY_DTYPE: one consume-queue entry, native order (20 bytes).
 cdef packed struct CqEntry:
     int64_t phy_offset
@@ -55,7 +60,7 @@ cdef packed struct CqEntry:
     int64_t tags_code
 
 # _read.DISPATCH_DTYPE: one record indexed for dispatch, native order (60 bytes); topic and
-# properties positions are relative to the raw bytes returned beside the rows.
+# properties positions are relative to the raw bytes returned beside the rows (those fields only).
 cdef packed struct DispatchRow:
     int64_t phy_offset
     int32_t size

@@ -453,13 +453,16 @@ assert DISPATCH_DTYPE.itemsize == sizeof(DispatchRow)
 def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_t max_records=1 << 30):
     """Index the records in ``[pos, limit)`` for dispatch with the GIL released.
 
-    Returns (rows of DISPATCH_DTYPE, raw bytes of the records read, end_pos, status):
-    topic/props positions are relative to ``raw``; status (a _record.Status) is END, BLANK
-    (end_pos is then the file end) or why the record at end_pos is invalid."""
+    Returns (rows of DISPATCH_DTYPE, raw, end_pos, status): ``raw`` holds each record's
+    topic and properties bytes, which the rows' topic/props positions point into (not the
+    bodies: dispatch never reads them, and copying them cost as much as the write did for
+    large bodies); status (a _record.Status) is END, BLANK (end_pos is then the file end)
+    or why the record at end_pos is invalid."""
     cdef RecView r
     cdef int code = REC_END
-    cdef int64_t n = 0, start = pos, end = pos
+    cdef int64_t n = 0, start = pos, end = pos, kept = 0
     cdef char *q
+    cdef DispatchRow *out
     limit = seg.pin_range(pos, limit)
     try:
         with nogil:
@@ -468,15 +471,15 @@ def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_
                 if code != REC_OK:
                     break
                 end += r.total
+                kept += r.topic_len + r.props_len
                 n += 1
                 code = REC_END
         rows = np.empty(n, DISPATCH_DTYPE)
-        dispatch_fill(seg.m.base + start, limit - start, n, <DispatchRow *>cnp.PyArray_DATA(rows),
-                      seg.base_offset + start)
-        raw = PyBytes_FromStringAndSize(NULL, end - start)
+        raw = PyBytes_FromStringAndSize(NULL, kept)
         q = PyBytes_AS_STRING(raw)
+        out = <DispatchRow *>cnp.PyArray_DATA(rows)
         with nogil:
-            memcpy(q, seg.m.base + start, end - start)
+            dispatch_fill(seg.m.base + start, limit - start, n, out, seg.base_offset + start, q)
     finally:
         unpin(seg)
     if code == REC_BLANK:
@@ -484,25 +487,30 @@ def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_
     return rows, raw, end, status_of(code)
 
 
-cdef void dispatch_fill(const char *base, int64_t avail, int64_t n, DispatchRow *row, int64_t phy) noexcept:
-    """Fill ``n`` rows from records already validated by the caller's first pass."""
+cdef void dispatch_fill(const char *base, int64_t avail, int64_t n, DispatchRow *row, int64_t phy,
+                        char *raw) noexcept nogil:
+    """Fill ``n`` rows from records already validated by the caller's first pass, and copy
+    each one's topic and properties bytes to ``raw``, where the rows point."""
     cdef RecView r
-    cdef int64_t i, pos = 0
+    cdef int64_t i, pos = 0, at = 0
     cdef const char *p
-    with nogil:
-        for i in range(n):
-            p = base + pos
-            parse_record(p, avail - pos, False, &r)
-            row.phy_offset = phy + pos
-            row.size = r.total
-            row.queue_id = r.queue_id
-            row.queue_offset = r.queue_offset
-            row.sys_flag = r.sys_flag
-            row.tags_code = tags_code_of(p + r.props_off, r.props_len)
-            row.store_timestamp = r.store_ts
-            row.topic_off = <int32_t>(pos + r.topic_off)
-            row.topic_len = r.topic_len
-            row.props_off = <int32_t>(pos + r.props_off)
-            row.props_len = r.props_len
-            pos += r.total
-            row += 1
+    for i in range(n):
+        p = base + pos
+        parse_record(p, avail - pos, False, &r)
+        row.phy_offset = phy + pos
+        row.size = r.total
+        row.queue_id = r.queue_id
+        row.queue_offset = r.queue_offset
+        row.sys_flag = r.sys_flag
+        row.tags_code = tags_code_of(p + r.props_off, r.props_len)
+        row.store_timestamp = r.store_ts
+        row.topic_off = <int32_t>at
+        row.topic_len = r.topic_len
+        memcpy(raw + at, p + r.topic_off, r.topic_len)
+        at += r.topic_len
+        row.props_off = <int32_t>at
+        row.props_len = r.props_len
+        memcpy(raw + at, p + r.props_off, r.props_len)
+        at += r.props_len
+        pos += r.total
+        row += 1

@@ -45,3 +45,7 @@ cdef inline int unpin(MappedSegment seg) except -1:
     return 0
 
 cdef int check(int rc, object path, str op) except -1
+
+
+cpdef int64_t queue_end(object queue) except -1
+cpdef MappedSegment queue_find(object queue, int64_t offset)

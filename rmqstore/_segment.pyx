@@ -298,3 +298,34 @@ def fault_point(int op, str path not None):
     err = rmq_fault_hit(op, path.encode(), -1)
     if err:
         raise OSError(err, os.strerror(err), path)
+
+
+cpdef int64_t queue_end(object queue) except -1:
+    """SegmentQueue.max_offset: the end of written data, ``queue._end`` when recovery set
+    one (read-only), else the newest segment's base plus its write position (0: none).
+    A C function so that readers in C (get_messages) need no Python frame for it."""
+    cdef object end = queue._end
+    cdef object last
+    if end is not None:
+        return end
+    last = queue.last
+    return 0 if last is None else (<MappedSegment>last).base_offset + (<MappedSegment>last).wrote_pos
+
+
+cpdef MappedSegment queue_find(object queue, int64_t offset):
+    """SegmentQueue.find: the segment of ``queue.segments`` (a list replaced, never
+    changed, when segments come and go) that holds ``offset``, or None. A closed segment
+    is found too: reading it raises StoreClosedError."""
+    cdef list segs = queue.segments
+    cdef Py_ssize_t lo = 0, hi = len(segs), mid
+    cdef MappedSegment seg
+    while lo < hi:      # the first segment whose base is past ``offset``
+        mid = (lo + hi) >> 1
+        if (<MappedSegment>segs[mid]).base_offset <= offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return None
+    seg = <MappedSegment>segs[lo - 1]
+    return seg if offset - seg.base_offset < <int64_t>queue.file_size else None

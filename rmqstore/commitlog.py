@@ -1,5 +1,4 @@
 """CommitLog: every message of every topic, appended to one run of segments."""
-from concurrent.futures import ThreadPoolExecutor
 
 import rmqstore._append as _append
 import rmqstore._read as _read
@@ -10,6 +9,7 @@ from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNot
 from rmqstore.index import UniqKeyGenerator
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import SCHEDULE_TOPIC, validate_topic
+from rmqstore.worker import Worker
 
 # scan reads records in runs of at most this many / this many bytes, copied into one buffer
 # that their messages share (a message kept alive keeps its run's buffer alive)
@@ -46,7 +46,7 @@ class CommitLog:
                                          self.uniq_key.stamp if self.uniq_key is not None else None)
         self.lock = self.appender   # the write lock: ``with commitlog.lock:`` excludes appends
         warm = config.warm_mapped_file and config.warm_ahead_bytes > 0 and not readonly
-        self._warmer = ThreadPoolExecutor(1, thread_name_prefix="rmq-warm") if warm else None
+        self._warmer = Worker("rmq-warm") if warm else None
         self._warm_to = 0              # commitlog offset faulted in (or queued) so far
         self.failed = None             # sticky I/O error: the store turned read-only
 
@@ -185,7 +185,7 @@ class CommitLog:
 
     def close(self):
         if self._warmer is not None:
-            self._warmer.shutdown(wait=True, cancel_futures=True)
+            self._warmer.shutdown(cancel=True)
         self.segments.close()
 
 

@@ -30,8 +30,10 @@ def _is_arrow(values: Any) -> bool:
 
 
 def _combined(values: Any) -> Any:
-    """A pyarrow array (a ChunkedArray's chunks combined)."""
-    return values.combine_chunks() if hasattr(values, "combine_chunks") else values
+    """A pyarrow array: a ChunkedArray's one chunk as it is, or its chunks combined."""
+    if not hasattr(values, "combine_chunks"):
+        return values
+    return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
 
 
 def _arrow_bytes(arr: Any, what: str) -> Column:
@@ -257,12 +259,6 @@ def message_fields(n: int, flag: Any = None, sys_flag: Any = None, born_timestam
             "born_host_offsets": None if hosts is None else hosts[1]}
 
 
-def _strings(arr: Any) -> tuple[np.ndarray, Any, np.ndarray]:
-    """(offsets, data, uint8 validity) of a pyarrow string array."""
-    data, offsets = _arrow_bytes(arr, "a string column")
-    return offsets, data, _validity(arr)
-
-
 def _validity(arr: Any) -> np.ndarray:
     """1 per valid row of a pyarrow array, 0 per null, as uint8."""
     if not arr.null_count:
@@ -270,31 +266,19 @@ def _validity(arr: Any) -> np.ndarray:
     return arr.is_valid().to_numpy(zero_copy_only=False).view(np.uint8)
 
 
-def _lists(values: Any, what: str) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, Any, np.ndarray]]:
-    """(list offsets, uint8 validity, strings) of a pyarrow list-of-strings or string array
-    (a string array as lists of one)."""
-    import pyarrow as pa
+def _topics(values: Any) -> tuple[list[str], np.ndarray | None]:
+    """(distinct topics, each row's index into them; None when there is one) of an Arrow
+    strings column (read in place, see _properties.topic_ids; many topics: by pyarrow)."""
     arr = _combined(values)
-    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-        start, m = (int(offsets[0]), int(offsets[-1] - offsets[0])) if len(arr) else (0, 0)
-        return offsets - start, _validity(arr), _strings(arr.values.slice(start, m))
-    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        raise InvalidArgumentTypeError(f"put_arrow: {what} is {arr.type}, not string")
-    strings = _strings(arr)
-    return np.arange(len(arr) + 1, dtype=np.int64), strings[2], strings
-
-
-def _map(values: Any) -> tuple[np.ndarray, np.ndarray, tuple[Any, ...], tuple[Any, ...]]:
-    """(entry offsets, validity, names, values) of a pyarrow map<string, string> array."""
-    import pyarrow as pa
-    arr = _combined(values)
-    if not (pa.types.is_map(arr.type) and pa.types.is_string(arr.type.key_type)
-            and pa.types.is_string(arr.type.item_type)):
-        raise InvalidArgumentTypeError(f"put_arrow: properties are {arr.type}, not map<string, string>")
-    offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-    start, m = (int(offsets[0]), int(offsets[-1] - offsets[0])) if len(arr) else (0, 0)
-    return offsets - start, _validity(arr), _strings(arr.keys.slice(start, m)), _strings(arr.items.slice(start, m))
+    found = _properties.topic_ids(arr)
+    if found is not None:
+        return found
+    import pyarrow.compute as pc
+    topics = pc.dictionary_encode(arr)
+    if topics.null_count:
+        raise InvalidArgumentError(f"put_arrow: row {topics.is_null().index(True).as_py()} has no topic")
+    return [_text("topic", t) for t in topics.dictionary.to_pylist()], \
+        topics.indices.to_numpy(zero_copy_only=False).astype(np.int32)
 
 
 def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tuple[Any, ...]:
@@ -304,11 +288,11 @@ def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tupl
     ``born_timestamp`` (timestamp or int ms), ``born_host`` ("ip:port") and
     ``reconsume_times`` (nulls: as put_columns' defaults): (topics, topic ids, body column,
     properties column, queue ids, the kernel's keyword arguments). Properties are built
-    as ``Message`` builds them (see _properties.arrow_rows), in one C pass. Last, the rows
+    as ``Message`` builds them, in one C pass over the Arrow buffers (see
+    _properties.arrow_rows). Last, the rows
     put would move to SCHEDULE_TOPIC_XXXX (a DELAY level): the batch then goes as Messages
     (arrow_messages)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks()
     names = batch.schema.names
@@ -316,20 +300,19 @@ def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tupl
     if missing:
         raise InvalidArgumentError(f"put_arrow: column(s) {missing} are required")
     n = batch.num_rows
-    col = batch.column
-    topics = pc.dictionary_encode(_combined(col("topic")))
-    if topics.null_count:
-        raise InvalidArgumentError(f"put_arrow: row {topics.is_null().index(True).as_py()} has no topic")
-    topic_names = [_text("topic", t) for t in topics.dictionary.to_pylist()]
-    topic_ids = topics.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-    if _combined(col("body")).null_count:
+
+    def col(name: str) -> Any:
+        return _combined(batch.column(name))
+    topic_names, topic_ids = _topics(col("topic"))
+    if col("body").null_count:
         raise InvalidArgumentError(f"put_arrow: row {col('body').is_null().index(True).as_py()} has no body")
-    props = _map(col("properties")) if "properties" in names else None
-    lists = [_lists(col(c), c) if c in names else None for c in ("uniq_key", "tags", "keys")]
-    data, offsets, delays = _properties.arrow_rows(n, props, lists, uniq_key)
+    data, offsets, delays = _properties.arrow_rows(n, col("properties") if "properties" in names else None,
+                                                   [col(c) if c in names else None
+                                                    for c in ("uniq_key", "tags", "keys")], uniq_key)
     fields = message_fields(n, *(col(c) if c in names else None
                                  for c in ("flag", "sys_flag", "born_timestamp", "born_host", "reconsume_times")))
-    delayed = [row for row, level in delays if topic_names[topic_ids[row]] != SCHEDULE_TOPIC and _delays(level)
+    delayed = [row for row, level in delays if topic_names[0 if topic_ids is None else topic_ids[row]] != SCHEDULE_TOPIC
+               and _delays(level)
                and gets_cq_entry(0 if fields["sys_flag"] is None else int(fields["sys_flag"][row]))]
     queue_ids = int_column(col("queue_id"), n, "queue_ids", -1, 0) if "queue_id" in names else None
     return (topic_names, topic_ids, body_column(col("body")), (data, offsets) if len(data) else None,

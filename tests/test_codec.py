@@ -357,3 +357,34 @@ def test_tags_code_of_any_properties_string_matches_reference(parts):
     raw[0:4] = struct.pack(">i", len(raw))
     tags = ref.parse_properties(props).get("TAGS")
     assert _read.decode_bytes(bytes(raw), 0, True).tags_code == (ref.java_hash(tags) if tags else 0)
+
+
+def test_scan_dispatch_rows_point_at_each_records_topic_and_properties(tmp_path):
+    # Records laid out by the reference encoder (v1 and v2, an empty properties string, a
+    # large body): every row names its record's fields, and ``raw`` holds exactly the
+    # topics and properties strings, in record order, and no body byte.
+    recs = [("TopicA", b"a" * 100, {"TAGS": "t1", "KEYS": "k1 k2"}, 1),
+            ("B", b"\x00" * 70_000, {}, 1),
+            ("TopicC" * 40, b"c", {"UNIQ_KEY": "U1", "DELAY": "3"}, 2)]
+    buf, pos = bytearray(), 0
+    for i, (topic, body, props, version) in enumerate(recs):
+        raw = ref.encode_record(topic, body, props, queue_id=i, queue_offset=10 + i, phy_offset=pos,
+                                store_timestamp=1_700_000_000_000 + i, version=version)
+        buf += raw
+        pos += len(raw)
+    path = tmp_path / "seg"
+    path.write_bytes(bytes(buf) + b"\x00" * 4096)
+    seg = MappedSegment(str(path), 0, len(buf) + 4096)
+    try:
+        rows, raw, end, status = _read.scan_dispatch(seg, 0, len(buf) + 4096)
+    finally:
+        seg.close()
+    assert (end, status) == (len(buf), _record.Status.END)
+    props_bytes = [ref.encode_properties(p) for _, _, p, _ in recs]
+    assert raw == b"".join(t.encode() + p for (t, _, _, _), p in zip(recs, props_bytes, strict=True))
+    for row, (topic, _, props, _), pb in zip(rows, recs, props_bytes, strict=True):
+        assert raw[row["topic_off"]:row["topic_off"] + row["topic_len"]] == topic.encode()
+        assert raw[row["props_off"]:row["props_off"] + row["props_len"]] == pb
+        assert _record.properties_from(raw, int(row["props_off"]), int(row["props_len"])) == props
+    assert rows["queue_offset"].tolist() == [10, 11, 12]
+    assert rows["store_timestamp"].tolist() == [1_700_000_000_000, 1_700_000_000_001, 1_700_000_000_002]

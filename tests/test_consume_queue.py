@@ -333,3 +333,21 @@ def test_topic_ids_refuses_a_topic_outside_the_bytes_even_after_cached_ones():
     raw, off, length = _topic_rows(["A", "B", "A"])
     with pytest.raises(OutOfRangeError):
         _cq.topic_ids(raw, off, np.array([1, 1, 5], np.int32), {}, [])
+
+
+def test_single_entries_across_page_boundaries_read_back_as_written(tmp_path):
+    # append_entry writes the entry that first touches a page with the GIL released: the
+    # bytes, as DESIGN.md lays an entry out (big-endian offset i64, size i32, tags i64),
+    # must be the same whichever way it went.
+    from rmqstore._segment import MappedSegment
+    seg = MappedSegment(str(tmp_path / "cq"), 0, 20 * 1000, create=True)
+    try:
+        seg.wrote_pos = 0
+        for i in range(1000):      # 20-byte entries straddle 4 KiB boundaries at 4080, 8180, ...
+            _cq.append_entry(seg, 1_000_000 + i, 100 + i, -i)
+        raw = open(tmp_path / "cq", "rb").read()
+    finally:
+        seg.close()
+    assert seg.wrote_pos == 20 * 1000
+    for i in (0, 203, 204, 205, 409, 999):
+        assert struct.unpack_from(">qiq", raw, 20 * i) == (1_000_000 + i, 100 + i, -i)
