@@ -6,7 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore._segment import PREFAULT_WRITE, MappedSegment
-from rmqstore.errors import CorruptStoreError, StoreClosedError
+from rmqstore.errors import CorruptStoreError, StoreClosedError, raise_errno
 from rmqstore.files import file_size, make_dirs, only_zeros, refuse_symlink
 
 
@@ -22,6 +22,8 @@ def list_segment_files(directory):
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
+    except OSError as e:   # not a directory, no permission
+        raise_errno(e.errno or errno.EIO, directory, "list")
     return sorted((int(n), os.path.join(directory, n)) for n in names if len(n) == 20 and n.isdigit())
 
 
