@@ -386,8 +386,6 @@ class MessageStore:
             DiskFullError: nothing was written.
         """
         self._check_open()
-        if properties is not None and "DELAY" in properties:
-            raise InvalidArgumentError("put_columns does not delay messages: put them one by one with DELAY")
         body = ingest.body_column(bodies)
         n = ingest.rows_of(body)
         names, ids = ingest.topic_column(topic, n)

@@ -488,3 +488,36 @@ def test_bodies_changed_by_other_threads_during_the_call(tmp_path):
             assert body == b"new" or len(body) == size and len(set(body) - {254, 255}) <= 1   # one item's bytes
         s.wait_dispatched()
         assert s.verify().ok
+
+
+class _Opaque:
+    """Neither a sequence nor an int."""
+
+
+class _Index:
+    """An integer that is no int: it has __index__ (numpy's scalars are alike)."""
+
+    def __index__(self):
+        return 1
+
+
+@pytest.mark.parametrize("name", ["topic", "bodies", "queue_ids", "tags", "keys", "properties", "flag",
+                                  "born_timestamp", "born_host", "reconsume_times"])
+def test_a_value_that_is_no_column_is_a_type_error(tmp_path, name):
+    """A scalar of the wrong kind, or an object that is neither one value nor a column
+    (a float, a 0-d array, a number where a str or a mapping is due), is an
+    InvalidArgumentTypeError that stores nothing; a 0-d integer array or an __index__
+    object is one int for every row, as an int is."""
+    args = {"topic": "T", "bodies": [b"a", b"b"], "queue_ids": 0}
+    with MessageStore(tmp_path / "s", CFG) as s:
+        for bad in [5, 1.5, np.float64(1), np.array(b"ab"), np.array(1.5), np.array(True), _Opaque(), b"ab"]:
+            if isinstance(bad, int) and name in ("queue_ids", "flag", "born_timestamp", "reconsume_times"):
+                continue
+            with pytest.raises(InvalidArgumentTypeError):
+                s.put_columns(**{**args, name: bad})
+        assert s.max_offset("T", 0) == 0
+        if name in ("queue_ids", "flag", "reconsume_times"):
+            for one in (np.array(1), _Index()):
+                s.put_columns(**{**args, name: one})
+            s.wait_dispatched()
+            assert [getattr(m, {"queue_ids": "queue_id"}.get(name, name)) for m in s.scan()] == [1] * 4
