@@ -200,8 +200,13 @@ def _arrow_ints(values: Any, what: str, null: int, lo: int | None) -> np.ndarray
         raise InvalidArgumentError(f"{what} {arr.to_numpy().min()} is below {lo}")
     a = arr.to_numpy(zero_copy_only=False)
     a = a.view(np.int64) if pa.types.is_timestamp(t) else a.astype(np.int64, copy=False)
-    if pa.types.is_timestamp(t) and _MS[t.unit] != 1:
-        a = a * 1000 if _MS[t.unit] < 0 else a // _MS[t.unit]
+    if pa.types.is_timestamp(t) and _MS[t.unit] < 0:   # seconds: to ms, where int64 holds them
+        lim = np.iinfo(np.int64).max // 1000
+        if len(a) and not -lim <= a.min() <= a.max() <= lim:
+            raise InvalidArgumentError(f"{what}: {a.max() if a.max() > lim else a.min()} s is out of range in ms")
+        a = a * 1000
+    elif pa.types.is_timestamp(t) and _MS[t.unit] > 1:
+        a = a // _MS[t.unit]
     return a
 
 
@@ -328,12 +333,17 @@ def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tupl
     (arrow_messages)."""
     import pyarrow as pa
     import pyarrow.compute as pc
+    if not isinstance(batch, (pa.Table, pa.RecordBatch)):
+        raise InvalidArgumentTypeError(f"put_arrow takes a pyarrow Table or RecordBatch, not {type(batch).__name__}")
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks()
     names = batch.schema.names
     missing = [c for c in ("topic", "body") if c not in names]
     if missing:
         raise InvalidArgumentError(f"put_arrow: column(s) {missing} are required")
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise InvalidArgumentError(f"put_arrow: column(s) {twice} appear more than once")
     n = batch.num_rows
     col = batch.column
     topics = pc.dictionary_encode(_combined(col("topic")))

@@ -413,7 +413,7 @@ class MessageStore:
         Returns and raises as put_columns."""
         self._check_open()
         names, ids, body, props, queue_ids, fields, delayed = ingest.arrow_columns(data, self.commitlog.uniq_key)
-        if not delayed:
+        if names and not delayed:   # (no rows name no topic: the Message path puts none)
             return self._put_columns(names, ids, body, props, queue_ids, fields)
         qids = None if queue_ids is None else [None if q < 0 else q for q in queue_ids.tolist()]
         res = self._writer.put_batch(ingest.arrow_messages(data, fields), qids)

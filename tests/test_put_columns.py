@@ -364,6 +364,11 @@ def test_message_fields_checked_before_anything_is_written(tmp_path, kw, error):
     (lambda b, pa: b.append_column("born_host", pa.array(["1.2.3.4:5", "x", None])), InvalidArgumentError, "'x'"),
     (lambda b, pa: b.append_column("properties", pa.array([[], [], []], pa.map_(pa.string(), pa.int32()))),
      InvalidArgumentTypeError, "map<string, string>"),
+    (lambda b, pa: b.append_column("born_timestamp", pa.array([1, 1 << 60, 2], pa.timestamp("s"))),
+     InvalidArgumentError, "s is out of range in ms"),   # * 1000 wrapped around int64, stored a wrong time
+    (lambda b, pa: b.append_column("body", b.column(2)), InvalidArgumentError, "['body'] appear more than once"),
+    (lambda b, pa: b.to_pydict(), InvalidArgumentTypeError, "not dict"),
+    (lambda b, pa: pa.RecordBatchReader.from_batches(b.schema, [b]), InvalidArgumentTypeError, "RecordBatchReader"),
 ])
 def test_put_arrow_bad_rows_store_nothing(tmp_path, change, error, text):
     pa = pytest.importorskip("pyarrow")
@@ -372,6 +377,15 @@ def test_put_arrow_bad_rows_store_nothing(tmp_path, change, error, text):
     with MessageStore(tmp_path / "s", CFG) as s:
         with pytest.raises(error, match=re.escape(text)):
             s.put_arrow(batch)
+        assert s.max_phy_offset == 0
+
+
+def test_put_arrow_of_no_rows_puts_none(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    with MessageStore(tmp_path / "s", CFG) as s:
+        res = s.put_arrow(pa.table({"topic": pa.array([], pa.string()), "body": pa.array([], pa.binary())}))
+        want = {"phy_offset": np.int64, "size": np.int64, "queue_id": np.int32, "queue_offset": np.int64}
+        assert {k: (len(v), v.dtype) for k, v in res.items()} == {k: (0, t) for k, t in want.items()}
         assert s.max_phy_offset == 0
 
 
