@@ -6,8 +6,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from rmqstore._segment import PREFAULT_WRITE, MappedSegment
-from rmqstore.errors import CorruptStoreError, StoreClosedError, raise_errno
-from rmqstore.files import file_size, make_dirs, only_zeros, refuse_symlink
+from rmqstore.errors import CorruptStoreError, StoreClosedError
+from rmqstore.files import file_size, list_dir, make_dirs, number_name, only_zeros
+
+_MAX_OFFSET = (1 << 63) - 1
 
 
 def segment_name(offset):
@@ -17,14 +19,8 @@ def segment_name(offset):
 def list_segment_files(directory):
     """(offset, path) of every 20-digit file in ``directory``, in offset order; a symlinked
     directory is refused."""
-    refuse_symlink(directory)
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    except OSError as e:   # not a directory, no permission
-        raise_errno(e.errno or errno.EIO, directory, "list")
-    return sorted((int(n), os.path.join(directory, n)) for n in names if len(n) == 20 and n.isdigit())
+    return sorted((number_name(n, _MAX_OFFSET), os.path.join(directory, n)) for n in list_dir(directory)
+                  if len(n) == 20 and number_name(n, _MAX_OFFSET) is not None)
 
 
 def detect_file_size(directory):
