@@ -79,9 +79,15 @@ def file_size(path):
     return st.st_size
 
 
+def open_reader(path):
+    """The store file ``path`` opened for reading as a binary file object (open_file's
+    checks: no symlink, a regular file)."""
+    return os.fdopen(open_file(path, os.O_RDONLY), "rb")
+
+
 def only_zeros(path):
     """Whether the store file ``path`` holds nothing but zeros (a file being created)."""
-    with os.fdopen(open_file(path, os.O_RDONLY), "rb") as f:
+    with open_reader(path) as f:
         while chunk := f.read(1 << 20):
             if chunk.strip(b"\0"):
                 return False
@@ -109,8 +115,7 @@ def open_file(path, flags, mode=0o600):
 def read_file(path, limit=-1):
     """Up to ``limit`` bytes (all when -1) of ``path``, refusing a symlink; FileNotFoundError
     when it does not exist."""
-    fd = open_file(path, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as f:
+    with open_reader(path) as f:
         return f.read(limit)
 
 

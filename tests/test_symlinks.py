@@ -185,3 +185,21 @@ def test_special_files_and_wrong_kinds_are_store_errors(tmp_path, kind):
         p = subprocess.run([sys.executable, "-c", OPENER, str(root), str(SEG)], capture_output=True, text=True,
                            timeout=120)
         assert (p.returncode, p.stdout) == (0, "") and "Traceback" not in p.stderr, (root, p.stderr)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink"])
+def test_digest_and_diff_read_no_planted_segment(tmp_path, plant):
+    """The command's digest and diff read segments as the store does: a FIFO (open()
+    used to wait for a writer forever) or a symlink (read through to its target) is an
+    error, exit status 1."""
+    _store(tmp_path / "s")
+    seg = tmp_path / "s" / f"commitlog/{SEG:020d}"
+    if plant == "fifo":
+        os.mkfifo(seg)
+    else:
+        (tmp_path / "target").write_bytes(b"\0" * SEG)
+        os.symlink(tmp_path / "target", seg)
+    for cmd in (["digest", tmp_path / "s"], ["diff", tmp_path / "s", tmp_path / "s"]):
+        p = subprocess.run([sys.executable, "-m", "rmqstore", *map(str, cmd)], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 1 and p.stderr.startswith("rmqstore: error: ") and "Traceback" not in p.stderr
