@@ -47,8 +47,9 @@ int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flag
     m->fd = -1; m->base = NULL; m->size = 0; m->reserved = 0; m->readonly = ro; m->dense = 0;
     if (size < 0) return -EINVAL;
     if ((rc = RMQ_FAULT(RMQ_OP_OPEN, path, -1))) return -rc;
-    /* O_NOFOLLOW: a store file that is a symlink fails with ELOOP, never written through. */
-    int fd = open(path, oflags | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NOFOLLOW: a store file that is a symlink fails with ELOOP, never written through;
+     * O_NONBLOCK: a FIFO there does not wait for a writer (RMQ_ENOTREG below). */
+    int fd = open(path, oflags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0 && errno == ENOENT && (flags & RMQ_CREATE) && !ro && size > 0) {
         fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
         created = 1;
@@ -69,6 +70,7 @@ int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flag
         if (rc) { close(fd); unlink(path); return -rc; }
     }
     if (fstat(fd, &st)) { rc = -errno; close(fd); return rc; }
+    if (!S_ISREG(st.st_mode)) { close(fd); return RMQ_ENOTREG; }
     if (size > 0 && st.st_size != size) { close(fd); return RMQ_ESIZE; }
     if (!created && fs_tmpfs && (rc = reserve(fd, 0, size))) { close(fd); return -rc; }
     m->reserved = created || fs_tmpfs ? reserve_bytes : 0;

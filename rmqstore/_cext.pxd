@@ -13,6 +13,7 @@ cdef extern from "rmq_mmap.h" nogil:
     int RMQ_CREATE
     int RMQ_READONLY
     int RMQ_ESIZE
+    int RMQ_ENOTREG
     ctypedef struct rmq_map_t:
         int fd
         char *base

@@ -9,7 +9,7 @@ import os
 
 from rmqstore._cext cimport *
 from rmqstore._layout cimport PF_READ, PF_WRITE, PF_AHEAD
-from rmqstore.errors import (raise_errno, StoreClosedError, CorruptStoreError, InvalidArgumentError,
+from rmqstore.errors import (raise_errno, raise_not_regular, StoreClosedError, CorruptStoreError, InvalidArgumentError,
                              OutOfRangeError, StoreReadOnlyError, ViewExportedError)
 
 # prefault() modes (_layout.PrefaultMode).
@@ -20,12 +20,14 @@ PREFAULT_AHEAD = PF_AHEAD
 
 cdef int check(int rc, object path, str op) except -1:
     """The one place a C-layer status becomes an exception: 0 passes, RMQ_ESIZE (a file
-    whose size is not the configured one) is a CorruptStoreError, -errno goes through
-    errors.raise_errno's errno table."""
+    whose size is not the configured one) is a CorruptStoreError, RMQ_ENOTREG a StoreIOError
+    (not a regular file), -errno goes through errors.raise_errno's errno table."""
     if rc == 0:
         return 0
     if rc == RMQ_ESIZE:
         raise CorruptStoreError(f"{path}: file size differs from the configured size")
+    if rc == RMQ_ENOTREG:
+        raise_not_regular(path, op)
     raise_errno(-rc, path, op)
 
 

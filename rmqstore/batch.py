@@ -10,8 +10,11 @@ Columns are ``_columns.decode_batch``'s dict of numpy arrays; ``to_arrow`` turns
 ``pyarrow.RecordBatch``, and ``iter_arrow`` decodes records straight into Arrow batches of
 the columns asked for (both with the ``_arrow`` kernel; pyarrow is needed only for them).
 """
+from __future__ import annotations
+
 import os
 import re
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -19,7 +22,8 @@ import rmqstore._columns as _columns
 import rmqstore._read as _read
 from rmqstore import _record
 from rmqstore._segment import MappedSegment
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError
+from rmqstore.arguments import checked, positive
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError
 from rmqstore.segments import list_segment_files
 
 MODES = ("fail", "skip")
@@ -27,7 +31,8 @@ _HEADER = re.compile(re.escape((_record.MAGIC_V1 & 0xFFFFFFFF).to_bytes(4, "big"
                      + re.escape((_record.MAGIC_V2 & 0xFFFFFFFF).to_bytes(4, "big")))
 
 
-def segment_files(store_path):
+@checked()
+def segment_files(store_path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
     """(path, base offset, size in bytes) of every commitlog segment of a store, in order."""
     return [(p, base, os.path.getsize(p))
             for base, p in list_segment_files(os.path.join(str(store_path), "commitlog"))]
@@ -58,8 +63,10 @@ class DecodeStats:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-def iter_columns(path, base_offset, start=0, end=None, *, check_crc=False, mode="fail",
-                 batch_bytes=32 << 20, stats=None, aligned=False):
+@checked()
+def iter_columns(path: str | os.PathLike[str], base_offset: int, start: int = 0, end: int | None = None, *,
+                 check_crc: bool = False, mode: str = "fail", batch_bytes: int = 32 << 20,
+                 stats: DecodeStats | None = None, aligned: bool = False) -> Iterator[dict[str, Any]]:
     """Yield column dicts (see ``_columns.decode_batch``) for the records of segment file
     ``path`` that start in ``[start, end)``, about ``batch_bytes`` of records per dict.
 
@@ -76,28 +83,39 @@ def iter_columns(path, base_offset, start=0, end=None, *, check_crc=False, mode=
     return _iter_decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, aligned)
 
 
-def iter_arrow(path, base_offset, start=0, end=None, *, store=None, columns=None, check_crc=False, mode="fail",
-               batch_bytes=4 << 20, stats=None, aligned=False):
+@checked()
+def iter_arrow(path: str | os.PathLike[str], base_offset: int, start: int = 0, end: int | None = None, *,
+               store: str | os.PathLike[str] | None = None, columns: Sequence[str] | None = None,
+               check_crc: bool = False, mode: str = "fail", batch_bytes: int = 4 << 20,
+               stats: DecodeStats | None = None, aligned: bool = False) -> Iterator[Any]:
     """Yield ``pyarrow.RecordBatch``es of ``columns`` (names of ``arrow_schema()``, in the
     order given; default all) decoded straight from the records, as ``iter_columns`` reads
     them (same arguments); ``store`` fills the ``store`` column. Only the requested columns
     are built. Needs pyarrow."""
-    from rmqstore import _arrow
+    import rmqstore._arrow as _arrow
     columns = _arrow.check_columns(columns)
-    store = "" if store is None else str(store)
-    batch_bytes = min(batch_bytes, 1 << 30)   # Arrow's int32 offsets: < 2 GiB per column
+    label = "" if store is None else os.fspath(store)
+    batch_bytes = min(positive("batch_bytes", batch_bytes), 1 << 30)   # Arrow's int32 offsets: < 2 GiB per column
 
     def decode(seg, pos, window):
-        return _arrow.decode(seg, pos, window, check_crc, store, columns)
+        return _arrow.decode(seg, pos, window, check_crc, label, columns)
     return _iter_decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, aligned)
 
 
 def _iter_decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, aligned):
-    """The decoding loop of ``iter_columns`` / ``iter_arrow``: ``decode(seg, pos, window)``
-    returns (batch, info with count, bytes, end_pos and stop)."""
+    """The decoding loop of ``iter_columns`` / ``iter_arrow`` (its arguments checked now,
+    not at the first ``next``): ``decode(seg, pos, window)`` returns (batch, info with
+    count, bytes, end_pos and stop)."""
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be one of {MODES}, not {mode!r}")
-    stats = stats if stats is not None else DecodeStats()
+    if stats is not None and not isinstance(stats, DecodeStats):
+        raise InvalidArgumentTypeError(f"stats must be a DecodeStats or None, not {type(stats).__name__}")
+    positive("batch_bytes", batch_bytes)
+    return _decoded(decode, path, base_offset, start, end, mode, batch_bytes,
+                    DecodeStats() if stats is None else stats, aligned)
+
+
+def _decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, aligned):
     seg = MappedSegment(path, base_offset, 0, readonly=True)
     try:
         size = seg.size
@@ -135,7 +153,8 @@ def _iter_decoded(decode, path, base_offset, start, end, mode, batch_bytes, stat
         seg.close()
 
 
-def end_offset(store_path, hint=0):
+@checked()
+def end_offset(store_path: str | os.PathLike[str], hint: int = 0) -> int:
     """Commitlog offset where a store's written data ends (a record boundary): the end of
     the last segment holding data (a writer may have preallocated empty ones after it),
     walking headers from ``hint`` when it lies in that segment. 0 for no segments."""
@@ -151,7 +170,8 @@ def end_offset(store_path, hint=0):
     return 0
 
 
-def count_records(store_path):
+@checked()
+def count_records(store_path: str | os.PathLike[str]) -> tuple[int, int]:
     """(records, bytes of records) in a store's commitlog, walking record headers."""
     records = nbytes = 0
     for path, base, size in segment_files(store_path):
@@ -164,7 +184,8 @@ def count_records(store_path):
     return records, nbytes
 
 
-def advance(store_path, start, max_bytes):
+@checked()
+def advance(store_path: str | os.PathLike[str], start: int, max_bytes: int) -> int:
     """The record boundary reached by reading at most ``max_bytes`` of a store's commitlog
     from offset ``start`` (a record boundary), BLANK records and segment ends included; at
     least one record's worth when there is one, so a reader always moves on."""
@@ -189,7 +210,9 @@ def advance(store_path, start, max_bytes):
     return pos
 
 
-def decode_segment(path, base_offset, start=0, end=None, check_crc=False, mode="fail"):
+@checked()
+def decode_segment(path: str | os.PathLike[str], base_offset: int, start: int = 0, end: int | None = None,
+                   check_crc: bool = False, mode: str = "fail") -> dict[str, Any]:
     """All records of ``path`` starting in ``[start, end)`` as one column dict (concatenated)."""
     parts = list(iter_columns(path, base_offset, start, end, check_crc=check_crc, mode=mode, batch_bytes=1 << 62))
     if len(parts) == 1:
@@ -224,12 +247,12 @@ def concat_columns(parts):
 
 def arrow_schema():
     """The Arrow schema of ``to_arrow`` and ``iter_arrow`` (the Spark data source's schema)."""
-    from rmqstore import _arrow
+    import rmqstore._arrow as _arrow
     return _arrow.SCHEMA
 
 
 def to_arrow(cols, store_path, columns=None):
     """A ``pyarrow.RecordBatch`` of the decoded ``cols`` (schema: ``arrow_schema()``, or the
     ``columns`` named, in that order)."""
-    from rmqstore import _arrow
+    import rmqstore._arrow as _arrow
     return _arrow.from_columns(cols, str(store_path), columns)

@@ -13,11 +13,12 @@ from rmqstore import _cq
 from rmqstore._segment import MappedSegment
 from rmqstore.config import StoreConfig
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError
-from rmqstore.files import refuse_symlink
+from rmqstore.files import list_dir, number_name
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import is_safe_dirname
 
 log = logging.getLogger(__name__)
+MAX_QUEUE_ID = (1 << 31) - 1
 ENTRY = _cq.ENTRY_SIZE
 HOLE_SIZE = 0x7FFFFFFF   # RocketMQ fillPreBlank entries: (0, Integer.MAX_VALUE, 0)
 
@@ -352,27 +353,22 @@ class ConsumeQueueTable:
 
     def load(self) -> ConsumeQueueTable:
         """Open every topic/queue directory found on disk (any topic name a store holds)."""
-        refuse_symlink(self.root)
-        try:
-            topics = sorted(os.listdir(self.root))
-        except FileNotFoundError:
-            return self
-        for topic in topics:
+        for topic in sorted(list_dir(self.root)):
             tdir = os.path.join(self.root, topic)
             if not is_safe_dirname(topic) or not os.path.isdir(tdir):
                 continue
-            refuse_symlink(tdir)
-            for qname in sorted(os.listdir(tdir)):
-                if not qname.isdigit() or not os.path.isdir(os.path.join(tdir, qname)):
+            for qname in sorted(list_dir(tdir)):
+                qid = number_name(qname, MAX_QUEUE_ID)
+                if qid is None or not os.path.isdir(os.path.join(tdir, qname)):
                     continue
-                cq = ConsumeQueue(self.root, topic, int(qname), self.entries_per_file, self.readonly,
+                cq = ConsumeQueue(self.root, topic, qid, self.entries_per_file, self.readonly,
                                   self.file_mode, self.dir_mode, self.reserve_ahead)
                 try:
                     cq.load()
                 except CorruptStoreError:
                     cq.close()
                     raise
-                self.queues[(topic, int(qname))] = cq
+                self.queues[(topic, qid)] = cq
         return self
 
     def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:

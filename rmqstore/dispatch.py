@@ -176,9 +176,10 @@ def deliver_time(level: str | None, store_ts: int, tags_code: int, delays: Seque
     """RocketMQ computeDeliverTimestamp: the consume-queue tags code of a SCHEDULE_TOPIC_XXXX
     message with DELAY ``level``, its store time plus the level's delay (``delays[level-1]``,
     the last level for larger ones); ``tags_code`` unchanged for no or a bad level."""
-    if level is None or not level.isdigit():
+    try:   # digits as Java's parseInt reads them ('\u0663' is 3); '\u00b2' passes isdigit, not int
+        lv = min(int(level), len(delays)) if level is not None and level.isdigit() else 0
+    except ValueError:
         return tags_code
-    lv = min(int(level), len(delays))
     return store_ts + delays[lv - 1] if lv > 0 else tags_code
 
 

@@ -89,3 +89,8 @@ def raise_errno(code, path, what):
     cls = _ERRNO_CLASSES.get(code, StoreIOError)
     why = "a symlink, which store files must not be" if code == _errno.ELOOP else os.strerror(code)
     raise cls(code, f"{what}: {why}", str(path))
+
+
+def raise_not_regular(path, what):
+    """Raise the StoreIOError for a store file that is a directory, FIFO, socket or device."""
+    raise StoreIOError(_errno.EINVAL, f"{what}: not a regular file", str(path))

@@ -9,12 +9,12 @@ import os
 import stat
 
 from rmqstore._segment import FAULT_FSYNC, FAULT_OPEN, fault_point
-from rmqstore.errors import StoreNotFoundError, raise_errno
+from rmqstore.errors import StoreNotFoundError, raise_errno, raise_not_regular
 
 
 def make_dirs(path, mode):
     """Create ``path`` and any missing parents, each with ``mode`` (os.makedirs gives the
-    mode to the last directory only)."""
+    mode to the last directory only); a file in the way is a StoreIOError."""
     if os.path.isdir(path):
         return
     parent = os.path.dirname(os.path.abspath(path))
@@ -23,7 +23,28 @@ def make_dirs(path, mode):
     try:
         os.mkdir(path, mode)
     except FileExistsError:
-        pass
+        if not os.path.isdir(path):
+            raise_errno(errno.ENOTDIR, path, "create directory")
+    except OSError as e:
+        raise_errno(e.errno or errno.EIO, path, "create directory")
+
+
+def list_dir(path):
+    """Names in the store directory ``path`` ([] when it does not exist); a symlink, a
+    file or an unreadable directory is a StoreIOError."""
+    refuse_symlink(path)
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise_errno(e.errno or errno.EIO, path, "list")
+
+
+def number_name(name, limit):
+    """The int an ASCII-digit file name ``name`` spells if it is at most ``limit``, else
+    None (a store's file and directory names: offsets, queue ids, times)."""
+    return int(name) if name.isascii() and name.isdigit() and int(name) <= limit else None
 
 
 def store_dir(path, create, mode):
@@ -58,9 +79,15 @@ def file_size(path):
     return st.st_size
 
 
+def open_reader(path):
+    """The store file ``path`` opened for reading as a binary file object (open_file's
+    checks: no symlink, a regular file)."""
+    return os.fdopen(open_file(path, os.O_RDONLY), "rb")
+
+
 def only_zeros(path):
     """Whether the store file ``path`` holds nothing but zeros (a file being created)."""
-    with os.fdopen(open_file(path, os.O_RDONLY), "rb") as f:
+    with open_reader(path) as f:
         while chunk := f.read(1 << 20):
             if chunk.strip(b"\0"):
                 return False
@@ -69,21 +96,26 @@ def only_zeros(path):
 
 def open_file(path, flags, mode=0o600):
     """os.open with O_NOFOLLOW and O_CLOEXEC; an error becomes a StoreIOError naming ``path``
-    (a symlink: ELOOP), except ENOENT, which stays FileNotFoundError for callers to test."""
+    (a symlink: ELOOP; a directory, FIFO or device where a file is due: not a regular
+    file), except ENOENT, which stays FileNotFoundError for callers to test."""
     try:
         fault_point(FAULT_OPEN, path)
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)   # a FIFO: no wait
     except FileNotFoundError:
         raise
     except OSError as e:
         raise_errno(e.errno, path, "open")
+    if not flags & os.O_DIRECTORY and not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise_not_regular(path, "open")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def read_file(path, limit=-1):
     """Up to ``limit`` bytes (all when -1) of ``path``, refusing a symlink; FileNotFoundError
     when it does not exist."""
-    fd = open_file(path, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as f:
+    with open_reader(path) as f:
         return f.read(limit)
 
 

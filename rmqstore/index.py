@@ -11,7 +11,7 @@ import numpy as np
 import rmqstore._index as _index
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
-from rmqstore.files import file_size, make_dirs, refuse_symlink
+from rmqstore.files import file_size, list_dir, make_dirs
 
 log = logging.getLogger(__name__)
 LONG_MAX = (1 << 63) - 1
@@ -108,11 +108,7 @@ class IndexService:
         """Map every index file; unless read-only, cut entries at or past ``commitlog_end``
         and, after an unclean shutdown, entries newer than the checkpoint allows."""
         cfg = self.config
-        try:
-            refuse_symlink(self.directory)
-            names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
-        except FileNotFoundError:
-            names = []
+        names = sorted(n for n in list_dir(self.directory) if n.isascii() and n.isdigit())
         for name in names:
             path = os.path.join(self.directory, name)
             try:

@@ -10,6 +10,8 @@ hosts are a binary column of packed hosts (an empty row: the store host).
 """
 from __future__ import annotations
 
+import operator
+from collections import abc
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -63,6 +65,12 @@ def _arrow_binary(values: Any) -> Column | None:
     return col
 
 
+def _is_rows(values: Any) -> bool:
+    """Whether ``values`` is an iterable of rows (not a str, a bytes-like or a 0-d array)."""
+    return not isinstance(values, (str, bytes, bytearray, memoryview)) and hasattr(values, "__iter__") and \
+        getattr(values, "ndim", 1) != 0
+
+
 def body_column(values: Any) -> tuple[Any, np.ndarray | None]:
     """Bodies as the kernel takes them: an Arrow binary array as a column (data, offsets),
     a sequence of bytes-like objects as (a tuple of them, None): the kernel copies each
@@ -70,7 +78,7 @@ def body_column(values: Any) -> tuple[Any, np.ndarray | None]:
     col = _arrow_binary(values)
     if col is not None:
         return col
-    if isinstance(values, (str, bytes, bytearray, memoryview)) or not hasattr(values, "__iter__"):
+    if not _is_rows(values):
         raise InvalidArgumentTypeError(f"bodies must be a sequence of bytes-like objects, not {type(values).__name__}")
     return tuple(values), None
 
@@ -103,6 +111,10 @@ def _per_row(values: Any, n: int, what: str) -> list[Any] | None:
         return [_text(what, values)] * n
     if hasattr(values, "to_pylist"):
         values = values.to_pylist()
+    elif not _is_rows(values):
+        raise InvalidArgumentTypeError(f"{what} must be a str or one per message, not {type(values).__name__}")
+    else:
+        values = list(values)
     if len(values) != n:
         raise InvalidArgumentError(f"{len(values)} {what} for {n} messages")
     return list(values)
@@ -114,6 +126,10 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
     ``tags`` (a str for all rows or one per row; None: none), ``keys`` (per row a str or a
     list of str, joined by spaces), then a UNIQ_KEY from ``uniq_key()`` per row. None when
     no row has any."""
+    if properties is not None and not isinstance(properties, abc.Mapping):
+        raise InvalidArgumentTypeError(f"properties must be a mapping of str to str, not {type(properties).__name__}")
+    if properties is not None and "DELAY" in properties:
+        raise InvalidArgumentError("put_columns does not delay messages: put them one by one with DELAY")
     common = b"\x02".join(_pair(_text("property name", k), _text(f"property {k!r}", v))
                           for k, v in (properties or {}).items() if v is not None)
     tag_rows, key_rows = _per_row(tags, n, "tags"), _per_row(keys, n, "keys")
@@ -186,8 +202,13 @@ def _arrow_ints(values: Any, what: str, null: int, lo: int | None) -> np.ndarray
         raise InvalidArgumentError(f"{what} {arr.to_numpy().min()} is below {lo}")
     a = arr.to_numpy(zero_copy_only=False)
     a = a.view(np.int64) if pa.types.is_timestamp(t) else a.astype(np.int64, copy=False)
-    if pa.types.is_timestamp(t) and _MS[t.unit] != 1:
-        a = a * 1000 if _MS[t.unit] < 0 else a // _MS[t.unit]
+    if pa.types.is_timestamp(t) and _MS[t.unit] < 0:   # seconds: to ms, where int64 holds them
+        lim = np.iinfo(np.int64).max // 1000
+        if len(a) and not -lim <= a.min() <= a.max() <= lim:
+            raise InvalidArgumentError(f"{what}: {a.max() if a.max() > lim else a.min()} s is out of range in ms")
+        a = a * 1000
+    elif pa.types.is_timestamp(t) and _MS[t.unit] > 1:
+        a = a // _MS[t.unit]
     return a
 
 
@@ -198,10 +219,13 @@ def int_column(values: Any, n: int, what: str, null: int = 0, lo: int | None = N
     range."""
     if values is None:
         return None
-    if isinstance(values, (bool, np.bool_)) or isinstance(values, (str, bytes, bytearray)):
+    if isinstance(values, np.ndarray) and values.ndim == 0:
+        values = values[()]   # a 0-d array: its one value
+    if isinstance(values, (bool, np.bool_, str, bytes, bytearray)) or not (
+            hasattr(values, "__iter__") or hasattr(type(values), "__index__")):
         raise InvalidArgumentTypeError(f"{what} must be an int or one per message, not {type(values).__name__}")
-    if isinstance(values, (int, np.integer)):
-        v = int(values)
+    if not hasattr(values, "__iter__"):   # an int, a numpy integer, an __index__ object
+        v = operator.index(values)
         if lo is not None and v < lo or not -(1 << 63) <= v < 1 << 63:
             raise InvalidArgumentError(f"{what} {v} out of range")
         return np.full(n, v, np.int64)
@@ -293,12 +317,17 @@ def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tupl
     put would move to SCHEDULE_TOPIC_XXXX (a DELAY level): the batch then goes as Messages
     (arrow_messages)."""
     import pyarrow as pa
+    if not isinstance(batch, (pa.Table, pa.RecordBatch)):
+        raise InvalidArgumentTypeError(f"put_arrow takes a pyarrow Table or RecordBatch, not {type(batch).__name__}")
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks()
     names = batch.schema.names
     missing = [c for c in ("topic", "body") if c not in names]
     if missing:
         raise InvalidArgumentError(f"put_arrow: column(s) {missing} are required")
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise InvalidArgumentError(f"put_arrow: column(s) {twice} appear more than once")
     n = batch.num_rows
 
     def col(name: str) -> Any:

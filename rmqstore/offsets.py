@@ -3,7 +3,7 @@ import json
 import os
 import threading
 
-from rmqstore.errors import CorruptStoreError
+from rmqstore.errors import CorruptStoreError, InvalidArgumentError
 from rmqstore.files import make_dirs, read_file, write_atomic
 
 _MAX_QUEUE_ID = (1 << 31) - 1
@@ -50,6 +50,17 @@ class ConsumerOffsets:
         return out
 
     def commit(self, group, topic, queue_id, offset):
+        """Set an offset; what ``load`` would refuse is an InvalidArgumentError, so no
+        commit can make the file unreadable: a queue id or offset out of range, or an
+        empty topic or group or one with ``@`` (``"T@a" + "@b"`` and ``"T" + "@a@b"``
+        would share the key ``T@a@b``)."""
+        for name, v in (("group", group), ("topic", topic)):
+            if not v or "@" in v:
+                raise InvalidArgumentError(f"{name} {v!r} is empty or holds '@', the topic@group separator")
+        if not 0 <= queue_id <= _MAX_QUEUE_ID:
+            raise InvalidArgumentError(f"queue_id {queue_id} is not in 0..{_MAX_QUEUE_ID}")
+        if not -1 <= offset <= _MAX_OFFSET:
+            raise InvalidArgumentError(f"offset {offset} is not in -1..{_MAX_OFFSET}")
         with self._lock:
             self.table.setdefault(f"{topic}@{group}", {})[int(queue_id)] = int(offset)
             self.dirty = True

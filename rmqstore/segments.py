@@ -7,10 +7,11 @@ from concurrent.futures import Future
 
 from rmqstore._segment import PREFAULT_AHEAD, MappedSegment, queue_end, queue_find
 from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreError
-from rmqstore.files import file_size, make_dirs, only_zeros, refuse_symlink
+from rmqstore.files import file_size, list_dir, make_dirs, number_name, only_zeros
 from rmqstore.worker import Worker
 
 log = logging.getLogger(__name__)
+_MAX_OFFSET = (1 << 63) - 1
 
 
 def segment_name(offset):
@@ -20,12 +21,8 @@ def segment_name(offset):
 def list_segment_files(directory):
     """(offset, path) of every 20-digit file in ``directory``, in offset order; a symlinked
     directory is refused."""
-    refuse_symlink(directory)
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    return sorted((int(n), os.path.join(directory, n)) for n in names if len(n) == 20 and n.isdigit())
+    return sorted((number_name(n, _MAX_OFFSET), os.path.join(directory, n)) for n in list_dir(directory)
+                  if len(n) == 20 and number_name(n, _MAX_OFFSET) is not None)
 
 
 def detect_file_size(directory):

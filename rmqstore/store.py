@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -21,6 +21,7 @@ import rmqstore._gate as _gate
 import rmqstore._index as _index
 from rmqstore import _message, _record, ingest, ownership
 from rmqstore._cq import ENTRY_DTYPE
+from rmqstore.arguments import arg_checks, checked
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import CommitLog
 from rmqstore.config import StoreConfig
@@ -31,7 +32,6 @@ from rmqstore.errors import (
     CorruptRecordError,
     CorruptStoreError,
     InvalidArgumentError,
-    InvalidArgumentTypeError,
     MessageNotFoundError,
     StoreClosedError,
     StoreError,
@@ -55,103 +55,11 @@ Progress = Callable[[int], object]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-_TIMES = ("begin", "end", "timestamp")     # times clamp to the stored range, as RocketMQ's do
-
-
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _int(name: str, v: Any) -> Any:
-    """An int (no bool, float or str); an int64 unless it is a time, which may be any int."""
-    if type(v) is int and (_I64_MIN <= v <= _I64_MAX or name in _TIMES):    # the common case, cheaply
-        return v
-    return _message.int_arg(name, v, float("-inf"), float("inf")) if name in _TIMES else \
-        _message.int_arg(name, v, _I64_MIN, _I64_MAX)
-
-
-def _bad_type(name: str, v: Any, due: str) -> NoReturn:
-    raise InvalidArgumentTypeError(f"{name} must be {due}, not {type(v).__name__}")
-
-
-def _bool(name: str, v: Any) -> Any:
-    return v if type(v) is bool else _bad_type(name, v, "True or False")
-
-
-def _seconds(name: str, v: Any) -> Any:
-    """None or an int/float of seconds (no bool) that a wait or a clock accepts."""
-    if v is None:
-        return v
-    if type(v) not in (int, float):
-        _bad_type(name, v, "a number of seconds or None")
-    if not -threading.TIMEOUT_MAX <= v <= threading.TIMEOUT_MAX:   # also refuses NaN
-        raise InvalidArgumentError(f"{name} {v} out of range [-{threading.TIMEOUT_MAX}, {threading.TIMEOUT_MAX}]")
-    return v
-
-
-def _callable(name: str, v: Any) -> Any:
-    return v if v is None or callable(v) else _bad_type(name, v, "callable or None")
-
-
-def _str_sequence(name: str, v: Any) -> Any:
-    """A list/tuple-like of str (each element is checked where it is used)."""
-    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
-        _bad_type(name, v, "a sequence of str")
-    return v
-
-
-def _store_path(name: str, v: Any) -> Any:
-    """A str or os.PathLike naming a directory: not empty, no NUL."""
-    if not isinstance(v, (str, os.PathLike)):
-        _bad_type(name, v, "a str or os.PathLike")
-    p = os.fspath(v)
-    p = os.fsdecode(p) if isinstance(p, bytes) else p
-    if not p or "\0" in p:
-        raise InvalidArgumentError(f"{name} must be a non-empty path without NUL, got {p!r}")
-    return v
-
-
-def _config(name: str, v: Any) -> Any:
-    return v if v is None or isinstance(v, StoreConfig) else _bad_type(name, v, "a StoreConfig or None")
-
-
-# annotation -> (the kind _gate.ArgChecks passes without a call when plainly fine, the check)
-_ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
-    "str": (_gate.ARG_STR, _message.text_arg),
-    "str | None": (_gate.ARG_STR | _gate.ARG_OR_NONE, lambda name, v: v if v is None else _message.text_arg(name, v)),
-    "int": (_gate.ARG_INT64, _int),
-    "int | None": (_gate.ARG_INT64 | _gate.ARG_OR_NONE, lambda name, v: v if v is None else _int(name, v)),
-    "bool": (_gate.ARG_OTHER, _bool),
-    "float | None": (_gate.ARG_OTHER, _seconds),
-    "Progress | None": (_gate.ARG_OTHER, _callable),
-    "Sequence[str]": (_gate.ARG_OTHER, _str_sequence),
-    "str | os.PathLike[str]": (_gate.ARG_OTHER, _store_path),
-    "StoreConfig | None": (_gate.ARG_OTHER, _config),
-}
-
-
-def _arg_checks(method: Callable[..., Any]) -> _gate.ArgChecks:
-    """The checks of the arguments of ``method`` that carry an annotation listed in
-    _ARG_CHECKS (InvalidArgumentError, or InvalidArgumentTypeError for a wrong type)."""
-    params = list(inspect.signature(method).parameters.values())[1:]
-    return _gate.ArgChecks([(i, p.name, *_ARG_CHECKS[p.annotation]) for i, p in enumerate(params)
-                            if isinstance(p.annotation, str) and p.annotation in _ARG_CHECKS])
-
-
-def _checked(method: F) -> F:
-    """Check the annotated arguments of ``method`` (see _arg_checks) before it runs."""
-    checks = _arg_checks(method)
-
-    @functools.wraps(method)
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return method(self, *checks(args, kwargs), **kwargs)
-    return run  # type: ignore[return-value]
-
-
 def _gated(method: F) -> F:
     """Run ``method`` as an in-flight operation: close() waits for it to end, and once
     close() has begun it raises StoreClosedError instead of starting. Annotated arguments
-    are checked first (see _arg_checks). The wrapper is C (_gate.gated)."""
-    return functools.wraps(method)(_gate.gated(method, _arg_checks(method)))  # type: ignore[return-value]
+    are checked first (see arguments.arg_checks). The wrapper is C (_gate.gated)."""
+    return functools.wraps(method)(_gate.gated(method, arg_checks(method, 1)))  # type: ignore[return-value]
 
 
 def _detect_cq_entries(root: str) -> int | None:
@@ -182,7 +90,7 @@ class MessageStore:
     lock, reads take none. Crash behaviour: see recovery.py and flush.py.
     """
 
-    @_checked
+    @checked(skip=1)
     def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None, read_only: bool = False,
                  progress: Progress | None = None) -> None:
         """Open (or, writing, create) the store at ``path`` and recover it.
@@ -288,15 +196,15 @@ class MessageStore:
         rebuild makes new ones."""
         cfg = self.config
         self._reader = _consume.QueueReader(
-            self._gate, _arg_checks(inspect.unwrap(MessageStore.get_messages)), self.consume_queues,
+            self._gate, arg_checks(inspect.unwrap(MessageStore.get_messages), 1), self.consume_queues,
             self.commitlog.segments, (cfg.max_transfer_count_on_message_in_memory,
                                       cfg.max_transfer_bytes_on_message_in_memory, cfg.consume_queue_entries))
         if type(self).get_messages is MessageStore.get_messages:
             self.get_messages = self._reader.get_messages   # type: ignore[method-assign]
         if self.index is not None and type(self).query_by_key is MessageStore.query_by_key:
+            checks = arg_checks(inspect.unwrap(MessageStore.query_by_key), 1)
             self.query_by_key = _index.KeyLookup(   # type: ignore[method-assign]
-                self._gate, self.index, self.commitlog.segments, _arg_checks(inspect.unwrap(MessageStore.query_by_key)),
-                cfg.max_msgs_num_batch).query_by_key
+                self._gate, self.index, self.commitlog.segments, checks, cfg.max_msgs_num_batch).query_by_key
 
     def _recover(self, progress: Progress | None = None) -> None:
         cfg = self.config
@@ -479,8 +387,6 @@ class MessageStore:
             DiskFullError: nothing was written.
         """
         self._check_open()
-        if properties is not None and "DELAY" in properties:
-            raise InvalidArgumentError("put_columns does not delay messages: put them one by one with DELAY")
         body = ingest.body_column(bodies)
         n = ingest.rows_of(body)
         names, ids = ingest.topic_column(topic, n)
@@ -508,7 +414,7 @@ class MessageStore:
         Returns and raises as put_columns."""
         self._check_open()
         names, ids, body, props, queue_ids, fields, delayed = ingest.arrow_columns(data, self.commitlog.uniq_key)
-        if not delayed:
+        if names and not delayed:   # (no rows name no topic: the Message path puts none)
             return self._put_columns(names, ids, body, props, queue_ids, fields)
         qids = None if queue_ids is None else [None if q < 0 else q for q in queue_ids.tolist()]
         res = self._writer.put_batch(ingest.arrow_messages(data, fields), qids)
@@ -594,7 +500,7 @@ class MessageStore:
         return self.commitlog.max_offset
 
     # -- dispatch state -------------------------------------------------------------------
-    @_checked
+    @checked(skip=1)
     def wait_dispatched(self, timeout: float | None = None) -> bool:
         """Wait until the consume queues and index hold every message put so far.
 

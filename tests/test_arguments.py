@@ -1,6 +1,9 @@
 """Every public MessageStore method, called with arguments of the wrong type or out of
 range, raises InvalidArgumentError (or another StoreError, e.g. MessageNotFoundError):
 never a plain TypeError/ValueError, and nothing stored is lost."""
+import subprocess
+import sys
+
 import pytest
 
 from rmqstore import InvalidArgumentError, Message, MessageStore, StoreConfig, StoreError
@@ -121,3 +124,44 @@ def test_progress_callback_failing_mid_rebuild_leaves_a_whole_store(tmp_path):
         assert [m.body for m in s.get_messages("T", 0, 0, 300).messages][:3] == [b"m0", b"m1", b"m2"]
         assert [m.body for m in s.query_by_key("T", "k7")] == [b"m7"]
         assert s.verify().ok
+
+
+# Every public function of rmqstore.batch (the Spark data source's decoder) with each
+# argument replaced by a bad value, in a child with a timeout: batch_bytes <= 0 used to
+# loop forever, and None, floats, bytes, surrogates or a file as a store directory
+# escaped as TypeError, OverflowError, UnicodeEncodeError or NotADirectoryError.
+BATCH_SWEEP = r"""
+import inspect, sys
+from rmqstore import StoreError, batch
+root = sys.argv[1]
+seg, base, _ = batch.segment_files(root)[0]
+calls = {"segment_files": [root], "count_records": [root], "end_offset": [root, 0], "advance": [root, 0, 4096],
+         **{name: [seg, base, 0, None] for name in ("iter_columns", "iter_arrow", "decode_segment")}}
+for name, good in calls.items():
+    func = getattr(batch, name)
+    params = list(inspect.signature(func).parameters)
+    for i, param in enumerate(params):
+        for bad in BAD + [0, seg + "/x"]:
+            args, kwargs = list(good), {}
+            if i < len(good):
+                args[i] = bad
+            else:
+                kwargs[param] = bad
+            try:
+                r = func(*args, **kwargs)
+                if hasattr(r, "__next__"):
+                    list(r)
+            except StoreError:
+                pass
+            except BaseException as e:
+                print(f"{name}({param}={bad!r}): {type(e).__name__}: {e}")
+"""
+
+
+def test_batch_functions_refuse_bad_arguments(tmp_path):
+    pytest.importorskip("pyarrow")
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 14, warm_mapped_file=False)) as s:
+        s.put_batch([Message("T", b"m%d" % i) for i in range(20)], 0)
+    code = f"BAD = {BAD!r}\n{BATCH_SWEEP}"
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True, timeout=300)
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", "")

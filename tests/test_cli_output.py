@@ -60,6 +60,20 @@ def test_every_json_output_uses_camel_case(clean_498, tmp_path):
     assert all(CAMEL.match(k) for k in res[0])
 
 
+
+def test_errors_with_json_are_json_on_stdout(clean_498, tmp_path):
+    """With --json a failing command (a usage error, a store error, a missing store) prints
+    one JSON object naming the error and its exit status on stdout, besides its line on stderr."""
+    store, _ = clean_498
+    (tmp_path / "file").write_text("x")
+    cases = [(2, ["get", store, "--topic", "T"]), (2, ["at", store, "-5"]), (1, ["at", store, 3]),
+             (1, ["stats", tmp_path / "file"]), (1, ["verify", tmp_path / "none"]), (2, ["stats", "--bogus"])]
+    for status, cmd in cases:
+        p = run(*cmd, "--json", expect=status)
+        err = p.stderr.removeprefix("rmqstore: error: ").rstrip("\n")
+        assert json.loads(p.stdout) == {"error": err, "exit": status}, cmd
+        assert "\n" not in err and err
+
 def _width(text):
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 

@@ -187,6 +187,23 @@ def test_consumer_offsets_persisted_in_rocketmq_shape(tmp_path):
         assert s.committed_offset("g2", "T", 0) == -1
 
 
+
+def test_commits_the_file_could_not_hold_are_refused(tmp_path):
+    """A commit the reader of consumerOffset.json would refuse (queue id or offset out
+    of range), or whose topic@group key would be another pair's ('T@a' + 'b' and 'T' +
+    'a@b'), is an InvalidArgumentError: the store reopens with the good commits."""
+    root = tmp_path / "s"
+    with MessageStore(root, _cfg()) as s:
+        s.commit_offset("g", "T", 0, 7)
+        for bad in [("g", "T", -1, 5), ("g", "T", 1 << 31, 5), ("g", "T", 0, -2), ("a@b", "T", 0, 1),
+                    ("b", "T@a", 0, 2), ("", "T", 0, 1), ("g", "", 0, 1)]:
+            with pytest.raises(InvalidArgumentError):
+                s.commit_offset(*bad)
+        s.commit_offset("g", "T", 1, -1)
+    with MessageStore(root, _cfg()) as s:
+        assert [s.committed_offset("g", "T", q) for q in (0, 1, 2)] == [7, -1, -1]
+        assert s.committed_offset("b", "T@a", 0) == s.committed_offset("a@b", "T", 0) == -1
+
 @pytest.mark.parametrize("per_file", [100, 5])
 def test_offset_by_time(tmp_path, per_file):
     """4.9 rule: choose the first CQ file whose last entry was stored at or after the time

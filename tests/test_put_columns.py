@@ -364,6 +364,11 @@ def test_message_fields_checked_before_anything_is_written(tmp_path, kw, error):
     (lambda b, pa: b.append_column("born_host", pa.array(["1.2.3.4:5", "x", None])), InvalidArgumentError, "'x'"),
     (lambda b, pa: b.append_column("properties", pa.array([[], [], []], pa.map_(pa.string(), pa.int32()))),
      InvalidArgumentTypeError, "map<string, string>"),
+    (lambda b, pa: b.append_column("born_timestamp", pa.array([1, 1 << 60, 2], pa.timestamp("s"))),
+     InvalidArgumentError, "s is out of range in ms"),   # * 1000 wrapped around int64, stored a wrong time
+    (lambda b, pa: b.append_column("body", b.column(2)), InvalidArgumentError, "['body'] appear more than once"),
+    (lambda b, pa: b.to_pydict(), InvalidArgumentTypeError, "not dict"),
+    (lambda b, pa: pa.RecordBatchReader.from_batches(b.schema, [b]), InvalidArgumentTypeError, "RecordBatchReader"),
 ])
 def test_put_arrow_bad_rows_store_nothing(tmp_path, change, error, text):
     pa = pytest.importorskip("pyarrow")
@@ -372,6 +377,15 @@ def test_put_arrow_bad_rows_store_nothing(tmp_path, change, error, text):
     with MessageStore(tmp_path / "s", CFG) as s:
         with pytest.raises(error, match=re.escape(text)):
             s.put_arrow(batch)
+        assert s.max_phy_offset == 0
+
+
+def test_put_arrow_of_no_rows_puts_none(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    with MessageStore(tmp_path / "s", CFG) as s:
+        res = s.put_arrow(pa.table({"topic": pa.array([], pa.string()), "body": pa.array([], pa.binary())}))
+        want = {"phy_offset": np.int64, "size": np.int64, "queue_id": np.int32, "queue_offset": np.int64}
+        assert {k: (len(v), v.dtype) for k, v in res.items()} == {k: (0, t) for k, t in want.items()}
         assert s.max_phy_offset == 0
 
 
@@ -488,3 +502,36 @@ def test_bodies_changed_by_other_threads_during_the_call(tmp_path):
             assert body == b"new" or len(body) == size and len(set(body) - {254, 255}) <= 1   # one item's bytes
         s.wait_dispatched()
         assert s.verify().ok
+
+
+class _Opaque:
+    """Neither a sequence nor an int."""
+
+
+class _Index:
+    """An integer that is no int: it has __index__ (numpy's scalars are alike)."""
+
+    def __index__(self):
+        return 1
+
+
+@pytest.mark.parametrize("name", ["topic", "bodies", "queue_ids", "tags", "keys", "properties", "flag",
+                                  "born_timestamp", "born_host", "reconsume_times"])
+def test_a_value_that_is_no_column_is_a_type_error(tmp_path, name):
+    """A scalar of the wrong kind, or an object that is neither one value nor a column
+    (a float, a 0-d array, a number where a str or a mapping is due), is an
+    InvalidArgumentTypeError that stores nothing; a 0-d integer array or an __index__
+    object is one int for every row, as an int is."""
+    args = {"topic": "T", "bodies": [b"a", b"b"], "queue_ids": 0}
+    with MessageStore(tmp_path / "s", CFG) as s:
+        for bad in [5, 1.5, np.float64(1), np.array(b"ab"), np.array(1.5), np.array(True), _Opaque(), b"ab"]:
+            if isinstance(bad, int) and name in ("queue_ids", "flag", "born_timestamp", "reconsume_times"):
+                continue
+            with pytest.raises(InvalidArgumentTypeError):
+                s.put_columns(**{**args, name: bad})
+        assert s.max_offset("T", 0) == 0
+        if name in ("queue_ids", "flag", "reconsume_times"):
+            for one in (np.array(1), _Index()):
+                s.put_columns(**{**args, name: one})
+            s.wait_dispatched()
+            assert [getattr(m, {"queue_ids": "queue_id"}.get(name, name)) for m in s.scan()] == [1] * 4

@@ -270,6 +270,17 @@ def test_delay_level_rewrite(tmp_path):
         assert store.max_offset("orders", 3) == 1
 
 
+
+@pytest.mark.parametrize("level", ["\u00b2", "\u00b2\u00b3", "", "x", "-1", None])
+def test_a_delay_level_that_is_no_number_keeps_the_tags_code(level):
+    """A SCHEDULE_TOPIC_XXXX record of another store whose DELAY is no number ('\u00b2'
+    passes str.isdigit but not int()) is dispatched with its tags code, as RocketMQ does
+    for a bad level, instead of stopping dispatch with a ValueError; digits of other
+    scripts count, as Java's parseInt (and put) read them."""
+    from rmqstore.dispatch import deliver_time
+    assert deliver_time(level, 5_000, 7, [1000, 2000]) == 7
+    assert deliver_time("1", 5_000, 7, [1000, 2000]) == deliver_time("\u0661", 5_000, 7, [1000, 2000]) == 6_000
+
 def test_transactions_prepared_rollback_no_cq(tmp_path):
     with MessageStore(tmp_path / "s", _cfg()) as store:
         a = store.put(Message("tx", b"n0"), queue_id=0)

@@ -1,6 +1,11 @@
 """Symlinks planted in a store are refused (StoreError), never followed: their targets
-keep their bytes and mode. Files the store creates are 0600 whatever the umask."""
+keep their bytes and mode. FIFOs, directories where files are due and files where
+directories are due are StoreErrors too, never a hang or a bare OSError. Files the store
+creates are 0600 whatever the umask."""
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -126,3 +131,75 @@ def test_every_created_file_is_0600_under_a_lax_umask(tmp_path):
     modes = {os.path.relpath(os.path.join(d, n), root): os.stat(os.path.join(d, n)).st_mode & 0o777
              for d, _, names in os.walk(root) for n in names}
     assert modes and set(modes.values()) == {0o600}, modes
+
+
+# A child opens the store (read-only, then writing), reads, puts and verifies, printing
+# what escaped that is no StoreError; a FIFO used to block open() forever.
+OPENER = r"""
+import sys
+from rmqstore import Message, MessageStore, StoreConfig, StoreError
+cfg = StoreConfig(commitlog_file_size=int(sys.argv[2]), consume_queue_entries=100, warm_mapped_file=False)
+for ro in (True, False):
+    try:
+        with MessageStore(sys.argv[1], cfg, read_only=ro) as s:
+            s.get_messages("T", 0, 0, 4), s.query_by_key("T", "k1"), s.verify()
+            if not ro:
+                s.put(Message("T", b"new"), 0), s.commit_offset("g", "T", 0, 3)
+    except StoreError:
+        pass
+    except BaseException as e:
+        print(ro, type(e).__name__, e)
+"""
+PLACED = {   # what takes a store path's place: a FIFO, a directory, a file, odd names
+    "fifo": ["checkpoint", "config/consumerOffset.json", "lock", "abort", "commitlog/00000000000000000000",
+             f"commitlog/{SEG:020d}", "consumequeue/T/0/00000000000000000000", "<index file>"],
+    "dir": ["checkpoint", "config/consumerOffset.json", "lock", f"commitlog/{SEG:020d}",
+            "consumequeue/T/0/00000000000000000000", "<index file>"],
+    "file": ["commitlog", "consumequeue", "consumequeue/T", "consumequeue/T/0", "index", "config"],
+    "name": ["consumequeue/T/99999999999999999999", "consumequeue/T/\u00b2", "commitlog/" + "\u00b2" * 20,
+             "index/\u00b2"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLACED))
+def test_special_files_and_wrong_kinds_are_store_errors(tmp_path, kind):
+    roots = []
+    for i, rel in enumerate(PLACED[kind]):
+        root = tmp_path / str(i)
+        _store(root)
+        os.remove(root / "lock")
+        path = root / (_index_file(root) if rel == "<index file>" else rel)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+        os.makedirs(path.parent, exist_ok=True)
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "file":
+            path.write_bytes(b"x")
+        else:
+            os.makedirs(path)
+        roots.append(root)
+    for root in roots:
+        p = subprocess.run([sys.executable, "-c", OPENER, str(root), str(SEG)], capture_output=True, text=True,
+                           timeout=120)
+        assert (p.returncode, p.stdout) == (0, "") and "Traceback" not in p.stderr, (root, p.stderr)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink"])
+def test_digest_and_diff_read_no_planted_segment(tmp_path, plant):
+    """The command's digest and diff read segments as the store does: a FIFO (open()
+    used to wait for a writer forever) or a symlink (read through to its target) is an
+    error, exit status 1."""
+    _store(tmp_path / "s")
+    seg = tmp_path / "s" / f"commitlog/{SEG:020d}"
+    if plant == "fifo":
+        os.mkfifo(seg)
+    else:
+        (tmp_path / "target").write_bytes(b"\0" * SEG)
+        os.symlink(tmp_path / "target", seg)
+    for cmd in (["digest", tmp_path / "s"], ["diff", tmp_path / "s", tmp_path / "s"]):
+        p = subprocess.run([sys.executable, "-m", "rmqstore", *map(str, cmd)], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 1 and p.stderr.startswith("rmqstore: error: ") and "Traceback" not in p.stderr

@@ -3,7 +3,8 @@
 
 Exit status: 0 success; 1 a store or I/O error; 2 a usage error; 3 the command ran and
 found a difference or a problem (``diff``, ``verify``); 130 interrupted (Ctrl-C).
-Errors are one line on stderr: ``rmqstore: error: ...``.
+Errors are one line on stderr: ``rmqstore: error: ...``; with ``--json`` also a JSON
+object ``{"error": ..., "exit": status}`` on stdout.
 """
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ import sys
 from typing import Sequence
 
 from rmqstore.cli import admin, maintain, put, read, serve, spark
-from rmqstore.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CommandError, Parser, positive_int
+from rmqstore.cli.common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandError,
+    Parser,
+    UsageError,
+    dumps,
+    positive_int,
+)
 from rmqstore.errors import StoreError
 
 
@@ -51,21 +62,33 @@ def _error_text(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+def _failed(status: int, text: str, as_json: bool) -> int:
+    """Report a failure: one line on stderr and, with --json, ``{"error", "exit"}`` on
+    stdout, so a script reading JSON gets JSON. Returns ``status``."""
+    sys.stderr.write("rmqstore: interrupted\n" if status == EXIT_INTERRUPTED else f"rmqstore: error: {text}\n")
+    if as_json:
+        sys.stdout.write(dumps({"error": text, "exit": status}) + "\n")
+        sys.stdout.flush()
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (the console script exits with it)."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        return _failed(EXIT_USAGE, str(e), as_json)
     try:
         status = args.func(args)
         sys.stdout.flush()
         return EXIT_OK if status is None else status
     except KeyboardInterrupt:
-        sys.stderr.write("rmqstore: interrupted\n")
-        return EXIT_INTERRUPTED
+        return _failed(EXIT_INTERRUPTED, "interrupted", as_json)
     except BrokenPipeError:
         # The reader went away (``| head``): silence the final flush too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except (CommandError, StoreError, OSError) as e:
-        sys.stderr.write(f"rmqstore: error: {_error_text(e)}\n")
-        return EXIT_ERROR
-
+        return _failed(EXIT_ERROR, _error_text(e), as_json)

@@ -19,6 +19,7 @@ from rmqstore.cli.common import (
     require_store,
     store_config,
 )
+from rmqstore.files import open_reader
 from rmqstore.segments import list_segment_files
 from rmqstore.store import MessageStore
 
@@ -50,7 +51,7 @@ def digest_segments(files, bar):
     out = {}
     for off, path, _ in files:
         crc = 0
-        with open(path, "rb") as f:
+        with open_reader(path) as f:
             while chunk := f.read(_CHUNK):
                 crc = crc32c.crc32c(chunk, crc)
                 bar.update(len(chunk))
@@ -72,8 +73,8 @@ def cmd_digest(args):
 def _first_difference(path_a, path_b, size):
     """Offset of the first differing byte of two segment files (a missing file reads as
     zeros, like space never written), or None."""
-    fa = open(path_a, "rb") if path_a else None
-    fb = open(path_b, "rb") if path_b else None
+    fa = open_reader(path_a) if path_a else None
+    fb = open_reader(path_b) if path_b else None
     try:
         pos = 0
         while pos < size:

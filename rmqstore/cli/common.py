@@ -21,12 +21,16 @@ class CommandError(Exception):
     """A failure the command reports as one line and exit status 1."""
 
 
+class UsageError(Exception):
+    """Bad command-line arguments: reported as one line and exit status 2."""
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors: ``rmqstore: error: ... (see PROG --help)``."""
+    """argparse whose usage errors are UsageError(``... (see PROG --help)``), which the
+    command reports as its other errors (one line; JSON too with --json)."""
 
     def error(self, message):
-        sys.stderr.write(f"rmqstore: error: {message} (see '{self.prog} --help')\n")
-        sys.exit(EXIT_USAGE)
+        raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
 def nonneg_int(text):

@@ -157,8 +157,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def ReceiveMessage(self, request: Any, context: Any) -> Iterator[Any]:
         try:
             group, topic = request.group.name, request.message_queue.topic.name
-            if not group:
-                raise RequestError(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is required")
+            if not group or "@" in group:   # '@' separates topic and group in consumerOffset.json
+                raise RequestError(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group {group!r} is empty or holds '@'")
             expr = request.filter_expression
             if expr.type not in (definition_pb2.FilterType.TAG, definition_pb2.FilterType.FILTER_TYPE_UNSPECIFIED):
                 raise RequestError(Code.UNSUPPORTED, "only TAG filter expressions are supported")

@@ -1,0 +1,123 @@
+"""Argument checks by annotation for the public API (MessageStore's methods, the batch
+decoder's functions): an argument whose annotation is listed in ARG_CHECKS is checked
+before the call, so bad input is an InvalidArgumentError (InvalidArgumentTypeError for a
+wrong type), never a bare TypeError, OverflowError or UnicodeError from deep inside."""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+from typing import Any, Callable, NoReturn, TypeVar
+
+import rmqstore._gate as _gate
+from rmqstore import _message
+from rmqstore.config import StoreConfig
+from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TIMES = ("begin", "end", "timestamp")     # times clamp to the stored range, as RocketMQ's do
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _int(name: str, v: Any) -> Any:
+    """An int (no bool, float or str); an int64 unless it is a time, which may be any int."""
+    if type(v) is int and (_I64_MIN <= v <= _I64_MAX or name in _TIMES):    # the common case, cheaply
+        return v
+    return _message.int_arg(name, v, float("-inf"), float("inf")) if name in _TIMES else \
+        _message.int_arg(name, v, _I64_MIN, _I64_MAX)
+
+
+def _bad_type(name: str, v: Any, due: str) -> NoReturn:
+    raise InvalidArgumentTypeError(f"{name} must be {due}, not {type(v).__name__}")
+
+
+def _bool(name: str, v: Any) -> Any:
+    return v if type(v) is bool else _bad_type(name, v, "True or False")
+
+
+def _seconds(name: str, v: Any) -> Any:
+    """None or an int/float of seconds (no bool) that a wait or a clock accepts."""
+    if v is None:
+        return v
+    if type(v) not in (int, float):
+        _bad_type(name, v, "a number of seconds or None")
+    if not -threading.TIMEOUT_MAX <= v <= threading.TIMEOUT_MAX:   # also refuses NaN
+        raise InvalidArgumentError(f"{name} {v} out of range [-{threading.TIMEOUT_MAX}, {threading.TIMEOUT_MAX}]")
+    return v
+
+
+def _callable(name: str, v: Any) -> Any:
+    return v if v is None or callable(v) else _bad_type(name, v, "callable or None")
+
+
+def _str_sequence(name: str, v: Any) -> Any:
+    """A list/tuple-like of str (each element is checked where it is used)."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        _bad_type(name, v, "a sequence of str")
+    return v
+
+
+def _path(name: str, v: Any) -> Any:
+    """A str or os.PathLike naming a file or directory: not empty, no NUL, encodable."""
+    if not isinstance(v, (str, os.PathLike)):
+        _bad_type(name, v, "a str or os.PathLike")
+    p = os.fspath(v)
+    p = os.fsdecode(p) if isinstance(p, bytes) else p
+    if not p or "\0" in p:
+        raise InvalidArgumentError(f"{name} must be a non-empty path without NUL, got {p!r}")
+    try:
+        os.fsencode(p)
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{name} {p!r} cannot be a file name (a lone surrogate)") from None
+    return v
+
+
+def _config(name: str, v: Any) -> Any:
+    return v if v is None or isinstance(v, StoreConfig) else _bad_type(name, v, "a StoreConfig or None")
+
+
+# annotation -> (the kind _gate.ArgChecks passes without a call when plainly fine, the check)
+ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
+    "str": (_gate.ARG_STR, _message.text_arg),
+    "str | None": (_gate.ARG_STR | _gate.ARG_OR_NONE, lambda name, v: v if v is None else _message.text_arg(name, v)),
+    "int": (_gate.ARG_INT64, _int),
+    "int | None": (_gate.ARG_INT64 | _gate.ARG_OR_NONE, lambda name, v: v if v is None else _int(name, v)),
+    "bool": (_gate.ARG_OTHER, _bool),
+    "float | None": (_gate.ARG_OTHER, _seconds),
+    "Progress | None": (_gate.ARG_OTHER, _callable),
+    "Sequence[str]": (_gate.ARG_OTHER, _str_sequence),
+    "Sequence[str] | None": (_gate.ARG_OTHER, lambda name, v: v if v is None else _str_sequence(name, v)),
+    "str | os.PathLike[str]": (_gate.ARG_OTHER, _path),
+    "str | os.PathLike[str] | None": (_gate.ARG_OTHER, lambda name, v: v if v is None else _path(name, v)),
+    "StoreConfig | None": (_gate.ARG_OTHER, _config),
+}
+
+
+def arg_checks(func: Callable[..., Any], skip: int = 0) -> _gate.ArgChecks:
+    """The checks of the arguments of ``func`` (after its first ``skip``, e.g. self) that
+    carry an annotation listed in ARG_CHECKS."""
+    params = list(inspect.signature(func).parameters.values())[skip:]
+    return _gate.ArgChecks([(i, p.name, *ARG_CHECKS[p.annotation]) for i, p in enumerate(params)
+                            if isinstance(p.annotation, str) and p.annotation in ARG_CHECKS])
+
+
+def checked(skip: int = 0) -> Callable[[F], F]:
+    """Decorator: check the annotated arguments of the function (see arg_checks) before it
+    runs; ``skip=1`` for a method."""
+    def wrap(func: F) -> F:
+        checks = arg_checks(func, skip)
+
+        @functools.wraps(func)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return func(*args[:skip], *checks(args[skip:], kwargs), **kwargs)
+        return run  # type: ignore[return-value]
+    return wrap
+
+
+def positive(name: str, v: int) -> int:
+    """``v`` (an int already checked) if it is above 0."""
+    if v <= 0:
+        raise InvalidArgumentError(f"{name} must be above 0, got {v}")
+    return v
