@@ -51,20 +51,18 @@ cdef class QueueReader:
     cdef object read(self, topic, queue_id, object offset, object max_count, tags):
         """Up to ``max_count`` messages of one queue from ``offset``, filtered by a tag
         expression; statuses and next offsets as RocketMQ's (a call never crosses a
-        consume-queue file)."""
+        consume-queue file). The arguments passed get_messages' checks (topic a str, the
+        numbers int64s)."""
         cdef long long lo, hi, off, n, avail, window, first, per_file, pos
         cdef MappedSegment seg
-        if not isinstance(max_count, int) or max_count <= 0:
+        if max_count <= 0:
             raise InvalidArgumentError(f"max_count must be a positive int, got {max_count!r}")
-        if not isinstance(offset, int):
-            raise InvalidArgumentError(f"offset must be an int, got {offset!r}")
         flt = TagFilter(tags) if tags is not None else ALL
         cq = self.queues.queues.get((topic, queue_id))     # ConsumeQueueTable.get, and below the
         if cq is None:                                      # ConsumeQueue calls, without Python frames
             # RocketMQ's findConsumeQueue creates any queue asked for, so an unknown
             # topic/queue answers NO_MESSAGE_IN_QUEUE; one that cannot exist does not.
-            if not isinstance(queue_id, int) or queue_id < 0 or not isinstance(topic, str) \
-                    or not is_safe_dirname(topic):
+            if queue_id < 0 or not is_safe_dirname(topic):
                 return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
         files = cq.segments
@@ -79,7 +77,7 @@ cdef class QueueReader:
             # 4.9.8 and 5.3.3 both answer nextBeginOffset = maxOffset here (manifests)
             return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
         off = offset        # within [lo, hi): fits
-        seg = queue_find(files, off * ENTRY)     # ConsumeQueue.file_entries
+        seg = queue_find(files, off * ENTRY)     # the file holding the entry, and its entries from there
         avail = 0 if seg is None else max(0, seg.wrote_pos - (off * ENTRY - seg.base_offset)) // ENTRY
         if avail == 0:
             per_file = self.per_file

@@ -95,7 +95,7 @@ def iter_arrow(path: str | os.PathLike[str], base_offset: int, start: int = 0, e
     import rmqstore._arrow as _arrow
     columns = _arrow.check_columns(columns)
     label = "" if store is None else os.fspath(store)
-    batch_bytes = min(positive("batch_bytes", batch_bytes), 1 << 30)   # Arrow's int32 offsets: < 2 GiB per column
+    batch_bytes = min(batch_bytes, 1 << 30)   # Arrow's int32 offsets: < 2 GiB per column (checked below)
 
     def decode(seg, pos, window):
         return _arrow.decode(seg, pos, window, check_crc, label, columns)

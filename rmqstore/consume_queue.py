@@ -10,7 +10,6 @@ from typing import Callable
 import numpy as np
 
 from rmqstore import _cq
-from rmqstore._segment import MappedSegment
 from rmqstore.config import StoreConfig
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError
 from rmqstore.files import list_dir, number_name
@@ -191,16 +190,6 @@ class ConsumeQueue:
             return None
         e = arr[0]
         return int(e["phy_offset"]), int(e["size"]), int(e["tags_code"])
-
-    def file_entries(self, index: int) -> tuple[MappedSegment | None, int, int]:
-        """Where the entry of queue offset ``index`` lies: (segment, file position, entries
-        written from there to the end of that file); (None, 0, 0) when none is stored."""
-        pos = index * ENTRY
-        seg = self.segments.find(pos) if index >= self.min_logic_offset // ENTRY else None
-        if seg is None:
-            return None, 0, 0
-        rel = pos - seg.base_offset
-        return seg, rel, max(0, seg.wrote_pos - rel) // ENTRY
 
     def read(self, index: int, count: int, within_file: bool = False) -> np.ndarray:
         """Up to ``count`` entries from queue offset ``index`` as a numpy array

@@ -21,8 +21,8 @@ def segment_name(offset):
 def list_segment_files(directory):
     """(offset, path) of every 20-digit file in ``directory``, in offset order; a symlinked
     directory is refused."""
-    return sorted((number_name(n, _MAX_OFFSET), os.path.join(directory, n)) for n in list_dir(directory)
-                  if len(n) == 20 and number_name(n, _MAX_OFFSET) is not None)
+    found = ((number_name(n, _MAX_OFFSET), n) for n in list_dir(directory) if len(n) == 20)
+    return sorted((offset, os.path.join(directory, n)) for offset, n in found if offset is not None)
 
 
 def detect_file_size(directory):
