@@ -86,9 +86,7 @@ def append_entries(MappedSegment seg not None, const int64_t[:] phy not None, co
     p = seg.m.base + seg.wrote_pos
     with nogil:
         for i in range(start, start + n):
-            rmq_st64(p, phy[i])
-            rmq_st32(p + 8, size[i])
-            rmq_st64(p + 12, tags[i])
+            store_entry(p, phy[i], size[i], tags[i])
             p += 20
     seg.wrote_pos += n * 20
     return n

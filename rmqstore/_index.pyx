@@ -445,8 +445,7 @@ cdef class IndexFiles:
         cdef bint stack_pins[16]
         cdef bint *pinned = stack_pins
         cdef int32_t h
-        limits(topic, max_num, begin, end, cap, &mn, &b, &e)
-        topic = PyUnicode_FromObject(topic)     # a str subclass as the str the read-back compares
+        topic = limits(topic, max_num, begin, end, cap, &mn, &b, &e)
         check_key(key)
         if mn == 0:
             return []
@@ -501,8 +500,7 @@ cdef class IndexFiles:
         cdef bint *pinned
         cdef char *buf
         cdef int32_t *hs
-        limits(topic, max_num, begin, end, cap, &mn, &b, &e)
-        topic = PyUnicode_FromObject(topic)     # a str subclass as the str the read-back compares
+        topic = limits(topic, max_num, begin, end, cap, &mn, &b, &e)
         keys = list(keys)       # ours: the str objects, whose UTF-8 the GIL-free passes read, stay alive
         PyObject_GC_UnTrack(<void *>keys)   # a temporary: collections need not walk it
         nk = len(keys)
@@ -592,10 +590,11 @@ cdef class KeyLookup:
             self.gate.leave()
 
 
-cdef int limits(object topic, object max_num, object begin, object end, Py_ssize_t cap,
-                Py_ssize_t *mn, int64_t *b, int64_t *e) except -1:
+cdef str limits(object topic, object max_num, object begin, object end, Py_ssize_t cap,
+               Py_ssize_t *mn, int64_t *b, int64_t *e):
     """Query arguments checked (InvalidArgumentError) and clamped: max_num to [0, cap],
-    times to int64, ``end`` None to no limit."""
+    times to int64, ``end`` None to no limit. Returns the topic as a plain str (a str
+    subclass as the str the read-back compares)."""
     if not isinstance(topic, str):
         raise InvalidArgumentError(f"topic must be a str, not {type(topic).__name__}")
     if not isinstance(max_num, int) or not isinstance(begin, int) or not (end is None or isinstance(end, int)):
@@ -604,7 +603,7 @@ cdef int limits(object topic, object max_num, object begin, object end, Py_ssize
     mn[0] = 0 if m < 0 else (cap if m > cap else m)
     b[0] = clamp64(begin)
     e[0] = 0x7FFFFFFFFFFFFFFF if end is None else clamp64(end)
-    return 0
+    return PyUnicode_FromObject(topic)
 
 
 cdef inline int64_t clamp64(object v) except? -1:

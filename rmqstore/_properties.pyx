@@ -12,7 +12,7 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndS
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp
 from rmqstore._copy cimport copy_short
 import numpy as np
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -269,19 +269,22 @@ cdef class ListsView:
         self.l.s = self.strings.s
 
 
-def topic_ids(arr, Py_ssize_t most=256):
+cdef enum:
+    TOPICS_MOST = 256     # topics topic_ids matches in C (more: pyarrow's dictionary_encode)
+
+
+def topic_ids(arr):
     """(distinct topics, each row's index into them as int32; None when there is one) of a
-    pyarrow strings column; None when it holds more than ``most`` topics. A null topic is
+    pyarrow strings column; None when it holds more than TOPICS_MOST topics. A null topic is
     an InvalidArgumentError naming its row."""
     cdef StringsView v = StringsView(arr, "topic")
     cdef Py_ssize_t i, n = len(arr), k, found = 0, last = 0
     cdef int64_t length
     cdef const char *p
-    cdef const char *seen[256]
-    cdef int64_t seen_len[256]
+    cdef const char *seen[TOPICS_MOST]
+    cdef int64_t seen_len[TOPICS_MOST]
     ids_a = np.empty(n, np.int32)
     cdef int32_t[::1] ids = ids_a
-    most = min(most, 256)
     for i in range(n):
         p = str_at(&v.s, i, &length)
         if p == NULL:
@@ -293,7 +296,7 @@ def topic_ids(arr, Py_ssize_t most=256):
             if seen_len[k] == length and memcmp(seen[k], p, length) == 0:
                 break
         else:
-            if found == most:
+            if found == TOPICS_MOST:
                 return None
             k = found
             seen[k], seen_len[k] = p, length
@@ -460,13 +463,13 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
             if entries is not None and list_at(&entries.l, i, &x, &y):
                 for j in range(x, y):
                     name = str_at(&entries.l.s, j, &name_len)
+                    if name == NULL:    # before find: a null leaves name_len unset
+                        raise InvalidArgumentError(f"row {i}: a property with a null name")
                     a = find(e, 0, k, name, name_len)
                     if a < 0:
                         a = k
                         k += 1
                         e[a].name, e[a].name_len = name, name_len
-                    if name == NULL:
-                        raise InvalidArgumentError(f"row {i}: a property with a null name")
                     value = str_at(&entries.items.s, j, &value_len)
                     e[a].kind = DIRECT if value != NULL else NULL_VALUE
                     e[a].checked = entries_ok

@@ -117,7 +117,7 @@ def _per_row(values: Any, n: int, what: str) -> list[Any] | None:
         values = list(values)
     if len(values) != n:
         raise InvalidArgumentError(f"{len(values)} {what} for {n} messages")
-    return list(values)
+    return values
 
 
 def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Mapping[str, str] | None = None,
