@@ -496,10 +496,14 @@ cdef class Appender:
     ``make_room()`` and ``file_size``.
     Thread-safe: ``put``/``put_batch`` hold the appender's own write lock, a C lock taken
     without a Python call when free (waiting for it releases the GIL). ``with appender:``
-    holds it for other writers of the commitlog (retention, truncation)."""
+    holds it for other writers of the commitlog (retention, truncation).
+    ``failed``: the commitlog's sticky I/O error (CommitLog.failed), None while writable."""
     cdef public int64_t warm_mark
+    cdef public object failed
     cdef PyThread_type_lock _lock
     cdef dict topics                    # topic -> _TopicState
+    cdef str last_topic                 # the topic _plan checked last, and its state
+    cdef _TopicState last_state
     cdef object segments, check_topic, delay, warm, stamp
     cdef MappedSegment seg              # the last segment, during a call
     cdef bytes store_host
@@ -572,7 +576,8 @@ cdef class Appender:
         cdef tuple plan
         if not isinstance(msg, Message):
             raise InvalidArgumentTypeError(f"put takes a Message, not {type(msg).__name__}")
-        queue_id = queue_id_arg(queue_id)
+        if queue_id is not None:
+            queue_id = queue_id_arg(queue_id)
         self._acquire()
         try:
             plan = self._plan(<Message>msg, queue_id)
@@ -813,7 +818,7 @@ cdef class Appender:
         written; only the round-robin position moves."""
         cdef str topic = text_arg("topic", msg.topic)
         cdef dict props
-        cdef _TopicState st = self.topics.get(topic)
+        cdef _TopicState st = self.last_state if topic is self.last_topic else self.topics.get(topic)
         cdef int32_t qid
         cdef int64_t size
         if msg.properties is None:
@@ -825,6 +830,7 @@ cdef class Appender:
             self.check_topic(topic)
             st = self._state(topic)
             st.checked = True
+        self.last_topic, self.last_state = topic, st
         if queue_id is None:
             qid = st.next_qid
             st.next_qid = (qid + 1) % self.queue_nums
@@ -872,18 +878,16 @@ cdef class StoreWriter:
     writable check, the append and, in SYNC mode, the wait for the flush, with no Python
     frame between them (they were 0.7 of the 1.2 us a put cost).
     ``refuse()`` raises why the store takes no writes; it is called when the commitlog is
-    read-only or ``commitlog.failed`` (a failed flush) is set. ``wait_flushed(offset)``:
+    read-only or the appender's ``failed`` (a failed flush) is set. ``wait_flushed(offset)``:
     None in async mode."""
     cdef Gate gate
     cdef Appender appender
-    cdef object commitlog, wait_flushed, refuse
+    cdef object wait_flushed, refuse
     cdef bint readonly
 
-    def __init__(self, Gate gate not None, Appender appender not None, commitlog, bint readonly, wait_flushed,
-                 refuse not None):
+    def __init__(self, Gate gate not None, Appender appender not None, bint readonly, wait_flushed, refuse not None):
         self.gate = gate
         self.appender = appender
-        self.commitlog = commitlog
         self.readonly = readonly
         self.wait_flushed = wait_flushed
         self.refuse = refuse
@@ -900,7 +904,7 @@ cdef class StoreWriter:
         cdef PutResult last
         self.gate.enter()
         try:
-            if self.readonly or self.commitlog.failed is not None:
+            if self.readonly or self.appender.failed is not None:
                 self.refuse()
             out = self.appender._put_batch(what, queue_id) if batch else self.appender._put(what, queue_id)
             if self.wait_flushed is not None and (not batch or out):

@@ -48,7 +48,6 @@ class CommitLog:
         warm = config.warm_mapped_file and config.warm_ahead_bytes > 0 and not readonly
         self._warmer = Worker("rmq-warm") if warm else None
         self._warm_to = 0              # commitlog offset faulted in (or queued) so far
-        self.failed = None             # sticky I/O error: the store turned read-only
 
     # -- positions ------------------------------------------------------------------------
     @property
@@ -63,6 +62,16 @@ class CommitLog:
     @property
     def flushed_offset(self):
         return self.segments.flushed_where
+
+    @property
+    def failed(self):
+        """The sticky I/O error that turned the store read-only, or None (kept in the
+        appender, whose put checks it in C)."""
+        return self.appender.failed
+
+    @failed.setter
+    def failed(self, exc):
+        self.appender.failed = exc
 
     @property
     def queue_offsets(self):

@@ -179,7 +179,7 @@ class MessageStore:
         except BaseException:
             self._teardown()
             raise
-        self._writer = _append.StoreWriter(self._gate, self.commitlog.appender, self.commitlog, self.read_only,
+        self._writer = _append.StoreWriter(self._gate, self.commitlog.appender, self.read_only,
                                            self.flusher.wait_flushed if self._sync else None,
                                            self.commitlog.check_writable)
         # the instance's put / put_batch are the writer's C methods (no Python frame per call),
