@@ -312,3 +312,5 @@ def test_record_whose_topic_cannot_name_a_directory(tmp_path):
         f"record at commitlog offset {off}: topic '../a' cannot name a consume-queue directory"
     assert [p.kind for p in rep.problems[1:]] == ["consume_queue"]
     assert rep.problems[1].offset == 1 and f"T0aa/0 queue offset 1 (commitlog offset {off}," in rep.problems[1].message
+    assert "topic '../a' cannot name a consume-queue directory" in rep.problems[1].message
+    assert "PREPARED" not in rep.problems[1].message

@@ -308,6 +308,8 @@ class _Verifier:
         where = f"{topic}/{qid} queue offset {qoff} (commitlog offset {phy}, size {size})"
         if rec is None:
             why = "no record starts at that commitlog offset"
+        elif not recs.cq[rec] and not is_safe_dirname(recs.topic_names[recs.topic[rec]]):
+            why = f"the record's topic {recs.topic_names[recs.topic[rec]]!r} cannot name a consume-queue directory"
         elif not recs.cq[rec]:
             why = "the record is a PREPARED or ROLLBACK message, which get no entry"
         else:
