@@ -14,7 +14,7 @@ typedef struct {
 
 int rmq_fault_armed = 0;
 static fault_t faults[RMQ_OP_COUNT];
-static const char *const op_names[RMQ_OP_COUNT] = {"open", "msync", "fallocate", "ftruncate", "fsync"};
+static const char *const op_names[RMQ_OP_COUNT] = {"open", "msync", "fallocate", "ftruncate", "fsync", "pwrite"};
 
 int rmq_fault_op(const char *name) {
     for (int i = 0; i < RMQ_OP_COUNT; i++)

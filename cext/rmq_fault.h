@@ -2,12 +2,12 @@
  * optionally only on files whose path contains a given substring. Off by default; when off
  * a check costs one load of `rmq_fault_armed`. Armed by rmq_fault_set() or, at load time,
  * by the environment variable RMQ_FAULTS="op:nth:errno[:match][,...]", where op is one of
- * open, msync, fallocate, ftruncate, fsync and errno a number or a name (EIO, ENOSPC, ...). */
+ * open, msync, fallocate, ftruncate, fsync, pwrite and errno a number or a name (EIO, ENOSPC, ...). */
 #ifndef RMQ_FAULT_H
 #define RMQ_FAULT_H
 #include <stdint.h>
 
-enum { RMQ_OP_OPEN, RMQ_OP_MSYNC, RMQ_OP_FALLOCATE, RMQ_OP_FTRUNCATE, RMQ_OP_FSYNC, RMQ_OP_COUNT };
+enum { RMQ_OP_OPEN, RMQ_OP_MSYNC, RMQ_OP_FALLOCATE, RMQ_OP_FTRUNCATE, RMQ_OP_FSYNC, RMQ_OP_PWRITE, RMQ_OP_COUNT };
 
 extern int rmq_fault_armed;
 

@@ -124,6 +124,23 @@ int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len) {
     return msync(s, n, MS_SYNC) ? -errno : 0;
 }
 
+int rmq_map_write(rmq_map_t *m, int64_t off, const char *buf, int64_t len) {
+    if (m->readonly || off < 0 || len < 0 || len > m->size - off) return -EINVAL;
+    int rc = RMQ_FAULT(RMQ_OP_PWRITE, NULL, m->fd);
+    if (rc) return -rc;
+    while (len > 0) {
+        ssize_t w = pwrite(m->fd, buf, (size_t)len, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        buf += w;
+        off += w;
+        len -= w;
+    }
+    return 0;
+}
+
 int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t len, int write) {
     char *s; size_t n;
     int64_t ps = rmq_page_size();

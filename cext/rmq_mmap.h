@@ -36,6 +36,11 @@ int rmq_map_reserve(rmq_map_t *m, int64_t off, int64_t len);
  * zeros over reserved blocks where the file system cannot punch holes or on tmpfs. */
 int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t len);
 int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len);
+/* Write `len` bytes at file offset `off` with pwrite instead of through the mapping, which
+ * sees them (one page cache). A page of a hole or of preallocated blocks written through
+ * the mapping is first faulted in filled with zeros; pwrite of whole pages skips that fill,
+ * which costs more than the copy itself. 0 or -errno (-EINVAL: not within the file). */
+int rmq_map_write(rmq_map_t *m, int64_t off, const char *buf, int64_t len);
 /* Fault pages of [off, off+len) in: write 0 read-only, 1 for writing (pages nobody else
  * uses yet), 2 for writing pages a writer may be using (never touches their bytes). */
 int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t len, int write);

@@ -45,6 +45,7 @@ cdef inline int unpin(MappedSegment seg) except -1:
     return 0
 
 cdef int check(int rc, object path, str op) except -1
+cdef int write_at(MappedSegment seg, int64_t pos, const char *buf, int64_t n) noexcept nogil
 
 
 cpdef int64_t queue_end(object queue) except -1

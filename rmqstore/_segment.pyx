@@ -31,6 +31,12 @@ cdef int check(int rc, object path, str op) except -1:
     raise_errno(-rc, path, op)
 
 
+cdef int write_at(MappedSegment seg, int64_t pos, const char *buf, int64_t n) noexcept nogil:
+    """pwrite ``n`` bytes at file position ``pos`` of a segment the caller keeps mapped
+    (rmq_map_write, here so that fault injection sees it): 0 or -errno."""
+    return rmq_map_write(&seg.m, pos, buf, n)
+
+
 cdef class MappedSegment:
     """One file of ``size`` bytes mapped shared, named by ``base_offset``.
 
@@ -279,7 +285,7 @@ cdef class MappedSegment:
 
 def inject_fault(str op not None, int64_t nth, int err, str match=""):
     """Tests only: make the ``nth`` next ``op`` ("open", "msync", "fallocate", "ftruncate",
-    "fsync") on a file whose path contains ``match`` fail with errno ``err``; nth 0 disarms.
+    "fsync", "pwrite") on a file whose path contains ``match`` fail with errno ``err``; nth 0 disarms.
     The same as the RMQ_FAULTS environment variable (cext/rmq_fault.h)."""
     cdef bytes bop = op.encode(), bmatch = match.encode()
     if rmq_fault_set(rmq_fault_op(bop), nth, err, bmatch) < 0:

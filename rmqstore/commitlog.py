@@ -40,12 +40,15 @@ class CommitLog:
         self.store_host = _record.pack_host(config.store_host)
         self._delay_levels = config.delay_levels_ms()
         self.uniq_key = UniqKeyGenerator(self.store_host) if config.generate_uniq_key else None
+        warm = config.warm_mapped_file and config.warm_ahead_bytes > 0 and not readonly
+        # without a warmer, bulk batches go in with pwrite: a page the writer first touches
+        # through the mapping is filled with zeros before the copy, which costs more than it
         self.appender = _append.Appender(self.segments, self.store_host, config.message_version,
                                          config.max_message_size, config.default_queue_nums,
                                          self._check_topic, self._delay, self._warm_ahead,
-                                         self.uniq_key.stamp if self.uniq_key is not None else None)
+                                         self.uniq_key.stamp if self.uniq_key is not None else None,
+                                         stage_bulk=not warm)
         self.lock = self.appender   # the write lock: ``with commitlog.lock:`` excludes appends
-        warm = config.warm_mapped_file and config.warm_ahead_bytes > 0 and not readonly
         self._warmer = Worker("rmq-warm") if warm else None
         self._warm_to = 0              # commitlog offset faulted in (or queued) so far
 

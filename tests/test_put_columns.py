@@ -172,6 +172,59 @@ def test_full_disk_stores_nothing(tmp_path):
         assert s.max_offset("T", 0) == 100 and sum(1 for _ in s.scan()) == 100
 
 
+BULK = StoreConfig(commitlog_file_size=4 << 20, warm_mapped_file=False, default_queue_nums=3, **SMALL_INDEX)
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_bulk_batch_same_records_as_put(tmp_path, warm):
+    """A batch of 256 KiB or more, written through the mapping behind the warmer, or without
+    one encoded in runs of up to 1 MiB written with pwrite: the same records as put, across
+    a segment roll, with rows too large for a run (written through the mapping) and
+    PREPARED rows taking no queue offset."""
+    cfg = BULK.with_(warm_mapped_file=warm)
+    rng = np.random.default_rng(7)
+    bodies = [rng.bytes(1_500_000 if i in (5, 900) else int(rng.integers(0, 6000))) for i in range(1200)]
+    sys_flag = [4 if i % 97 == 0 else 0 for i in range(1200)]     # TRANSACTION_PREPARED_TYPE
+    with MessageStore(tmp_path / "put", cfg) as s:
+        for i, body in enumerate(bodies):
+            s.put(Message("T", body, keys=f"k{i}", sys_flag=sys_flag[i]), i % 3)
+        expected = _records(s)
+    with MessageStore(tmp_path / "columns", cfg) as s:
+        r = s.put_columns("T", bodies, queue_ids=[i % 3 for i in range(1200)], keys=[f"k{i}" for i in range(1200)],
+                          sys_flag=sys_flag)
+        assert len(s.commitlog.segments.segments) >= 2
+        assert _records(s) == expected
+        assert int(r["phy_offset"][-1] + r["size"][-1]) == s.max_phy_offset
+    with MessageStore(tmp_path / "columns", cfg) as s:
+        assert s.verify().ok
+
+
+def test_failed_bulk_write_gives_its_rows_back(tmp_path):
+    """The second pwrite of a bulk batch fails: StoreIOError; the rows of the first run stay
+    stored, those of the failed run are not, and the queue offsets they took are free
+    again (the next row takes the first of them: no gap in the queue)."""
+    from rmqstore import StoreIOError
+    from rmqstore._segment import inject_fault
+    bodies = [b"%06d" % i + b"z" * 994 for i in range(3000)]     # 3 MB: runs of at most one 64 KiB segment
+    with MessageStore(tmp_path / "s", CFG) as s:
+        inject_fault("pwrite", 2, errno.EIO, "")
+        try:
+            with pytest.raises(StoreIOError):
+                s.put_columns("T", bodies, queue_ids=0)
+        finally:
+            inject_fault("pwrite", 0, errno.EIO)
+        s.wait_dispatched()
+        kept = s.max_offset("T", 0)
+        assert 0 < kept < 3000 and [bytes(m.body) for m in s.scan()] == bodies[:kept]
+        after = s.put(Message("T", b"after"), queue_id=0)
+        assert after.queue_offset == kept
+        s.wait_dispatched()
+        got = s.get_messages("T", 0, 0, kept + 1).messages
+        assert [m.queue_offset for m in got] == list(range(kept + 1)) and bytes(got[-1].body) == b"after"
+    with MessageStore(tmp_path / "s", CFG) as s:
+        assert s.verify().ok
+
+
 def test_uniq_keys_are_generated(tmp_path):
     with MessageStore(tmp_path / "s", CFG.with_(generate_uniq_key=True)) as s:
         s.put_columns("T", [b"a", b"b"])
