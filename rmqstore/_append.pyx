@@ -421,13 +421,14 @@ cdef struct Rows:
     int32_t hlen, host_bits
 
 
-cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, char *base, int64_t seg_base,
+cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, char *out, int64_t seg_base,
                           int64_t seg_size, int64_t *wpos, int64_t warm_mark) noexcept nogil:
-    """Write rows ``i``.. at ``base + *wpos`` while they fit in the segment (a record and an
-    8-byte BLANK), stopping after the row that reaches ``warm_mark``; returns the next
-    row and leaves ``*wpos`` past the last record written. Takes each row's queue offset
+    """Write rows ``i``.. from segment position ``*wpos`` on, to ``out`` (where that
+    position's byte goes), while they fit before ``seg_size`` (a record and an 8-byte
+    BLANK), stopping after the row that reaches ``warm_mark``; returns the next row and
+    leaves ``*wpos`` past the last record written. Takes each row's queue offset
     (PREPARED / ROLLBACK: 0, not advancing)."""
-    cdef int64_t pos = wpos[0], plen
+    cdef int64_t start = wpos[0], pos = wpos[0], plen
     cdef int32_t born_len, tran
     cdef char *p
     cdef const char *body
@@ -449,7 +450,7 @@ cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, ch
             body, blen = r.body[i], r.body_len[i]
         else:
             body, blen = r.body_base + r.body_off[i], r.body_off[i + 1] - r.body_off[i]
-        p = write_record(base + pos, h, r.hosts + r.ho[i] if born_len else r.store_host,
+        p = write_record(out + (pos - start), h, r.hosts + r.ho[i] if born_len else r.store_host,
                          born_len if born_len else r.hlen, r.store_host, r.hlen, body, blen,
                          r.topic[r.tids[i]], r.tlen[r.tids[i]])
         plen = r.po[i + 1] - r.po[i]
@@ -479,19 +480,20 @@ cdef int write_staged(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, char *
     written to the file with one pwrite, which spares the kernel filling each fresh page
     with zeros before the copy (see rmq_map_write). A row too large for the stage is
     written through the mapping. Sets ``j`` to the next row; if the pwrite fails, the
-    rows are not written, their queue offsets are given back and StoreIOError is raised."""
+    rows are not published, their queue offsets are given back and StoreIOError is raised
+    (the caller makes it the store's sticky error: a later write could leave whole records
+    of this run behind its own end, for recovery to take as written)."""
     cdef int64_t pos = wpos[0]
     cdef int rc = 0
     with nogil:
-        j[0] = write_run(r, h, i, n, stage - pos, seg.base_offset, min(seg.m.size, pos + STAGE_BYTES), wpos,
-                         warm_mark)
+        j[0] = write_run(r, h, i, n, stage, seg.base_offset, min(seg.m.size, pos + STAGE_BYTES), wpos, warm_mark)
         if j[0] > i:
             rc = write_at(seg, pos, stage, wpos[0] - pos)
             if rc:
                 untake(r, i, j[0])
                 wpos[0] = pos
         else:
-            j[0] = write_run(r, h, i, n, seg.m.base, seg.base_offset, seg.m.size, wpos, warm_mark)
+            j[0] = write_run(r, h, i, n, seg.m.base + pos, seg.base_offset, seg.m.size, wpos, warm_mark)
     return check(rc, seg.path, "pwrite")
 
 
@@ -815,12 +817,17 @@ cdef class Appender:
                         self.stage = <char *>malloc(STAGE_BYTES)
                         if self.stage == NULL:
                             raise MemoryError()
-                    write_staged(&r, &h, i, n, self.stage, seg, &wpos, self.warm_mark, &j)
+                    try:
+                        write_staged(&r, &h, i, n, self.stage, seg, &wpos, self.warm_mark, &j)
+                    except OSError as e:
+                        self.failed = e
+                        raise
                 elif batch_bytes >= NOGIL_BYTES:
                     with nogil:
-                        j = write_run(&r, &h, i, n, seg.m.base, seg.base_offset, seg.m.size, &wpos, self.warm_mark)
+                        j = write_run(&r, &h, i, n, seg.m.base + wpos, seg.base_offset, seg.m.size, &wpos,
+                                      self.warm_mark)
                 else:
-                    j = write_run(&r, &h, i, n, seg.m.base, seg.base_offset, seg.m.size, &wpos, self.warm_mark)
+                    j = write_run(&r, &h, i, n, seg.m.base + wpos, seg.base_offset, seg.m.size, &wpos, self.warm_mark)
                 seg.wrote_pos = wpos
                 seg.store_timestamp = ts
                 if seg.base_offset + wpos >= self.warm_mark:

@@ -199,11 +199,13 @@ def test_bulk_batch_same_records_as_put(tmp_path, warm):
         assert s.verify().ok
 
 
-def test_failed_bulk_write_gives_its_rows_back(tmp_path):
-    """The second pwrite of a bulk batch fails: StoreIOError; the rows of the first run stay
-    stored, those of the failed run are not, and the queue offsets they took are free
-    again (the next row takes the first of them: no gap in the queue)."""
-    from rmqstore import StoreIOError
+def test_failed_bulk_write_turns_the_store_read_only(tmp_path):
+    """The second pwrite of a bulk batch fails: StoreIOError, and the store takes no more
+    writes (a later record could leave whole records of the failed run behind its end,
+    for recovery to take as written). The rows of the first run stay stored, those of the
+    failed run are not, and the queue offsets they took are free again: after a reopen the
+    next row takes the first of them, with no gap in the queue."""
+    from rmqstore import StoreIOError, StoreReadOnlyError
     from rmqstore._segment import inject_fault
     bodies = [b"%06d" % i + b"z" * 994 for i in range(3000)]     # 3 MB: runs of at most one 64 KiB segment
     with MessageStore(tmp_path / "s", CFG) as s:
@@ -213,15 +215,19 @@ def test_failed_bulk_write_gives_its_rows_back(tmp_path):
                 s.put_columns("T", bodies, queue_ids=0)
         finally:
             inject_fault("pwrite", 0, errno.EIO)
+        with pytest.raises(StoreReadOnlyError, match="I/O error"):
+            s.put(Message("T", b"refused"), queue_id=0)
         s.wait_dispatched()
         kept = s.max_offset("T", 0)
         assert 0 < kept < 3000 and [bytes(m.body) for m in s.scan()] == bodies[:kept]
+        assert s.commitlog.queue_offsets[("T", 0)] == kept
+    with MessageStore(tmp_path / "s", CFG) as s:
+        assert [bytes(m.body) for m in s.scan()] == bodies[:kept]
         after = s.put(Message("T", b"after"), queue_id=0)
         assert after.queue_offset == kept
         s.wait_dispatched()
         got = s.get_messages("T", 0, 0, kept + 1).messages
         assert [m.queue_offset for m in got] == list(range(kept + 1)) and bytes(got[-1].body) == b"after"
-    with MessageStore(tmp_path / "s", CFG) as s:
         assert s.verify().ok
 
 
