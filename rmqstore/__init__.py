@@ -12,6 +12,7 @@ from rmqstore.errors import (
                              InvalidTopicError,
                              MessageNotFoundError,
                              MessageTooLargeError,
+                             NotRecordStartError,
                              StoreClosedError,
                              StoreError,
                              StoreIOError,
@@ -28,6 +29,6 @@ __all__ = [
     "GetMessageStatus", "StoreError", "StoreClosedError", "StoreLockedError", "StoreReadOnlyError",
     "InvalidTopicError", "InvalidArgumentError", "InvalidArgumentTypeError", "MessageTooLargeError",
     "CorruptStoreError",
-    "CorruptRecordError", "MessageNotFoundError", "StoreIOError", "DiskFullError",
+    "CorruptRecordError", "MessageNotFoundError", "NotRecordStartError", "StoreIOError", "DiskFullError",
     "StoreNotFoundError", "ForeignProcessError",
 ]
