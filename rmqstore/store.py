@@ -62,19 +62,16 @@ def _gated(method: F) -> F:
     return functools.wraps(method)(_gate.gated(method, arg_checks(method, 1)))  # type: ignore[return-value]
 
 
-def _detect_cq_entries(root: str) -> int | None:
-    """Entries per consume-queue file of an existing store, from its first CQ file."""
+def _detect_cq_entries(root: str, configured: int) -> int | None:
+    """Entries per consume-queue file of an existing store (see detect_file_size)."""
     base = os.path.join(root, "consumequeue")
     try:
-        for topic in sorted(os.listdir(base)):
-            tdir = os.path.join(base, topic)
-            for q in sorted(os.listdir(tdir)) if os.path.isdir(tdir) else ():
-                size = detect_file_size(os.path.join(tdir, q))
-                if size and size % 20 == 0:
-                    return size // 20
+        dirs = [os.path.join(base, t, q) for t in sorted(os.listdir(base)) if os.path.isdir(os.path.join(base, t))
+                for q in sorted(os.listdir(os.path.join(base, t)))]
+        size = detect_file_size([d for d in dirs if os.path.isdir(d)], 20 * configured)
     except OSError:
-        pass
-    return None
+        return None
+    return size // 20 if size and size % 20 == 0 else None
 
 
 class MessageStore:
@@ -144,14 +141,14 @@ class MessageStore:
             self._lock_fd = None
 
     def _open(self, cfg: StoreConfig, progress: Progress | None = None) -> None:
-        cl_size = detect_file_size(os.path.join(self.path, "commitlog"))
+        cl_size = detect_file_size([os.path.join(self.path, "commitlog")], cfg.commitlog_file_size)
         if cl_size and cl_size != cfg.commitlog_file_size:
             log.info("%s: using the store's commitlog segment size %d", self.path, cl_size)
             try:
                 cfg = cfg.with_(commitlog_file_size=cl_size)
             except InvalidArgumentError:
                 raise CorruptStoreError(f"{self.path}/commitlog: first segment is {cl_size} bytes") from None
-        cq_entries = _detect_cq_entries(self.path)
+        cq_entries = _detect_cq_entries(self.path, cfg.consume_queue_entries)
         if cq_entries and cq_entries != cfg.consume_queue_entries:
             cfg = cfg.with_(consume_queue_entries=cq_entries)
         self.config = cfg
@@ -211,13 +208,18 @@ class MessageStore:
         self.recovery = rep = recover_commitlog(self.commitlog, self.clean_shutdown, self.checkpoint,
                                                 cfg.check_crc_on_recover, cfg.message_index_enable, progress)
         end = self.commitlog.max_offset
+        damaged = end   # dispatch again from where the first damaged consume queue now ends
         for cq in self.consume_queues.queues.values():   # read-only: positions only, files untouched
-            rep.consume_queue_bytes_truncated += cq.recover() + cq.truncate_dirty(end)
+            cut = cq.recover()
+            rep.consume_queue_bytes_truncated += cut + cq.truncate_dirty(end)
             cq.correct_min_offset(self.commitlog.min_offset)
+            if cut or cq.segments.dropped:   # entries lost to damage (or a torn write), not only a crash's tail
+                damaged = min(damaged, max(cq.max_physic_offset, 0))
         if cfg.message_index_enable:
             self.index = IndexService(self.path, cfg, self.checkpoint, self.read_only).load(self.clean_shutdown, end)
             rep.index_entries_dropped = self.index.entries_dropped
-        reput = max(self.consume_queues.max_physic_offset(), self.commitlog.min_offset, 0)
+        reput = min(self.consume_queues.max_physic_offset(), damaged)
+        reput = max(reput, self.commitlog.min_offset, 0)
         if not self.clean_shutdown:
             reput = min(reput, rep.start_offset)
         if self.index is not None and self.index.resume_offset is not None:
