@@ -270,3 +270,24 @@ def test_a_segment_of_the_wrong_size_is_the_one_named(tmp_path, where, first):
     for read_only in (True, False):
         with pytest.raises(CorruptStoreError, match=str(bad)):
             MessageStore(tmp_path, cfg, read_only=read_only)
+
+
+@pytest.mark.parametrize("length", [0, 10, 23])
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "abort"])
+def test_a_checkpoint_cut_short_reads_as_zeros(tmp_path, length, clean):
+    """A checkpoint too short to hold its three times reads as zeros, as out-of-range
+    times do (and as RocketMQ, mapping the page, reads it): recovery checks from the first
+    segment and keeps every message; verify names the page until a writer rewrites it.
+    The store used to refuse to open (CorruptStoreError) on the one file that is a hint."""
+    cfg = _cfg()
+    res, bodies = _write(tmp_path, 40, cfg)
+    os.truncate(tmp_path / "checkpoint", length)
+    if not clean:
+        _crash_marker(tmp_path)
+    with MessageStore(tmp_path, cfg, read_only=True) as s:
+        assert [p.path for p in s.verify().problems] == [str(tmp_path / "checkpoint")]
+    with MessageStore(tmp_path, cfg) as s:
+        _check_prefix(s, res, bodies, 40, cfg)
+    with MessageStore(tmp_path, cfg, read_only=True) as s:
+        assert s.verify().ok
+    assert os.path.getsize(tmp_path / "checkpoint") == 4096
