@@ -507,7 +507,7 @@ cdef class Appender:
     cdef int32_t queue_nums
     cdef int64_t max_size
 
-    def __init__(self, segments, bytes store_host not None, int version, int64_t max_size, int32_t queue_nums,
+    def __cinit__(self, segments, bytes store_host not None, int version, int64_t max_size, int32_t queue_nums,
                  check_topic, delay, warm, stamp=None):
         if queue_nums <= 0:
             raise InvalidArgumentError("queue_nums must be positive")
@@ -879,7 +879,7 @@ cdef class StoreWriter:
     cdef object commitlog, wait_flushed, refuse
     cdef bint readonly
 
-    def __init__(self, Gate gate not None, Appender appender not None, commitlog, bint readonly, wait_flushed,
+    def __cinit__(self, Gate gate not None, Appender appender not None, commitlog, bint readonly, wait_flushed,
                  refuse not None):
         self.gate = gate
         self.appender = appender
