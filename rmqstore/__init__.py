@@ -13,6 +13,7 @@ from rmqstore.errors import (
                              MessageNotFoundError,
                              MessageTooLargeError,
                              NotRecordStartError,
+                             ReentrantCallError,
                              StoreClosedError,
                              StoreError,
                              StoreIOError,
@@ -28,7 +29,7 @@ __all__ = [
     "MessageStore", "StoreConfig", "Message", "MessageExt", "PutResult", "GetMessageResult",
     "GetMessageStatus", "StoreError", "StoreClosedError", "StoreLockedError", "StoreReadOnlyError",
     "InvalidTopicError", "InvalidArgumentError", "InvalidArgumentTypeError", "MessageTooLargeError",
-    "CorruptStoreError",
-    "CorruptRecordError", "MessageNotFoundError", "NotRecordStartError", "StoreIOError", "DiskFullError",
+    "CorruptStoreError", "CorruptRecordError", "MessageNotFoundError", "NotRecordStartError", "ReentrantCallError",
+    "StoreIOError", "DiskFullError",
     "StoreNotFoundError", "ForeignProcessError",
 ]

@@ -7,7 +7,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromSt
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memchr
-from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
@@ -19,7 +19,8 @@ from rmqstore._message import queue_id_arg
 from rmqstore._segment cimport MappedSegment, ensure
 from rmqstore._gate cimport Gate
 import numpy as np
-from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, StoreClosedError
+from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, ReentrantCallError,
+                             StoreClosedError)
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
@@ -499,6 +500,7 @@ cdef class Appender:
     holds it for other writers of the commitlog (retention, truncation)."""
     cdef public int64_t warm_mark
     cdef PyThread_type_lock _lock
+    cdef unsigned long holder       # the thread holding _lock (0: none), to refuse a re-entrant take
     cdef dict topics                    # topic -> _TopicState
     cdef object segments, check_topic, delay, warm, stamp
     cdef MappedSegment seg              # the last segment, during a call
@@ -532,17 +534,35 @@ cdef class Appender:
         if self._lock != NULL:
             PyThread_free_lock(self._lock)
 
-    cdef inline void _acquire(self) noexcept:
+    cdef inline int _acquire(self) except -1:
+        """Take the write lock; ReentrantCallError if this thread holds it already (a put
+        from a callback run under it: rebuild's progress, put_batch's iterable), which
+        would wait for itself forever."""
+        cdef unsigned long me = PyThread_get_thread_ident()
         if not PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+            if self.holder == me:
+                raise ReentrantCallError("the commitlog write lock is held by this thread: a write (or rebuild, "
+                                         "clean_expired) from within one (its callback or iterable) would wait forever")
             with nogil:
                 PyThread_acquire_lock(self._lock, WAIT_LOCK)
+        self.holder = me
+        return 0
+
+    cdef inline void _release(self) noexcept:
+        self.holder = 0
+        PyThread_release_lock(self._lock)
 
     def __enter__(self):
         self._acquire()
         return self
 
     def __exit__(self, *exc):
-        PyThread_release_lock(self._lock)
+        self._release()
+
+    @property
+    def held_here(self):
+        """Whether this thread holds the write lock (is inside a write, rebuild or clean)."""
+        return self.holder == PyThread_get_thread_ident()
 
     @property
     def queue_offsets(self):
@@ -579,7 +599,7 @@ cdef class Appender:
             self.seg = self._last()
             return self._write(plan, now_ms())
         finally:
-            PyThread_release_lock(self._lock)
+            self._release()
 
     def put_batch(self, msgs, queue_id=None):
         """Append every message of ``msgs`` with one store timestamp; list of PutResult.
@@ -619,7 +639,7 @@ cdef class Appender:
                 out.append(self._write(plan, ts))
             return out
         finally:
-            PyThread_release_lock(self._lock)
+            self._release()
 
     def put_columns(self, list topics not None, topic_ids, body_data not None, body_offsets,
                     props_data=None, props_offsets=None, queue_ids=None, *, flag=None, sys_flag=None,
@@ -781,7 +801,7 @@ cdef class Appender:
                 for k, first, nxt in zip(keys_a.tolist(), first_a.tolist(), next_a.tolist()):
                     if nxt != first:
                         (<_TopicState>states[k >> 32]).offsets[k & 0xFFFFFFFF] = nxt
-            PyThread_release_lock(self._lock)
+            self._release()
         return phys_a, sizes_a, qids_a, qoffs_a
 
     cdef _make_room(self, const int64_t[::1] sizes):

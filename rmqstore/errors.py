@@ -20,6 +20,12 @@ class StoreReadOnlyError(StoreError, PermissionError):
     """A write was attempted on a store opened read-only (or made read-only by an I/O error)."""
 
 
+class ReentrantCallError(StoreError, RuntimeError):
+    """A call that would wait forever for what its own thread holds: a store method called
+    from a callback (a progress function, put_batch's iterable) of an operation that holds
+    the lock the method needs (put or close during rebuild, rebuild during verify)."""
+
+
 class InvalidTopicError(StoreError, ValueError):
     """A topic name the store refuses to create."""
 

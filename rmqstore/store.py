@@ -33,6 +33,7 @@ from rmqstore.errors import (
     CorruptStoreError,
     InvalidArgumentError,
     MessageNotFoundError,
+    ReentrantCallError,
     StoreClosedError,
     StoreError,
     StoreLockedError,
@@ -111,7 +112,7 @@ class MessageStore:
         self._lock_fd: int | None = None
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
-        self._maintenance = SharedLock()   # verifies run together, a rebuild (it swaps the dispatcher) alone
+        self._maintenance = SharedLock()   # verifies run together; a rebuild (it swaps the dispatcher), a clean alone
         self._gate = _gate.Gate(self.path, self._check_open)   # see _gate.pyx; put and put_batch pass it too
         self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
         store_dir(self.path, not read_only, cfg.dir_mode)
@@ -261,6 +262,13 @@ class MessageStore:
         if self._gate.closing:
             raise StoreClosedError(f"{self.path}: store closed during the operation")
 
+    def _refuse_reentry(self, what: str) -> None:
+        """ReentrantCallError when this thread is inside rebuild (its progress callback) or
+        holds the write lock (put_batch's iterable), which hold what ``what`` needs."""
+        if self._maintenance.exclusive_here or self.commitlog.appender.held_here:
+            raise ReentrantCallError(f"{self.path}: {what} called from within rebuild or a write (its callback "
+                                     "or iterable) would wait for it forever, or pull the store from under it")
+
     def _check_writable(self) -> None:
         self._check_open()
         if self.read_only:
@@ -274,6 +282,7 @@ class MessageStore:
         with self._close_lock:
             if self._closed:
                 return
+            self._refuse_reentry("close()")
             self._gate.closing = True
             while self._gate.others_running():     # not this thread's own (a callback)
                 time.sleep(0.0005)
@@ -438,6 +447,7 @@ class MessageStore:
         self._check_open()
         if self.read_only:
             return
+        self._refuse_reentry("flush()")
         self.flusher.flush_commitlog(0)
         self.flusher.flush_logics_now(0)
 
@@ -514,6 +524,7 @@ class MessageStore:
         self._check_open()
         if self.read_only:
             return True
+        self._refuse_reentry("wait_dispatched()")
         while True:
             d = self.dispatcher
             ok = d.wait_dispatched(timeout)
@@ -718,12 +729,12 @@ class MessageStore:
         (rules in maintenance/retention.py); ``now`` in seconds since the epoch. Returns a
         RetentionReport. ``dry_run=True`` deletes nothing (and works read-only): the report
         names what would be deleted and why. Raises StoreReadOnlyError on a read-only store
-        unless ``dry_run``."""
+        unless ``dry_run``. Waits for running verifies (which read the files it deletes)."""
         if dry_run:
             self._check_open()
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now, True)
         self._check_writable()
-        with self.commitlog.lock:
+        with self._maintenance.exclusive(), self.commitlog.lock:   # not under a verify reading the files
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now)
 
     @_gated
