@@ -12,6 +12,8 @@ from rmqstore.errors import (
                              InvalidTopicError,
                              MessageNotFoundError,
                              MessageTooLargeError,
+                             NotRecordStartError,
+                             ReentrantCallError,
                              StoreClosedError,
                              StoreError,
                              StoreIOError,
@@ -27,7 +29,7 @@ __all__ = [
     "MessageStore", "StoreConfig", "Message", "MessageExt", "PutResult", "GetMessageResult",
     "GetMessageStatus", "StoreError", "StoreClosedError", "StoreLockedError", "StoreReadOnlyError",
     "InvalidTopicError", "InvalidArgumentError", "InvalidArgumentTypeError", "MessageTooLargeError",
-    "CorruptStoreError",
-    "CorruptRecordError", "MessageNotFoundError", "StoreIOError", "DiskFullError",
+    "CorruptStoreError", "CorruptRecordError", "MessageNotFoundError", "NotRecordStartError", "ReentrantCallError",
+    "StoreIOError", "DiskFullError",
     "StoreNotFoundError", "ForeignProcessError",
 ]

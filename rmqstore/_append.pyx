@@ -7,7 +7,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromSt
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memchr
-from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
@@ -19,7 +19,8 @@ from rmqstore._message import queue_id_arg
 from rmqstore._segment cimport MappedSegment, check, ensure, write_at
 from rmqstore._gate cimport Gate
 import numpy as np
-from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, StoreClosedError
+from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, ReentrantCallError,
+                             StoreClosedError)
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
@@ -538,6 +539,7 @@ cdef class Appender:
     cdef public int64_t warm_mark
     cdef public object failed
     cdef PyThread_type_lock _lock
+    cdef unsigned long holder       # the thread holding _lock (0: none), to refuse a re-entrant take
     cdef dict topics                    # topic -> _TopicState
     cdef bint stage_bulk
     cdef char *stage                    # put_columns' bulk runs (STAGE_BYTES, allocated on first use)
@@ -550,8 +552,8 @@ cdef class Appender:
     cdef int32_t queue_nums
     cdef int64_t max_size
 
-    def __init__(self, segments, bytes store_host not None, int version, int64_t max_size, int32_t queue_nums,
-                 check_topic, delay, warm, stamp=None, bint stage_bulk=False):
+    def __cinit__(self, segments, bytes store_host not None, int version, int64_t max_size, int32_t queue_nums,
+                  check_topic, delay, warm, stamp=None, bint stage_bulk=False):
         if queue_nums <= 0:
             raise InvalidArgumentError("queue_nums must be positive")
         if segments is None or not (callable(check_topic) and callable(delay) and callable(warm)):
@@ -577,17 +579,35 @@ cdef class Appender:
             PyThread_free_lock(self._lock)
         free(self.stage)
 
-    cdef inline void _acquire(self) noexcept:
+    cdef inline int _acquire(self) except -1:
+        """Take the write lock; ReentrantCallError if this thread holds it already (a put
+        from a callback run under it: rebuild's progress, put_batch's iterable), which
+        would wait for itself forever."""
+        cdef unsigned long me = PyThread_get_thread_ident()
         if not PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+            if self.holder == me:
+                raise ReentrantCallError("the commitlog write lock is held by this thread: a write (or rebuild, "
+                                         "clean_expired) from within one (its callback or iterable) would wait forever")
             with nogil:
                 PyThread_acquire_lock(self._lock, WAIT_LOCK)
+        self.holder = me
+        return 0
+
+    cdef inline void _release(self) noexcept:
+        self.holder = 0
+        PyThread_release_lock(self._lock)
 
     def __enter__(self):
         self._acquire()
         return self
 
     def __exit__(self, *exc):
-        PyThread_release_lock(self._lock)
+        self._release()
+
+    @property
+    def held_here(self):
+        """Whether this thread holds the write lock (is inside a write, rebuild or clean)."""
+        return self.holder == PyThread_get_thread_ident()
 
     @property
     def queue_offsets(self):
@@ -625,7 +645,7 @@ cdef class Appender:
             self.seg = self._last()
             return self._write(plan, now_ms())
         finally:
-            PyThread_release_lock(self._lock)
+            self._release()
 
     def put_batch(self, msgs, queue_id=None):
         """Append every message of ``msgs`` with one store timestamp; list of PutResult.
@@ -665,7 +685,7 @@ cdef class Appender:
                 out.append(self._write(plan, ts))
             return out
         finally:
-            PyThread_release_lock(self._lock)
+            self._release()
 
     def put_columns(self, list topics not None, topic_ids, body_data not None, body_offsets,
                     props_data=None, props_offsets=None, queue_ids=None, *, flag=None, sys_flag=None,
@@ -838,7 +858,7 @@ cdef class Appender:
                 for k, first, nxt in zip(keys_a.tolist(), first_a.tolist(), next_a.tolist()):
                     if nxt != first:
                         (<_TopicState>states[k >> 32]).offsets[k & 0xFFFFFFFF] = nxt
-            PyThread_release_lock(self._lock)
+            self._release()
         return phys_a, sizes_a, qids_a, qoffs_a
 
     cdef _make_room(self, const int64_t[::1] sizes):
@@ -937,7 +957,7 @@ cdef class StoreWriter:
     cdef object wait_flushed, refuse
     cdef bint readonly
 
-    def __init__(self, Gate gate not None, Appender appender not None, bint readonly, wait_flushed, refuse not None):
+    def __cinit__(self, Gate gate not None, Appender appender not None, bint readonly, wait_flushed, refuse not None):
         self.gate = gate
         self.appender = appender
         self.readonly = readonly

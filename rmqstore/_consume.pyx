@@ -31,7 +31,7 @@ cdef class QueueReader:
     cdef Py_ssize_t max_msgs, per_file
     cdef long long max_bytes
 
-    def __init__(self, Gate gate not None, ArgChecks checks not None, queues not None, segments not None,
+    def __cinit__(self, Gate gate not None, ArgChecks checks not None, queues not None, segments not None,
                  tuple limits not None):
         self.gate = gate
         self.checks = checks

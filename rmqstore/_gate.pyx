@@ -3,7 +3,7 @@ it has begun, a new one raises StoreClosedError instead of starting."""
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdlib cimport free, malloc, realloc
-from rmqstore.errors import StoreClosedError
+from rmqstore.errors import StoreClosedError, check_call
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object s)
@@ -134,14 +134,19 @@ cdef class ArgChecks:
 
 def gated(method, ArgChecks checks not None):
     """``method`` of a store run as an operation of the store's ``_gate`` (see Gate), its
-    arguments checked first: the whole wrapper in C."""
+    arguments checked first, a call that does not fit its signature an
+    InvalidArgumentTypeError: the whole wrapper in C."""
     def run(self, *args, **kwargs):
         cdef Gate gate
+        cdef tuple given = args
         args = checks.run(args, kwargs)
         gate = self._gate
         gate.enter()
         try:
             return method(self, *args, **kwargs)
+        except TypeError:
+            check_call(method, (self, *given), kwargs)   # InvalidArgumentTypeError for a bad call
+            raise
         finally:
             gate.leave()
     return run

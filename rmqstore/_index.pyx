@@ -570,7 +570,7 @@ cdef class KeyLookup:
     cdef ArgChecks checks
     cdef Py_ssize_t cap
 
-    def __init__(self, Gate gate not None, index not None, segments not None, ArgChecks checks not None,
+    def __cinit__(self, Gate gate not None, index not None, segments not None, ArgChecks checks not None,
                  Py_ssize_t cap):
         self.gate = gate
         self.index = index

@@ -32,6 +32,7 @@ cdef enum RecStatus:
     REC_FIELDS = -4      # field lengths do not add up to TOTALSIZE
     REC_CRC = -5         # BODYCRC mismatch
     REC_PLACE = -6       # a valid record that says it is at another offset (read path only)
+    REC_NOTSTART = -7    # a caller's offset at which no record starts (read path only; see at_offset)
 
 # MappedSegment.prefault modes, as rmq_map_prefault takes them.
 cdef enum PrefaultMode:

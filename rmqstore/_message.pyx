@@ -157,6 +157,8 @@ cdef class PutResult:
 
     @property
     def msg_id(self):
+        if self.store_host is None:
+            raise InvalidArgumentTypeError("PutResult comes from put(); this one was made empty by __new__")
         return make_msg_id(PyBytes_AS_STRING(self.store_host), PyBytes_GET_SIZE(self.store_host) - 4, self.phy_offset)
 
     def __repr__(self):
@@ -214,41 +216,41 @@ cdef class MessageExt:
 
     @property
     def born_host(self):
-        return format_host(self._p + self.r.born_off, self.r.born_len)
+        return format_host(rec(self) + self.r.born_off, self.r.born_len)
 
     @property
     def store_host(self):
-        return format_host(self._p + self.r.store_off, self.r.store_len)
+        return format_host(rec(self) + self.r.store_off, self.r.store_len)
 
     @property
     def store_host_packed(self):
-        return PyBytes_FromStringAndSize(self._p + self.r.store_off, self.r.store_len + 4)
+        return PyBytes_FromStringAndSize(rec(self) + self.r.store_off, self.r.store_len + 4)
 
     @property
     def msg_id(self):
-        return make_msg_id(self._p + self.r.store_off, self.r.store_len, self.r.phy_offset)
+        return make_msg_id(rec(self) + self.r.store_off, self.r.store_len, self.r.phy_offset)
 
     @property
     def topic(self):
         if self._topic is None:
-            self._topic = PyUnicode_DecodeUTF8(self._p + self.r.topic_off, self.r.topic_len, "replace")
+            self._topic = PyUnicode_DecodeUTF8(rec(self) + self.r.topic_off, self.r.topic_len, "replace")
         return self._topic
 
     @property
     def body(self):
         if self._body is None:
-            self._body = PyBytes_FromStringAndSize(self._p + self.r.body_off, self.r.body_len)
+            self._body = PyBytes_FromStringAndSize(rec(self) + self.r.body_off, self.r.body_len)
         return self._body
 
     @property
     def properties(self):
         if self._props is None:
-            self._props = parse_properties(self._p + self.r.props_off, self.r.props_len)
+            self._props = parse_properties(rec(self) + self.r.props_off, self.r.props_len)
         return self._props
 
     @property
     def properties_raw(self):
-        return PyBytes_FromStringAndSize(self._p + self.r.props_off, self.r.props_len)
+        return PyBytes_FromStringAndSize(rec(self) + self.r.props_off, self.r.props_len)
 
     @property
     def tags(self): return self.properties.get("TAGS")
@@ -258,13 +260,14 @@ cdef class MessageExt:
     def uniq_key(self): return self.properties.get("UNIQ_KEY")
     @property
     def tags_code(self):
-        return tags_code_of(self._p + self.r.props_off, self.r.props_len)
+        return tags_code_of(rec(self) + self.r.props_off, self.r.props_len)
 
     def raw(self):
         """The whole record as stored."""
+        cdef const char *p = rec(self)
         if PyBytes_GET_SIZE(self._owner) == self.r.total:
             return self._owner
-        return PyBytes_FromStringAndSize(self._p, self.r.total)
+        return PyBytes_FromStringAndSize(p, self.r.total)
 
     def __eq__(self, other):
         cdef MessageExt o
@@ -272,7 +275,7 @@ cdef class MessageExt:
             return NotImplemented
         o = <MessageExt>other
         return (self.store_offset == o.store_offset and self.r.total == o.r.total
-                and memcmp(self._p, o._p, self.r.total) == 0)
+                and memcmp(rec(self), rec(o), self.r.total) == 0)
 
     def __hash__(self):
         return hash((self.store_offset, self.r.total, self.r.body_crc, self.r.store_ts))
@@ -283,6 +286,14 @@ cdef class MessageExt:
     def __repr__(self):
         return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset}, "
                 f"phy_offset={self.phy_offset}, size={self.store_size}, msg_id={self.msg_id!r})")
+
+
+cdef inline const char *rec(MessageExt m) except NULL:
+    """The record of ``m``; InvalidArgumentTypeError for one made empty by
+    ``MessageExt.__new__`` (no record to read: its pointer is NULL)."""
+    if m._p == NULL:
+        raise InvalidArgumentTypeError("MessageExt comes from the store's reads; this one was made empty by __new__")
+    return m._p
 
 
 def restore_ext(bytes raw not None, int64_t store_offset):

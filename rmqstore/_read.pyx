@@ -12,7 +12,7 @@ from libc.string cimport memcpy
 import numpy as np
 cimport numpy as cnp
 from rmqstore._layout cimport *
-from rmqstore._record cimport RecView, parse_record, parse_at, find_property, tags_code_of, status_of, \
+from rmqstore._record cimport RecView, parse_record, parse_at, at_offset, find_property, tags_code_of, status_of, \
     status_text, raise_status, prefetch_bytes
 from rmqstore._message cimport build_ext, ext_in
 from rmqstore._cq cimport read_cq_entries
@@ -60,8 +60,8 @@ cdef inline Py_ssize_t seg_index(list segs, int64_t offset) noexcept:
 cdef MappedSegment record_at(list segs, int64_t offset, bint check_crc, RecView *r, const char **p, int *code):
     """Parse the record starting at commitlog ``offset`` in ``segs`` (a snapshot of the
     segment list, ascending). ``*code`` gets REC_OK, REC_NOSEG / REC_END / REC_BLANK when
-    no message starts there, or a negative REC_* when it is invalid (REC_PLACE: it says it
-    is elsewhere). On REC_OK the segment holding it is returned pinned, ``*p`` at the
+    no message starts there, or a negative REC_* when it is invalid (REC_NOTSTART: no
+    record starts there, see at_offset). On REC_OK the segment holding it is returned pinned, ``*p`` at the
     record: the caller reads, then calls its release(). Otherwise None, nothing pinned.
     A closed segment raises StoreClosedError."""
     cdef Py_ssize_t i = seg_index(segs, offset)
@@ -75,11 +75,41 @@ cdef MappedSegment record_at(list segs, int64_t offset, bint check_crc, RecView 
         code[0] = parse_at(seg.m.base, seg.m.size, seg.wrote_pos, offset - seg.base_offset, check_crc, r)
         if code[0] == REC_OK and r.phy_offset != offset:
             code[0] = REC_PLACE
+        code[0] = at_offset(seg.m.base, min(seg.wrote_pos, seg.m.size), offset - seg.base_offset, offset, code[0])
     if code[0] != REC_OK:
         unpin(seg)
         return None
     p[0] = seg.m.base + (offset - seg.base_offset)
     return seg
+
+
+def check_start(MappedSegment seg not None, int64_t pos, int64_t limit):
+    """Raise NotRecordStartError when no record can start at file position ``pos`` of
+    ``seg`` (written up to ``limit``; 0: not known, and 36 zero bytes at ``pos`` are
+    taken for the end of data), a position a caller gave (see at_offset); a valid
+    record, a damaged one, BLANK or end of data pass."""
+    cdef RecView r
+    cdef int code
+    cdef int64_t i
+    pin(seg)
+    try:
+        if 0 <= pos < seg.m.size:
+            code = parse_at(seg.m.base, seg.m.size, limit if limit > 0 else seg.m.size, pos, False, &r)
+            if code == REC_OK and r.phy_offset != seg.base_offset + pos:
+                code = REC_PLACE
+            if limit <= 0:
+                limit = seg.m.size
+                if code == REC_END:
+                    i = pos
+                    while i < min(pos + 36, seg.m.size) and seg.m.base[i] == 0:
+                        i += 1
+                    if i == min(pos + 36, seg.m.size):
+                        limit = pos
+            code = at_offset(seg.m.base, min(limit, seg.m.size), pos, seg.base_offset + pos, code)
+            if code == REC_NOTSTART:
+                raise_status(code, seg.base_offset + pos, NULL)
+    finally:
+        unpin(seg)
 
 
 cdef void prefetch_at(list segs, int64_t offset) noexcept:

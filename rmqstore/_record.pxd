@@ -129,6 +129,20 @@ cdef inline int parse_at(const char *base, int64_t size, int64_t limit, int64_t 
     return parse_record(base + pos, limit - pos, check_crc, r)
 
 
+cdef inline int at_offset(const char *base, int64_t limit, int64_t pos, int64_t offset, int code) noexcept nogil:
+    """``code``, parse_at's status at file position ``pos`` (commitlog ``offset``) of a mapping
+    written up to ``limit``, or REC_NOTSTART when no record can start there: what is there
+    is invalid, says it is elsewhere, or reads as end of data below ``limit``, and its
+    PHYSICALOFFSET bytes do not name ``offset``. So a caller's offset into the middle of a
+    record reads as a wrong offset, while a record that names its own place but is
+    damaged stays a corrupt one. ``limit`` 0: where data ends is not known."""
+    if code == REC_OK or code == REC_BLANK or code == REC_NOSEG or (code == REC_END and pos >= limit):
+        return code
+    if pos + 36 <= limit and rmq_ld64(base + pos + 28) == offset and code != REC_PLACE:
+        return code
+    return REC_NOTSTART
+
+
 cdef inline int64_t tags_code_of(const char *props, int32_t plen) noexcept nogil:
     """Consume-queue tags code: Java hashCode of the TAGS property (0 when absent)."""
     cdef int32_t voff = 0, vlen = 0

@@ -13,7 +13,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t
 from rmqstore._cext cimport *
 from rmqstore._layout cimport *
 from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError, MessageNotFoundError,
-                             OutOfRangeError)
+                             NotRecordStartError, OutOfRangeError)
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
@@ -79,12 +79,17 @@ cdef str status_text(int code, int64_t offset, RecView *r):
         return f"no message at commitlog offset {offset} ({_STATUS[code]})"
     if code == REC_PLACE and r != NULL:
         return f"commitlog offset {offset}: record says it is at {r.phy_offset}"
+    if code == REC_NOTSTART:
+        return f"no record starts at commitlog offset {offset} (it lies inside a record, or is not a record's offset)"
     return f"commitlog offset {offset}: {_STATUS[code]}"
 
 
 cdef int raise_status(int code, int64_t offset, RecView *r) except -1:
     """The one translator of decoder statuses: no record there (REC_NOSEG, REC_END,
-    REC_BLANK) is MessageNotFoundError, an invalid one CorruptRecordError."""
+    REC_BLANK) is MessageNotFoundError, a caller's offset inside a record (REC_NOTSTART)
+    NotRecordStartError, an invalid record CorruptRecordError."""
+    if code == REC_NOTSTART:
+        raise NotRecordStartError(status_text(code, offset, r), offset)
     if code > 0:
         raise MessageNotFoundError(status_text(code, offset, r))
     raise CorruptRecordError(status_text(code, offset, r), offset)

@@ -13,7 +13,7 @@ from typing import Any, Callable, NoReturn, TypeVar
 import rmqstore._gate as _gate
 from rmqstore import _message
 from rmqstore.config import StoreConfig
-from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, check_call
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,13 +105,18 @@ def arg_checks(func: Callable[..., Any], skip: int = 0) -> _gate.ArgChecks:
 
 def checked(skip: int = 0) -> Callable[[F], F]:
     """Decorator: check the annotated arguments of the function (see arg_checks) before it
-    runs; ``skip=1`` for a method."""
+    runs, and a call that does not fit its signature (see errors.check_call); ``skip=1``
+    for a method."""
     def wrap(func: F) -> F:
         checks = arg_checks(func, skip)
 
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
-            return func(*args[:skip], *checks(args[skip:], kwargs), **kwargs)
+            try:
+                return func(*args[:skip], *checks(args[skip:], kwargs), **kwargs)
+            except TypeError:
+                check_call(func, args, kwargs)
+                raise
         return run  # type: ignore[return-value]
     return wrap
 

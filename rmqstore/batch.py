@@ -74,7 +74,8 @@ def iter_columns(path: str | os.PathLike[str], base_offset: int, start: int = 0,
     first invalid record; ``mode="skip"`` skips to the next valid record header and counts
     the region in ``stats`` (a DecodeStats). Decoding stops at end of data or a BLANK record.
     ``aligned`` says ``start`` and ``end`` are record boundaries (e.g. from ``end_offset``):
-    no header search, and nothing at or after ``end`` is read even if written meanwhile.
+    no header search (NotRecordStartError when no record can start at ``start``), and
+    nothing at or after ``end`` is read even if written meanwhile.
     """
     def decode(seg, pos, window):
         cols = _columns.decode_batch(seg, pos, window, check_crc, True)
@@ -111,6 +112,12 @@ def _iter_decoded(decode, path, base_offset, start, end, mode, batch_bytes, stat
     if stats is not None and not isinstance(stats, DecodeStats):
         raise InvalidArgumentTypeError(f"stats must be a DecodeStats or None, not {type(stats).__name__}")
     positive("batch_bytes", batch_bytes)
+    if aligned and start > 0:
+        seg = MappedSegment(path, base_offset, 0, readonly=True)
+        try:
+            _read.check_start(seg, start, 0)   # NotRecordStartError: ``start`` is inside a record
+        finally:
+            seg.close()
     return _decoded(decode, path, base_offset, start, end, mode, batch_bytes,
                     DecodeStats() if stats is None else stats, aligned)
 
@@ -157,11 +164,13 @@ def _decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, al
 def end_offset(store_path: str | os.PathLike[str], hint: int = 0) -> int:
     """Commitlog offset where a store's written data ends (a record boundary): the end of
     the last segment holding data (a writer may have preallocated empty ones after it),
-    walking headers from ``hint`` when it lies in that segment. 0 for no segments."""
+    walking headers from ``hint`` when it lies in that segment (NotRecordStartError when
+    no record can start there). 0 for no segments."""
     for path, base, size in reversed(segment_files(store_path)):
         seg = MappedSegment(path, base, 0, readonly=True)
         try:
             pos = hint - base if base <= hint < base + size else 0
+            _read.check_start(seg, pos, 0)
             end, _, status = _read.scan_segment(seg, pos, size, False)
         finally:
             seg.close()
@@ -187,8 +196,9 @@ def count_records(store_path: str | os.PathLike[str]) -> tuple[int, int]:
 @checked()
 def advance(store_path: str | os.PathLike[str], start: int, max_bytes: int) -> int:
     """The record boundary reached by reading at most ``max_bytes`` of a store's commitlog
-    from offset ``start`` (a record boundary), BLANK records and segment ends included; at
-    least one record's worth when there is one, so a reader always moves on."""
+    from offset ``start`` (a record boundary, else NotRecordStartError), BLANK records and
+    segment ends included; at least one record's worth when there is one, so a reader
+    always moves on."""
     pos, budget = start, max_bytes
     for path, base, size in segment_files(store_path):
         if pos >= base + size:
@@ -197,7 +207,10 @@ def advance(store_path: str | os.PathLike[str], start: int, max_bytes: int) -> i
         seg = MappedSegment(path, base, 0, readonly=True)
         try:
             rel = pos - base
-            end, count, status = _read.scan_segment(seg, rel, min(size, rel + budget), False)
+            if pos == start:
+                _read.check_start(seg, rel, 0)
+            # a record header at least: a window of 1..7 bytes would read TOTALSIZE's zero high byte as an end
+            end, count, status = _read.scan_segment(seg, rel, min(size, rel + max(budget, 8)), False)
             if count == 0 and pos == start and status not in ("end", "blank") and rel + 4 <= size:
                 total = int.from_bytes(seg.read(rel, 4), "big", signed=True)   # one record over budget
                 end, count, status = _read.scan_segment(seg, rel, min(size, rel + max(total, 0)), False)
@@ -226,7 +239,8 @@ def decode_segment(path: str | os.PathLike[str], base_offset: int, start: int = 
     return concat_columns(parts)
 
 
-def concat_columns(parts):
+@checked()
+def concat_columns(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Concatenate column dicts (offset columns rebased)."""
     out = {}
     for k, v in parts[0].items():
@@ -251,7 +265,8 @@ def arrow_schema():
     return _arrow.SCHEMA
 
 
-def to_arrow(cols, store_path, columns=None):
+@checked()
+def to_arrow(cols: dict[str, Any], store_path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> Any:
     """A ``pyarrow.RecordBatch`` of the decoded ``cols`` (schema: ``arrow_schema()``, or the
     ``columns`` named, in that order)."""
     import rmqstore._arrow as _arrow

@@ -2,7 +2,6 @@
 import logging
 import struct
 
-from rmqstore.errors import CorruptStoreError
 from rmqstore.files import read_file, write_atomic
 
 log = logging.getLogger(__name__)
@@ -36,16 +35,19 @@ class Checkpoint:
         self.confirm_phy_offset = 0
         self.existed = False
         self.rejected = {}   # as_dict() name -> the out-of-range value the file held
+        self.short = None    # the length of a page cut short (read as zeros)
 
     def load(self):
-        """Read the page. A timestamp outside 0..MAX_TIMESTAMP cannot be trusted, so it
-        reads as 0, which makes recovery check everything from the first segment."""
+        """Read the page. A timestamp outside 0..MAX_TIMESTAMP, or a page too short to
+        hold the three, cannot be trusted, so it reads as 0, which makes recovery check
+        everything from the first segment."""
         try:
             data = read_file(self.path, PAGE)
         except FileNotFoundError:
             return self
-        if len(data) < 24:
-            raise CorruptStoreError(f"{self.path}: {len(data)} bytes, expected a {PAGE}-byte page")
+        if len(data) < 24:   # cut short: no time in it can be trusted (RocketMQ maps it as zeros)
+            log.warning("%s: %d bytes, not a %d-byte page: recovering from the start", self.path, len(data), PAGE)
+            self.short, data = len(data), b""
         data = data.ljust(40, b"\0")
         fields = list(_FIELDS.unpack_from(data))
         for i, name in enumerate(("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp")):

@@ -5,7 +5,13 @@ import rmqstore._read as _read
 from rmqstore import _record
 from rmqstore._message import MessageExt
 from rmqstore._segment import PREFAULT_AHEAD
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError, StoreReadOnlyError
+from rmqstore.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    MessageNotFoundError,
+    StoreClosedError,
+    StoreReadOnlyError,
+)
 from rmqstore.index import UniqKeyGenerator
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import SCHEDULE_TOPIC, validate_topic
@@ -162,27 +168,38 @@ class CommitLog:
         return offset + self.segments.file_size - offset % self.segments.file_size
 
     def scan(self, from_offset=0, to_offset=None, check_crc=False):
-        """Every message from ``from_offset`` in commitlog order (skipping BLANK records)."""
+        """Every message from ``from_offset`` in commitlog order (skipping BLANK records);
+        NotRecordStartError now when a record cannot start at ``from_offset``."""
+        seg = self.segments.find(from_offset) if from_offset > self.min_offset else None
+        if seg is not None:
+            _read.check_start(seg, from_offset - seg.base_offset, seg.wrote_pos)
         return _read.Flatten(self._scan_batches(from_offset, to_offset, check_crc))
 
     def _scan_batches(self, from_offset, to_offset, check_crc):
         """scan's messages in lists: runs of valid records read by the kernel, and whatever
-        stops a run (BLANK, end of data, a corrupt record) read alone."""
-        pos = max(from_offset, self.min_offset)
+        stops a run (BLANK, end of data, a corrupt record) read alone. Segments retention
+        deleted under the scan are passed over: it goes on at the new minimum."""
+        pos = from_offset
         while True:
+            pos = max(pos, self.min_offset)
             end = self.max_offset if to_offset is None else min(to_offset, self.max_offset)
             if pos >= end:
                 return
             seg = self.segments.find(pos)
             if seg is None:
                 return
-            msgs, nxt = _read.scan_messages(seg, pos - seg.base_offset, end - seg.base_offset, check_crc,
-                                            SCAN_BATCH, SCAN_BATCH_BYTES)
+            try:
+                msgs, nxt = _read.scan_messages(seg, pos - seg.base_offset, end - seg.base_offset, check_crc,
+                                                SCAN_BATCH, SCAN_BATCH_BYTES)
+                r = None if msgs else _read.decode_record(seg, pos - seg.base_offset, seg.wrote_pos, check_crc)
+            except StoreClosedError:
+                if seg.base_offset >= self.min_offset:   # the store closed, not retention
+                    raise
+                continue
             if msgs:
                 yield msgs
                 pos = seg.base_offset + nxt
                 continue
-            r = _read.decode_record(seg, pos - seg.base_offset, seg.wrote_pos, check_crc)
             if isinstance(r, MessageExt):
                 if r.phy_offset != pos:     # its msgId would name another message
                     raise CorruptRecordError(f"record at commitlog offset {pos}: its PHYSICALOFFSET field says "

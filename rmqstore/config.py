@@ -1,7 +1,8 @@
 """StoreConfig: RocketMQ's MessageStoreConfig knobs under snake_case names, same defaults."""
+import functools
 from dataclasses import dataclass, fields, replace
 
-from rmqstore.errors import InvalidArgumentError
+from rmqstore.errors import InvalidArgumentError, check_call
 
 _DELAY_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _INT_MAX = (1 << 31) - 1          # Java int: what RocketMQ's MessageStoreConfig holds
@@ -128,3 +129,19 @@ class StoreConfig:
     @classmethod
     def names(cls):
         return [f.name for f in fields(cls)]
+
+
+def _checked_init(init):
+    """StoreConfig's generated __init__, an unknown field name or too many values an
+    InvalidArgumentTypeError (see errors.check_call) rather than a bare TypeError."""
+    @functools.wraps(init)
+    def run(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except TypeError:
+            check_call(init, (self, *args), kwargs)
+            raise
+    return run
+
+
+StoreConfig.__init__ = _checked_init(StoreConfig.__init__)   # type: ignore[method-assign]

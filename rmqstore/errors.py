@@ -1,5 +1,6 @@
 """The rmqstore exception hierarchy, and the one translator from errno to exceptions."""
 import errno as _errno
+import inspect
 import os
 
 
@@ -17,6 +18,12 @@ class StoreLockedError(StoreError):
 
 class StoreReadOnlyError(StoreError, PermissionError):
     """A write was attempted on a store opened read-only (or made read-only by an I/O error)."""
+
+
+class ReentrantCallError(StoreError, RuntimeError):
+    """A call that would wait forever for what its own thread holds: a store method called
+    from a callback (a progress function, put_batch's iterable) of an operation that holds
+    the lock the method needs (put or close during rebuild, rebuild during verify)."""
 
 
 class InvalidTopicError(StoreError, ValueError):
@@ -62,6 +69,16 @@ class MessageNotFoundError(StoreError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class NotRecordStartError(MessageNotFoundError, InvalidArgumentError):
+    """No record starts at the commitlog offset a caller gave: it points inside a record (or
+    its bytes there name another offset). The offset is wrong, the store is not corrupt;
+    ``offset`` is the one given."""
+
+    def __init__(self, message, offset=None):
+        super().__init__(message)
+        self.offset = offset
+
+
 class StoreIOError(StoreError, OSError):
     """An operating-system error on a store file; ``filename`` names it."""
 
@@ -94,3 +111,14 @@ def raise_errno(code, path, what):
 def raise_not_regular(path, what):
     """Raise the StoreIOError for a store file that is a directory, FIFO, socket or device."""
     raise StoreIOError(_errno.EINVAL, f"{what}: not a regular file", str(path))
+
+
+def check_call(func, args, kwargs):
+    """Raise InvalidArgumentTypeError when ``args`` and ``kwargs`` do not fit ``func``'s
+    signature (an unknown keyword, too many or too few arguments): what a public entry
+    calls when ``func(*args, **kwargs)`` raised TypeError, to tell a bad call from a
+    TypeError of its own (re-raised by the caller)."""
+    try:
+        inspect.signature(func).bind(*args, **kwargs)
+    except TypeError as e:
+        raise InvalidArgumentTypeError(f"{func.__qualname__}(): {e}") from None

@@ -25,16 +25,22 @@ def list_segment_files(directory):
     return sorted((offset, os.path.join(directory, n)) for offset, n in found if offset is not None)
 
 
-def detect_file_size(directory):
-    """The segment size a foreign store used: the size of its first file (None if empty;
-    a file removed since the listing is passed over)."""
-    for _, path in list_segment_files(directory):
-        try:
-            return file_size(path)
-        except OSError as e:
-            if e.errno != errno.ENOENT:
-                raise
-    return None
+def detect_file_size(directories, configured):
+    """The segment size of the files in ``directories`` (one segment queue each): the
+    ``configured`` one when any file has it, else the size most of them have (the first
+    one's on a tie), so that one damaged file is the one a size check then names; None
+    when there are none. A file removed since the listing is passed over."""
+    sizes = []
+    for directory in directories:
+        for _, path in list_segment_files(directory):
+            try:
+                sizes.append(file_size(path))
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    raise
+    if not sizes or configured in sizes:
+        return configured if sizes else None
+    return max(sizes, key=sizes.count)
 
 
 class SegmentQueue:
@@ -68,6 +74,7 @@ class SegmentQueue:
         self._closed = False
         self.flushed_where = 0
         self._end = None       # read-only: where recovery found the data to end
+        self.dropped = False   # load() left out a short newest file of zeros
 
     # -- loading -----------------------------------------------------------------------
     def load(self):
@@ -99,6 +106,7 @@ class SegmentQueue:
             # being created by a live writer, or killed between creating it and reserving its blocks
             if not self.readonly:
                 os.unlink(path)
+            self.dropped = True
             return None
         if size != self.file_size:
             raise CorruptStoreError(f"{path}: {size} bytes, expected {self.file_size}")

@@ -33,6 +33,7 @@ from rmqstore.errors import (
     CorruptStoreError,
     InvalidArgumentError,
     MessageNotFoundError,
+    ReentrantCallError,
     StoreClosedError,
     StoreError,
     StoreLockedError,
@@ -62,19 +63,16 @@ def _gated(method: F) -> F:
     return functools.wraps(method)(_gate.gated(method, arg_checks(method, 1)))  # type: ignore[return-value]
 
 
-def _detect_cq_entries(root: str) -> int | None:
-    """Entries per consume-queue file of an existing store, from its first CQ file."""
+def _detect_cq_entries(root: str, configured: int) -> int | None:
+    """Entries per consume-queue file of an existing store (see detect_file_size)."""
     base = os.path.join(root, "consumequeue")
     try:
-        for topic in sorted(os.listdir(base)):
-            tdir = os.path.join(base, topic)
-            for q in sorted(os.listdir(tdir)) if os.path.isdir(tdir) else ():
-                size = detect_file_size(os.path.join(tdir, q))
-                if size and size % 20 == 0:
-                    return size // 20
+        dirs = [os.path.join(base, t, q) for t in sorted(os.listdir(base)) if os.path.isdir(os.path.join(base, t))
+                for q in sorted(os.listdir(os.path.join(base, t)))]
+        size = detect_file_size([d for d in dirs if os.path.isdir(d)], 20 * configured)
     except OSError:
-        pass
-    return None
+        return None
+    return size // 20 if size and size % 20 == 0 else None
 
 
 class MessageStore:
@@ -114,7 +112,7 @@ class MessageStore:
         self._lock_fd: int | None = None
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
-        self._maintenance = SharedLock()   # verifies run together, a rebuild (it swaps the dispatcher) alone
+        self._maintenance = SharedLock()   # verifies run together; a rebuild (it swaps the dispatcher), a clean alone
         self._gate = _gate.Gate(self.path, self._check_open)   # see _gate.pyx; put and put_batch pass it too
         self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
         store_dir(self.path, not read_only, cfg.dir_mode)
@@ -144,14 +142,14 @@ class MessageStore:
             self._lock_fd = None
 
     def _open(self, cfg: StoreConfig, progress: Progress | None = None) -> None:
-        cl_size = detect_file_size(os.path.join(self.path, "commitlog"))
+        cl_size = detect_file_size([os.path.join(self.path, "commitlog")], cfg.commitlog_file_size)
         if cl_size and cl_size != cfg.commitlog_file_size:
             log.info("%s: using the store's commitlog segment size %d", self.path, cl_size)
             try:
                 cfg = cfg.with_(commitlog_file_size=cl_size)
             except InvalidArgumentError:
                 raise CorruptStoreError(f"{self.path}/commitlog: first segment is {cl_size} bytes") from None
-        cq_entries = _detect_cq_entries(self.path)
+        cq_entries = _detect_cq_entries(self.path, cfg.consume_queue_entries)
         if cq_entries and cq_entries != cfg.consume_queue_entries:
             cfg = cfg.with_(consume_queue_entries=cq_entries)
         self.config = cfg
@@ -211,13 +209,18 @@ class MessageStore:
         self.recovery = rep = recover_commitlog(self.commitlog, self.clean_shutdown, self.checkpoint,
                                                 cfg.check_crc_on_recover, cfg.message_index_enable, progress)
         end = self.commitlog.max_offset
+        damaged = end   # dispatch again from where the first damaged consume queue now ends
         for cq in self.consume_queues.queues.values():   # read-only: positions only, files untouched
-            rep.consume_queue_bytes_truncated += cq.recover() + cq.truncate_dirty(end)
+            cut = cq.recover()
+            rep.consume_queue_bytes_truncated += cut + cq.truncate_dirty(end)
             cq.correct_min_offset(self.commitlog.min_offset)
+            if cut or cq.segments.dropped:   # entries lost to damage (or a torn write), not only a crash's tail
+                damaged = min(damaged, max(cq.max_physic_offset, 0))
         if cfg.message_index_enable:
             self.index = IndexService(self.path, cfg, self.checkpoint, self.read_only).load(self.clean_shutdown, end)
             rep.index_entries_dropped = self.index.entries_dropped
-        reput = max(self.consume_queues.max_physic_offset(), self.commitlog.min_offset, 0)
+        reput = min(self.consume_queues.max_physic_offset(), damaged)
+        reput = max(reput, self.commitlog.min_offset, 0)
         if not self.clean_shutdown:
             reput = min(reput, rep.start_offset)
         if self.index is not None and self.index.resume_offset is not None:
@@ -259,6 +262,13 @@ class MessageStore:
         if self._gate.closing:
             raise StoreClosedError(f"{self.path}: store closed during the operation")
 
+    def _refuse_reentry(self, what: str) -> None:
+        """ReentrantCallError when this thread is inside rebuild (its progress callback) or
+        holds the write lock (put_batch's iterable), which hold what ``what`` needs."""
+        if self._maintenance.exclusive_here or self.commitlog.appender.held_here:
+            raise ReentrantCallError(f"{self.path}: {what} called from within rebuild or a write (its callback "
+                                     "or iterable) would wait for it forever, or pull the store from under it")
+
     def _check_writable(self) -> None:
         self._check_open()
         if self.read_only:
@@ -272,6 +282,7 @@ class MessageStore:
         with self._close_lock:
             if self._closed:
                 return
+            self._refuse_reentry("close()")
             self._gate.closing = True
             while self._gate.others_running():     # not this thread's own (a callback)
                 time.sleep(0.0005)
@@ -436,6 +447,7 @@ class MessageStore:
         self._check_open()
         if self.read_only:
             return
+        self._refuse_reentry("flush()")
         self.flusher.flush_commitlog(0)
         self.flusher.flush_logics_now(0)
 
@@ -512,6 +524,7 @@ class MessageStore:
         self._check_open()
         if self.read_only:
             return True
+        self._refuse_reentry("wait_dispatched()")
         while True:
             d = self.dispatcher
             ok = d.wait_dispatched(timeout)
@@ -716,12 +729,12 @@ class MessageStore:
         (rules in maintenance/retention.py); ``now`` in seconds since the epoch. Returns a
         RetentionReport. ``dry_run=True`` deletes nothing (and works read-only): the report
         names what would be deleted and why. Raises StoreReadOnlyError on a read-only store
-        unless ``dry_run``."""
+        unless ``dry_run``. Waits for running verifies (which read the files it deletes)."""
         if dry_run:
             self._check_open()
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now, True)
         self._check_writable()
-        with self.commitlog.lock:
+        with self._maintenance.exclusive(), self.commitlog.lock:   # not under a verify reading the files
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now)
 
     @_gated

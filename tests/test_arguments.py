@@ -1,12 +1,13 @@
 """Every public MessageStore method, called with arguments of the wrong type or out of
 range, raises InvalidArgumentError (or another StoreError, e.g. MessageNotFoundError):
 never a plain TypeError/ValueError, and nothing stored is lost."""
+import inspect
 import subprocess
 import sys
 
 import pytest
 
-from rmqstore import InvalidArgumentError, Message, MessageStore, StoreConfig, StoreError
+from rmqstore import InvalidArgumentError, InvalidArgumentTypeError, Message, MessageStore, StoreConfig, StoreError
 
 from conftest import SMALL_INDEX
 
@@ -165,3 +166,70 @@ def test_batch_functions_refuse_bad_arguments(tmp_path):
     code = f"BAD = {BAD!r}\n{BATCH_SWEEP}"
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True, timeout=300)
     assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+
+
+def _bad_calls(func, good):
+    """Calls of ``func`` that do not fit its signature: one argument too many, an unknown
+    keyword, none at all."""
+    yield (*good, *[0] * (len(inspect.signature(func).parameters) + 1 - len(good))), {}
+    yield good, {"no_such_argument": 1}
+    yield (), {}
+
+
+@pytest.mark.parametrize("name", sorted(set(CALLS) - {"put", "get_messages", "query_by_key"}))
+def test_calls_that_do_not_fit_the_signature(store, name):
+    """A public method called with an argument too many, an unknown keyword or none
+    raises InvalidArgumentTypeError (a bare TypeError before), and nothing is lost.
+    (put, get_messages and query_by_key are C methods: Python's TypeError.)"""
+    method = getattr(store, name)
+    for args, kwargs in _bad_calls(method, CALLS[name]):
+        if name in ("wait_dispatched", "verify", "clean_expired", "rebuild", "scan") and not args and not kwargs:
+            continue   # every argument has a default
+        with pytest.raises(InvalidArgumentTypeError):
+            r = method(*args, **kwargs)
+            list(r) if hasattr(r, "__next__") else None
+    assert bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
+
+
+def test_constructors_refuse_unknown_fields_and_extra_arguments(tmp_path):
+    """StoreConfig, StoreConfig.with_ and MessageStore: an unknown keyword or too many
+    values is InvalidArgumentTypeError naming it (a bare TypeError before); no store made."""
+    with pytest.raises(InvalidArgumentTypeError, match="unknown"):
+        StoreConfig(unknown=1)
+    with pytest.raises(InvalidArgumentTypeError, match="unknown"):
+        StoreConfig().with_(unknown=1)
+    with pytest.raises(InvalidArgumentTypeError):
+        StoreConfig(*range(len(StoreConfig.names()) + 1))
+    with pytest.raises(InvalidArgumentTypeError, match="foo"):
+        MessageStore(tmp_path / "s", foo=1)
+    with pytest.raises(InvalidArgumentTypeError):
+        MessageStore(tmp_path / "s", None, False, None, 5)
+    with pytest.raises(InvalidArgumentTypeError):
+        MessageStore()
+    assert not any(tmp_path.iterdir())
+
+
+def test_batch_functions_refuse_calls_that_do_not_fit(tmp_path):
+    from rmqstore import batch
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 14, warm_mapped_file=False)) as s:
+        s.put(Message("T", b"m"), 0)
+    seg, base, _ = batch.segment_files(tmp_path / "s")[0]
+    calls = {"segment_files": [tmp_path / "s"], "count_records": [tmp_path / "s"], "end_offset": [tmp_path / "s", 0],
+             "advance": [tmp_path / "s", 0, 4096], "iter_columns": [seg, base], "decode_segment": [seg, base],
+             "to_arrow": [{}, "s"], "concat_columns": [[]]}
+    for name, good in calls.items():
+        for args, kwargs in _bad_calls(getattr(batch, name), good):
+            with pytest.raises(InvalidArgumentTypeError):
+                getattr(batch, name)(*args, **kwargs)
+
+
+def test_a_typeerror_from_within_is_not_taken_for_a_bad_call(tmp_path):
+    """The check runs only when a call fails, and only re-labels what the signature
+    refuses: a TypeError the progress callback raises comes out as itself."""
+    def progress(n):
+        raise TypeError("from the callback")
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 14, warm_mapped_file=False)) as s:
+        s.put(Message("T", b"m"), 0)
+        with pytest.raises(TypeError, match="from the callback") as e:
+            s.verify(progress)
+        assert not isinstance(e.value, StoreError)

@@ -247,3 +247,45 @@ def test_unpickling_bad_bytes_is_a_clear_error(fx):
 def fx_message(fx, off):
     with MessageStore(fx.store_dir, read_only=True) as store:
         return store.get_by_offset(off)
+
+
+# Objects made with T.__new__(T), skipping the constructor: every attribute and method of
+# each either works or raises (a StoreError or TypeError), never reads a NULL pointer.
+# MessageExt.__new__ then repr(), and PutResult.__new__ then .msg_id, crashed (SIGSEGV);
+# so did the store's C writer (type(store.put.__self__)) made this way, then put.
+EMPTY_OBJECTS = r"""
+import sys
+from rmqstore import Message, MessageExt, MessageStore, PutResult, StoreConfig
+store = MessageStore(sys.argv[1], StoreConfig(commitlog_file_size=1 << 16, warm_mapped_file=False))
+types = [MessageExt, PutResult, Message, type(store.scan()), type(store.put.__self__),
+         type(store.get_messages.__self__), type(store.query_by_key.__self__)]
+for t in types:
+    try:
+        x = t.__new__(t)
+    except TypeError:
+        continue
+    for name in dir(x):
+        if name.startswith("__") and name not in ("__repr__", "__reduce__", "__hash__", "__next__"):
+            continue
+        for args in ((), (Message("T", b"x"),), ("T", 0, 0), (x,)):
+            try:
+                v = getattr(x, name)
+                v(*args) if callable(v) else v
+            except Exception:
+                pass
+    for other in (x, 1):
+        try:
+            x == other
+        except Exception:
+            pass
+store.close()
+print("survived")
+"""
+
+
+def test_objects_made_without_their_constructor_do_not_crash(tmp_path):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", EMPTY_OBJECTS, str(tmp_path / "s")], capture_output=True, text=True,
+                       timeout=120)
+    assert (p.returncode, p.stdout.strip()) == (0, "survived"), p.stderr[-2000:]

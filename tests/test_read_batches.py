@@ -105,3 +105,23 @@ def test_get_messages_past_holes_reads_the_whole_window(tmp_path):
         assert [m.body for m in r.messages] == [b"m0", b"m1"] and r.next_offset == 2
         r = s.get_messages("T", 0, 5, 20)
         assert [m.body for m in r.messages] == [b"m%d" % i for i in range(14, 20)] and r.next_offset == 20
+
+
+@pytest.mark.parametrize("max_bytes", [1, 3, 7, 8, 9, 100])
+def test_advance_moves_on_with_any_budget(tmp_path, max_bytes):
+    """batch.advance reads at least one record's worth, whatever ``max_bytes``: a budget of
+    1..7 bytes read TOTALSIZE's zero high byte as the end of data, and it returned
+    ``start`` (a reader stepping with it never moved on)."""
+    from rmqstore import batch
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=4096, warm_mapped_file=False,
+                                                  **SMALL_INDEX)) as s:
+        res = s.put_batch([Message("T", b"x" * 300) for _ in range(30)])   # BLANKs at segment ends too
+    seg_ends = {base + size for _, base, size in batch.segment_files(tmp_path / "s")}
+    pos, seen = 0, []
+    while pos < res[-1].phy_offset + res[-1].size:
+        nxt = batch.advance(tmp_path / "s", pos, max_bytes)
+        assert nxt > pos
+        seen.append(nxt)
+        pos = nxt
+    assert [p for p in seen if p not in seg_ends] == [r.phy_offset + r.size for r in res if
+                                                      r.phy_offset + r.size not in seg_ends]

@@ -228,3 +228,66 @@ def test_segment_boundary_recovery(tmp_path):
         assert sum(s.max_offset(TOPIC, q) for q in (0, 1)) == first_in_seg
         nxt = s.put(Message(TOPIC, b"x"), queue_id=0)
         assert nxt.phy_offset == start
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbage", "ones"])
+def test_damaged_consume_queue_of_a_clean_store_is_redispatched(tmp_path, damage):
+    """The newest file of a consume queue damaged after a clean shutdown (emptied, its
+    head overwritten, all 0xFF): a writer's recovery cuts it at the damage and dispatches those messages
+    again. It used to dispatch only from the furthest queue's end, as after a clean
+    shutdown nothing is behind: that queue's messages stayed unreachable, verify failed
+    on every open."""
+    cfg = _cfg()
+    res, bodies = _write(tmp_path, 60, cfg)
+    qdir = tmp_path / "consumequeue" / TOPIC / "0"   # not the queue of the last message
+    path = qdir / sorted(os.listdir(qdir))[-1]   # recovery checks the newest files, as RocketMQ's does
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        if damage == "empty":
+            f.truncate(0)
+        else:
+            f.write(os.urandom(64) if damage == "garbage" else b"\xff" * size)
+    with MessageStore(tmp_path, cfg) as s:
+        assert s.clean_shutdown and s.recovery.records_redispatched > 0
+        _check_prefix(s, res, bodies, 60, cfg)
+        assert s.verify().ok
+
+
+@pytest.mark.parametrize("where", ["commitlog", "consumequeue"])
+@pytest.mark.parametrize("first", [True, False], ids=["first", "later"])
+def test_a_segment_of_the_wrong_size_is_the_one_named(tmp_path, where, first):
+    """One segment cut short, the first or a later one: the error names that file. The
+    size used to be taken from the first file alone, so a short first file made every
+    healthy one "the wrong size" (and the message named a file that was fine)."""
+    from rmqstore import CorruptStoreError
+    cfg = _cfg(commitlog_file_size=4096)
+    _write(tmp_path, 200, cfg)
+    d = tmp_path / where if where == "commitlog" else tmp_path / "consumequeue" / TOPIC / "0"
+    files = sorted(os.listdir(d))
+    assert len(files) >= 3
+    bad = d / files[0 if first else 1]
+    os.truncate(bad, os.path.getsize(bad) // 2)
+    for read_only in (True, False):
+        with pytest.raises(CorruptStoreError, match=str(bad)):
+            MessageStore(tmp_path, cfg, read_only=read_only)
+
+
+@pytest.mark.parametrize("length", [0, 10, 23])
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "abort"])
+def test_a_checkpoint_cut_short_reads_as_zeros(tmp_path, length, clean):
+    """A checkpoint too short to hold its three times reads as zeros, as out-of-range
+    times do (and as RocketMQ, mapping the page, reads it): recovery checks from the first
+    segment and keeps every message; verify names the page until a writer rewrites it.
+    The store used to refuse to open (CorruptStoreError) on the one file that is a hint."""
+    cfg = _cfg()
+    res, bodies = _write(tmp_path, 40, cfg)
+    os.truncate(tmp_path / "checkpoint", length)
+    if not clean:
+        _crash_marker(tmp_path)
+    with MessageStore(tmp_path, cfg, read_only=True) as s:
+        assert [p.path for p in s.verify().problems] == [str(tmp_path / "checkpoint")]
+    with MessageStore(tmp_path, cfg) as s:
+        _check_prefix(s, res, bodies, 40, cfg)
+    with MessageStore(tmp_path, cfg, read_only=True) as s:
+        assert s.verify().ok
+    assert os.path.getsize(tmp_path / "checkpoint") == 4096

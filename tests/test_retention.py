@@ -91,3 +91,22 @@ def test_young_segments_stay(tmp_path):
 @pytest.mark.parametrize("when,hour,hit", [("04", 4, True), ("04;05", 5, True), ("04", 3, False)])
 def test_delete_hour(when, hour, hit):
     assert retention.is_delete_hour(when, _at_hour(hour)) == hit
+
+
+def test_a_scan_goes_on_past_segments_deleted_under_it(tmp_path):
+    """A scan whose segments retention deletes goes on at the new minimum offset: it
+    used to end there silently, as though the newer segments held nothing."""
+    with _store(tmp_path) as s:
+        res = _fill(s)
+        it = s.scan()
+        first = next(it)
+        now = _at_hour(4, days_later=10)
+        _age(s, len(s.commitlog.segments.segments), HOUR, now)
+        _age(s, 3, 73 * HOUR, now)
+        assert s.clean_expired(now=now).segments_deleted == 3
+        rest = [m.phy_offset for m in it]
+    # what the scan held already (its first run), then every message from the new minimum
+    assert first.phy_offset == res[0].phy_offset
+    kept = [r.phy_offset for r in res if r.phy_offset >= 3 * 4096]
+    assert rest[len(rest) - len(kept):] == kept
+    assert all(p < 3 * 4096 for p in rest[:len(rest) - len(kept)])

@@ -37,6 +37,7 @@ import rmqstore._index as _index
 import rmqstore._read as _read
 import rmqstore._verify as _verify
 from rmqstore import _record
+from rmqstore.checkpoint import PAGE
 from rmqstore.dispatch import deliver_time
 from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 
@@ -432,6 +433,8 @@ class _Verifier:
         cp = self.cp
         if not cp.existed:
             return
+        if cp.short is not None:
+            self.problem("checkpoint", cp.path, 0, f"{cp.path}: {cp.short} bytes, expected a {PAGE}-byte page")
         newest = self.recs.max_store_ts
         for pos, name in ((0, "physicMsgTimestamp"), (8, "logicsMsgTimestamp"), (16, "indexMsgTimestamp")):
             ts = cp.as_dict()[name] or cp.rejected.get(name, 0)   # loading read an out-of-range time as 0
