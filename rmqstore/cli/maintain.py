@@ -16,6 +16,7 @@ from rmqstore.cli.common import (
     print_table,
     progress,
     require_store,
+    shown,
     store_config,
 )
 from rmqstore.store import MessageStore
@@ -64,7 +65,7 @@ def cmd_clean(args):
     title = "clean (dry run)" if rep["dryRun"] else "clean"
     print_fields(human((k, v) for k, v in rep.items() if k != "segments"), title=title)
     for path in rep["segments"]:
-        print(("would delete " if rep["dryRun"] else "deleted ") + path)
+        print(("would delete " if rep["dryRun"] else "deleted ") + shown(path))
     if rep["dryRun"]:
         print(_dry_run_note("deleted", "delete"))
 

@@ -110,7 +110,8 @@ def register(sub, json_only, store_opts):
         return j
 
     j = job("export", _export, "stores to Parquet, partitioned by topic and date",
-            "Write every message of the stores to Parquet under --out (replaced), in Spark's "
+            "Write every message of the stores to Parquet under --out (new, empty, or an earlier "
+            "export's, which is replaced; any other directory is refused), in Spark's "
             "topic=/date= layout (store date, UTC), then a _SUCCESS marker. Prints messages, bytes, "
             "seconds and MB/s.")
     j.add_argument("stores", nargs="+", metavar="STORE", help="store directories or glob patterns")

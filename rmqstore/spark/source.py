@@ -117,6 +117,19 @@ def find_stores(paths):
     return sorted(out)
 
 
+def enclosing_store(path):
+    """The store directory ``path`` is or lies inside (its nearest ancestor holding
+    ``commitlog/``), or None: no job writes its output there."""
+    p = os.path.realpath(path)
+    while True:
+        if os.path.isdir(os.path.join(p, "commitlog")):
+            return p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
 def _paths(options):
     if "paths" in options:
         return json.loads(options["paths"])
