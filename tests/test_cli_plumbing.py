@@ -107,3 +107,15 @@ def test_terminal_controls_in_message_data_are_escaped(tmp_path):
         assert not any(c in out for c in "\x1b\x07\u2028\u202e"), out
     assert "\\x1b[2J" in outputs[0] and "\\u202eevil" in outputs[1]
     assert json.loads(run("at", store, 0, "--json").stdout)["tags"] == "\x1b[2J"
+
+
+def test_numbers_a_command_cannot_use_are_usage_errors(tmp_path):
+    """Durations and sizes argparse accepted as floats or ints and Python then refused
+    (time.sleep, random.randbytes): a traceback before, exit status 2 now."""
+    store = tmp_path / "s"
+    put(store, {"topic": "T", "body": "x"}, extra=("--create", "--segment-size", "4096"))
+    for cmd in (["tail", store, "--interval", "-1"], ["tail", store, "--interval", "nan"],
+                ["tail", store, "--interval", "1e308"], ["tail", store, "--timeout", "inf"],
+                ["clean", store, "--now", "nan"], ["bench", "--messages", 1, "--body-size", 10 ** 15, "--no-peers"]):
+        p = _run([*cmd, "--json"])
+        assert p.returncode == 2 and json.loads(p.stdout)["exit"] == 2, cmd

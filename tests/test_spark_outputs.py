@@ -1,5 +1,6 @@
 """Where the Spark jobs write: export replaces only an earlier export's directory, and no job
 writes into a store it was not asked to (nor into one a broker or writer holds)."""
+import json
 import os
 
 import pytest
@@ -69,11 +70,41 @@ def test_rebuild_writes_into_no_other_store_and_not_under_a_writer(spark, stores
     assert jobs.rebuild(spark, str(empty))[1]["messages"] == 0   # the lock was released
 
 
-def test_writer_refuses_a_path_inside_a_store(spark, stores):
+def test_writer_refuses_a_path_inside_a_store_or_a_file(spark, stores, tmp_path):
+    """Checked on the driver, before any task runs (a file gave each task a bare
+    NotADirectoryError)."""
     a, b = stores
     df = spark.read.format("rocketmq").load(a)
     before = tree_state(b)
-    for out in (b, os.path.join(b, "sub")):
-        with pytest.raises(Exception, match="is inside the store"):
-            df.write.format("rocketmq").mode("append").save(out)
-    assert tree_state(b) == before
+    (tmp_path / "file").write_text("keep")
+    for out, reason in [(b, "is inside the store"), (os.path.join(b, "sub"), "is inside the store"),
+                        (tmp_path / "file", "is not a directory")]:
+        with pytest.raises(Exception, match=reason) as e:
+            df.write.format("rocketmq").mode("append").save(str(out))
+        assert "Failed to initialize Python data source writer" in str(e.value)
+    assert tree_state(b) == before and (tmp_path / "file").read_text() == "keep"
+
+
+def test_time_criteria_that_are_not_times():
+    from rmqstore.spark.source import _epoch_ms
+    assert _epoch_ms("2026-11-01T00:00+05:30") == 1_793_471_400_000   # 2026-10-31 18:30 UTC and _epoch_ms("-5") == -5
+    for bad in ("yesterday", "\u00b2", "2026-13-45", float("nan"), float("inf")):
+        with pytest.raises(InvalidArgumentError):
+            _epoch_ms(bad)
+
+
+@pytest.mark.slow
+def test_spark_command_reports_the_cause_in_one_line(stores, tmp_path):
+    """A job failing inside Spark (a bad criterion, a corrupt record): the rmqstore error as
+    the command's one error line and JSON, not the JVM's and Python's tracebacks."""
+    import subprocess
+    import sys
+
+    from test_cli import ENV
+    a, _ = stores
+    p = subprocess.run([sys.executable, "-m", "rmqstore", "spark", "--master", "local[1]", "query", a, "--begin",
+                        "yesterday", "--json"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert json.loads(p.stdout)["error"] == "InvalidArgumentError: not a time (epoch ms or ISO-8601): 'yesterday'"
+    assert [ln for ln in p.stderr.splitlines() if ln.startswith("rmqstore: error: ")] == \
+        ["rmqstore: error: InvalidArgumentError: not a time (epoch ms or ISO-8601): 'yesterday'"]

@@ -50,6 +50,28 @@ def positive_int(text):
     return v
 
 
+MAX_SECONDS = 1e9   # about 31 years: any wait longer is a mistake (time.sleep overflows near 9.2e9)
+
+
+def seconds(text):
+    """A number of seconds (a duration, or an epoch time the store checks): finite, >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+def duration(text):
+    """seconds() that a command waits: at most MAX_SECONDS."""
+    v = seconds(text)
+    if v > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS:.0f} seconds, got {text}")
+    return v
+
+
 _SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 

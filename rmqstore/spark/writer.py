@@ -124,6 +124,8 @@ class StoreWriter(DataSourceArrowWriter):
 
     def __init__(self, path, options, overwrite):
         self.path = os.path.abspath(path)
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise InvalidArgumentError(f"rocketmq writer: {self.path} is not a directory")
         if enclosing_store(self.path):
             raise InvalidArgumentError(f"rocketmq writer: {self.path} is inside the store "
                                        f"{enclosing_store(self.path)}; write the new stores elsewhere")
