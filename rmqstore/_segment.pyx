@@ -50,7 +50,7 @@ cdef class MappedSegment:
 
     def __cinit__(self, path, int64_t base_offset, int64_t size, bint create=False,
                   bint readonly=False, int mode=0o600, int64_t reserve=-1, int64_t ahead=0):
-        cdef bytes bpath = str(path).encode()
+        cdef bytes bpath = os.fsencode(str(path))
         cdef const char *cpath = bpath
         cdef int flags = (RMQ_CREATE if create else 0) | (RMQ_READONLY if readonly else 0)
         cdef int rc
@@ -303,7 +303,7 @@ def fault_point(int op, str path not None):
     cdef int err
     if not rmq_fault_armed:
         return
-    err = rmq_fault_hit(op, path.encode(), -1)
+    err = rmq_fault_hit(op, os.fsencode(path), -1)
     if err:
         raise OSError(err, os.strerror(err), path)
 

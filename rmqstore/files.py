@@ -5,11 +5,12 @@ StoreIOError (ELOOP) instead of being written or read through; temporaries are c
 with O_EXCL. The open and fsync calls here join the fault injection of cext/rmq_fault.h.
 """
 import errno
+import fcntl
 import os
 import stat
 
 from rmqstore._segment import FAULT_FSYNC, FAULT_OPEN, fault_point
-from rmqstore.errors import StoreNotFoundError, raise_errno, raise_not_regular
+from rmqstore.errors import StoreLockedError, StoreNotFoundError, raise_errno, raise_not_regular
 
 
 def make_dirs(path, mode):
@@ -109,6 +110,19 @@ def open_file(path, flags, mode=0o600):
         os.close(fd)
         raise_not_regular(path, "open")
     os.set_blocking(fd, True)
+    return fd
+
+
+def lock_writer(store, mode):
+    """A descriptor of ``store/lock`` holding an exclusive flock: whoever holds it is the
+    store's one writer (a MessageStore opened for writing, a Spark rebuild into the store),
+    until the descriptor is closed. StoreLockedError when another process holds it."""
+    fd = open_file(os.path.join(store, "lock"), os.O_RDWR | os.O_CREAT, mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLockedError(f"{store}: another process has the store open for writing") from None
     return fd
 
 

@@ -3,7 +3,6 @@ It opens and closes the components and delegates to them; the rules live in the 
 names (dispatch.py, consume_queue.py, consumer.py, maintenance/)."""
 from __future__ import annotations
 
-import fcntl
 import functools
 import inspect
 import logging
@@ -36,10 +35,9 @@ from rmqstore.errors import (
     ReentrantCallError,
     StoreClosedError,
     StoreError,
-    StoreLockedError,
     StoreReadOnlyError,
 )
-from rmqstore.files import create_new, open_file, store_dir
+from rmqstore.files import create_new, lock_writer, store_dir
 from rmqstore.flush import FlushService
 from rmqstore.index import IndexService
 from rmqstore.maintenance.rebuild import dispatch_all, fresh_logics
@@ -128,13 +126,7 @@ class MessageStore:
 
     # -- opening --------------------------------------------------------------------------
     def _acquire_lock(self, cfg: StoreConfig) -> None:
-        fd = open_file(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, cfg.file_mode)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreLockedError(f"{self.path}: another process has the store open for writing") from None
-        self._lock_fd = fd
+        self._lock_fd = lock_writer(self.path, cfg.file_mode)
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:

@@ -138,3 +138,43 @@ def test_stale_receipts_and_unsupported_calls(strict):
     tx.messages[0].system_properties.message_type = definition_pb2.MessageType.TRANSACTION
     assert s.SendMessage(tx, timeout=10).status.code == Code.UNSUPPORTED
     _route_ok(s)
+
+
+def test_forged_receipt_handles_add_no_state(tmp_path):
+    """Acks, invisible-time changes and dead-letter moves naming groups, topics and queues
+    the endpoint never handed out answer INVALID_RECEIPT_HANDLE and leave nothing behind
+    (they added an empty queue state each, kept in every snapshot from then on)."""
+    with running(tmp_path / "s") as (_store, ep, addr):
+        channel, s = stub(addr)
+        with channel:
+            for i in range(50):
+                group, topic, handle = definition_pb2.Resource(name=f"G{i}"), definition_pb2.Resource(name=f"T{i}"), \
+                    f"{i * 7919}.{i}.{i}"
+                ack = service_pb2.AckMessageRequest(group=group, topic=topic)
+                ack.entries.add(message_id="m", receipt_handle=handle)
+                assert s.AckMessage(ack, timeout=10).status.code == Code.INVALID_RECEIPT_HANDLE
+                cid = service_pb2.ChangeInvisibleDurationRequest(group=group, topic=topic, receipt_handle=handle)
+                assert s.ChangeInvisibleDuration(cid, timeout=10).status.code == Code.INVALID_RECEIPT_HANDLE
+                dlq = service_pb2.ForwardMessageToDeadLetterQueueRequest(group=group, topic=topic,
+                                                                          receipt_handle=handle)
+                assert s.ForwardMessageToDeadLetterQueue(dlq, timeout=10).status.code == Code.INVALID_RECEIPT_HANDLE
+        assert ep.state.queues == {}
+    with open(tmp_path / "s" / "config" / "popState.json") as f:
+        assert '"G1"' not in f.read()
+
+
+def test_store_closed_under_the_endpoint(tmp_path):
+    """The caller closes the store while the endpoint serves: calls answer a status naming
+    the closed store, and stop() still ends cleanly and closes the consumption state (it
+    raised StoreClosedError before closing it)."""
+    with running(tmp_path / "s") as (store, ep, addr):
+        store.close()
+        channel, s = stub(addr)
+        with channel:
+            res = s.SendMessage(_send_request("T", b"x"), timeout=10)
+            assert res.status.code == Code.INTERNAL_SERVER_ERROR and "closed" in res.status.message
+            req = service_pb2.ReceiveMessageRequest(batch_size=8)
+            req.group.name, req.message_queue.topic.name = "G", "T"
+            got = list(s.ReceiveMessage(req, timeout=10))
+            assert [r.status.code for r in got] == [Code.INTERNAL_SERVER_ERROR]
+        ep.stop()   # raised StoreClosedError

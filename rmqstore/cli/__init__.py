@@ -9,6 +9,7 @@ object ``{"error": ..., "exit": status}`` on stdout.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from typing import Sequence
@@ -24,6 +25,7 @@ from rmqstore.cli.common import (
     UsageError,
     dumps,
     positive_int,
+    shown,
 )
 from rmqstore.errors import StoreError
 
@@ -64,31 +66,70 @@ def _error_text(e: BaseException) -> str:
 
 def _failed(status: int, text: str, as_json: bool) -> int:
     """Report a failure: one line on stderr and, with --json, ``{"error", "exit"}`` on
-    stdout, so a script reading JSON gets JSON. Returns ``status``."""
-    sys.stderr.write("rmqstore: interrupted\n" if status == EXIT_INTERRUPTED else f"rmqstore: error: {text}\n")
+    stdout, so a script reading JSON gets JSON (unless stdout is what failed: full, or a
+    closed pipe). Returns ``status``."""
+    sys.stderr.write("rmqstore: interrupted\n" if status == EXIT_INTERRUPTED else f"rmqstore: error: {shown(text)}\n")
     if as_json:
-        sys.stdout.write(dumps({"error": text, "exit": status}) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(dumps({"error": text, "exit": status}) + "\n")
+            sys.stdout.flush()
+        except OSError:
+            _discard_stdout()
     return status
+
+
+def _discard_stdout() -> None:
+    """Send what stdout still buffers to /dev/null, so the flush at exit does not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _standard_streams() -> bool:
+    """Make the standard streams safe to use; False when stdout was closed (``>&-``).
+
+    A closed descriptor 0, 1 or 2 is opened on /dev/null first: otherwise the next file
+    opened (a store's ``lock``, a segment) would take its number, and output meant for the
+    terminal (a Spark JVM's, say) would be written into it. Text the stream's encoding
+    cannot hold (a store path of non-UTF-8 bytes, an ASCII terminal) is written as
+    backslash escapes instead of failing."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = open(os.devnull)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+    closed = sys.stdout is None
+    if closed:
+        sys.stdout = open(os.devnull, "w")
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+    return not closed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (the console script exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
+    if not _standard_streams():
+        return _failed(EXIT_ERROR, "stdout is closed; redirect it to /dev/null to discard the output", False)
     try:
         args = build_parser().parse_args(argv)
-    except UsageError as e:
-        return _failed(EXIT_USAGE, str(e), as_json)
-    try:
         status = args.func(args)
         sys.stdout.flush()
         return EXIT_OK if status is None else status
+    except UsageError as e:
+        return _failed(EXIT_USAGE, str(e), as_json)
     except KeyboardInterrupt:
         return _failed(EXIT_INTERRUPTED, "interrupted", as_json)
     except BrokenPipeError:
         # The reader went away (``| head``): silence the final flush too.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _discard_stdout()
         return EXIT_OK
     except (CommandError, StoreError, OSError) as e:
         return _failed(EXIT_ERROR, _error_text(e), as_json)

@@ -1,4 +1,5 @@
 """Subcommands over whole stores: recover, digest, diff, bench."""
+import argparse
 import dataclasses
 import os
 
@@ -19,6 +20,7 @@ from rmqstore.cli.common import (
     require_store,
     store_config,
 )
+from rmqstore.config import StoreConfig
 from rmqstore.files import open_reader
 from rmqstore.segments import list_segment_files
 from rmqstore.store import MessageStore
@@ -124,6 +126,14 @@ def cmd_diff(args):
     return None if diverge is None else EXIT_FOUND
 
 
+def _body_size(text):
+    """A bench body size: at most the store's message size limit."""
+    v, limit = nonneg_int(text), StoreConfig().max_message_size
+    if v > limit:
+        raise argparse.ArgumentTypeError(f"must be at most {limit} (the store's message size limit), got {v}")
+    return v
+
+
 def cmd_bench(args):
     from rmqstore import bench  # imports the peers (sqlite3, LMDB) only when asked
     rows = bench.run(args.dir, args.messages, args.body_size, args.batch, peers=not args.no_peers,
@@ -159,7 +169,7 @@ def register(sub, json_only, store_opts):
                        "table.")
     p.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
     p.add_argument("--messages", type=positive_int, default=1_000_000, metavar="N", help="messages (1000000)")
-    p.add_argument("--body-size", type=nonneg_int, default=128, metavar="BYTES", help="body size (128)")
+    p.add_argument("--body-size", type=_body_size, default=128, metavar="BYTES", help="body size (128)")
     p.add_argument("--batch", type=nonneg_int, default=0, metavar="K", help="put_batch of K (0: single puts)")
     p.add_argument("--no-peers", action="store_true", help="time rmqstore only")
     p.set_defaults(func=cmd_bench)

@@ -50,6 +50,28 @@ def positive_int(text):
     return v
 
 
+MAX_SECONDS = 1e9   # about 31 years: any wait longer is a mistake (time.sleep overflows near 9.2e9)
+
+
+def seconds(text):
+    """A number of seconds (a duration, or an epoch time the store checks): finite, >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+def duration(text):
+    """seconds() that a command waits: at most MAX_SECONDS."""
+    v = seconds(text)
+    if v > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS:.0f} seconds, got {text}")
+    return v
+
+
 _SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -167,12 +189,31 @@ def pad(text, width):
     return text + " " * (width - display_width(text))
 
 
+# Characters a terminal acts on instead of showing: C0/C1 controls and DEL (ESC starts the
+# sequences that move the cursor, clear the screen, set the title), line and paragraph
+# separators, bidirectional overrides and isolates (they reorder what follows).
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(value):
+    """``value`` as text for a table or a line: message data (topics, tags, keys, paths) is
+    the sender's, so the characters a terminal would act on are shown as escapes
+    (``\\x1b``, ``\\u2028``)."""
+    return _UNSHOWN.sub(lambda m: repr(m.group())[1:-1], str(value))
+
+
+def _ascii_json():
+    """True when stdout cannot take any Unicode character (an ASCII or Latin-1 locale):
+    JSON then escapes them all (``\\u00e4``), so the document stays valid JSON."""
+    return (sys.stdout.encoding or "").lower().replace("-", "").replace("_", "") != "utf8"
+
+
 def dumps(obj):
-    return json.dumps(obj, ensure_ascii=False)
+    return json.dumps(obj, ensure_ascii=_ascii_json())
 
 
 def print_json(obj):
-    print(json.dumps(obj, ensure_ascii=False, indent=2))
+    print(json.dumps(obj, ensure_ascii=_ascii_json(), indent=2))
 
 
 def print_line(obj):
@@ -183,7 +224,7 @@ def print_table(headers, rows, title=None):
     """Rows of cells under ``headers``, columns padded to their widest cell."""
     if title:
         print(title)
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    cells = [[str(h) for h in headers]] + [["-" if c is None else shown(c) for c in r] for r in rows]
     widths = [max(display_width(r[i]) for r in cells) for i in range(len(headers))]
     for r in cells:
         print("  ".join(pad(c, w) for c, w in zip(r, widths, strict=False)).rstrip())
@@ -197,14 +238,14 @@ def print_fields(pairs, title=None):
         print(title)
     width = max((display_width(k) for k, _ in pairs), default=0)
     for k, v in pairs:
-        print(f"  {pad(k, width)}  {'-' if v is None else v}")
+        print(f"  {pad(k, width)}  {'-' if v is None else shown(v)}")
 
 
 def message_line(m):
     """One line for a message in human output."""
     body = m.body[:40].decode("utf-8", "replace").replace("\n", " ")
-    return (f"{m.phy_offset}  {m.topic}/{m.queue_id}@{m.queue_offset}  {m.msg_id}  tags={m.tags}  "
-            f"keys={m.properties.get('KEYS')}  {len(m.body)}B  {body!r}")
+    return shown(f"{m.phy_offset}  {m.topic}/{m.queue_id}@{m.queue_offset}  {m.msg_id}  tags={m.tags}  "
+                 f"keys={m.properties.get('KEYS')}  {len(m.body)}B  {body!r}")
 
 
 def progress(total, desc, unit="B"):

@@ -1,6 +1,5 @@
 """Maintenance subcommands: verify (read-only), clean (retention now) and rebuild (consume
 queues and index from the commitlog)."""
-import argparse
 import dataclasses
 import time
 
@@ -16,6 +15,8 @@ from rmqstore.cli.common import (
     print_table,
     progress,
     require_store,
+    seconds,
+    shown,
     store_config,
 )
 from rmqstore.store import MessageStore
@@ -64,7 +65,7 @@ def cmd_clean(args):
     title = "clean (dry run)" if rep["dryRun"] else "clean"
     print_fields(human((k, v) for k, v in rep.items() if k != "segments"), title=title)
     for path in rep["segments"]:
-        print(("would delete " if rep["dryRun"] else "deleted ") + path)
+        print(("would delete " if rep["dryRun"] else "deleted ") + shown(path))
     if rep["dryRun"]:
         print(_dry_run_note("deleted", "delete"))
 
@@ -105,16 +106,6 @@ def cmd_rebuild(args):
     print_fields(human(out.items()), title="rebuild")
 
 
-def _seconds(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
-
-
 def register(sub, json_only, store_opts):
     p = sub.add_parser("verify", parents=[store_opts], help="check every record, consume queue and index file",
                        description="Check the whole store read-only: every commitlog record's structure and "
@@ -130,7 +121,7 @@ def register(sub, json_only, store_opts):
                        "written. Without --yes it is a dry run: the store is opened read-only and the "
                        "command lists what it would delete and why.")
     p.add_argument("store")
-    p.add_argument("--now", type=_seconds, metavar="SECONDS", help="the time to apply the rules at (epoch seconds)")
+    p.add_argument("--now", type=seconds, metavar="SECONDS", help="the time to apply the rules at (epoch seconds)")
     p.add_argument("--force", action="store_true", help="whatever the hour (deleteWhen), delete what has expired")
     p.add_argument("--reserved-hours", type=nonneg_int, metavar="H",
                    help="keep segments written in the last H hours (default RocketMQ's 72)")

@@ -6,6 +6,7 @@ import time
 
 from rmqstore.cli.common import (
     BODY_MODES,
+    duration,
     human,
     local_time,
     message_dict,
@@ -210,6 +211,6 @@ def register(sub, json_only, store_opts):
     dump.add_argument("--to", type=nonneg_int, metavar="PHYOFFSET", help="stop before this commitlog offset")
     tail.add_argument("--from", dest="from_offset", type=nonneg_int, metavar="PHYOFFSET",
                       help="start at this commitlog offset (default: the current end)")
-    tail.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="poll interval (1)")
+    tail.add_argument("--interval", type=duration, default=1.0, metavar="SECONDS", help="poll interval (1)")
     tail.add_argument("--max", type=positive_int, metavar="N", help="exit after N messages")
-    tail.add_argument("--timeout", type=float, metavar="SECONDS", help="exit after SECONDS")
+    tail.add_argument("--timeout", type=duration, metavar="SECONDS", help="exit after SECONDS")

@@ -1,5 +1,6 @@
 """``rmqstore spark``: the jobs of rmqstore.spark.jobs over many stores (export, rebuild,
 query, verify), on ``local[*]`` or the cluster ``--master`` names."""
+import re
 import sys
 import time
 
@@ -83,11 +84,25 @@ def _verify(args, jobs, spark):
     return EXIT_FOUND if summary["bad_stores"] else None
 
 
+# the last "module.SomeError: message" line of a Spark error's text (a task's or a reader's traceback)
+_CAUSE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", re.M)
+
+
+def _spark_failure(e):
+    """A Spark error as one line: the exception a task or a data source raised (an rmqstore
+    error, mostly), not the JVM's and Python's tracebacks around it."""
+    causes = _CAUSE.findall(str(e))
+    return "{}: {}".format(*causes[-1]) if causes else str(e).strip().split("\n")[0]
+
+
 def cmd_spark(args):
+    from pyspark.errors import PySparkException
     jobs, session = _jobs()
     spark = session(args.master)
     try:
         return args.job(args, jobs, spark)
+    except PySparkException as e:
+        raise CommandError(_spark_failure(e)) from None
     finally:
         spark.stop()
 
@@ -110,7 +125,8 @@ def register(sub, json_only, store_opts):
         return j
 
     j = job("export", _export, "stores to Parquet, partitioned by topic and date",
-            "Write every message of the stores to Parquet under --out (replaced), in Spark's "
+            "Write every message of the stores to Parquet under --out (new, empty, or an earlier "
+            "export's, which is replaced; any other directory is refused), in Spark's "
             "topic=/date= layout (store date, UTC), then a _SUCCESS marker. Prints messages, bytes, "
             "seconds and MB/s.")
     j.add_argument("stores", nargs="+", metavar="STORE", help="store directories or glob patterns")

@@ -150,7 +150,8 @@ class Pop:
 
     def _pending(self, group: str, topic: str, handle: str) -> tuple[int, int, list[int]]:
         q, off, seq = parse_receipt(handle)
-        entry = self.state.queue((group, topic, q)).pending.get(off)
+        qs = self.state.queues.get((group, topic, q))   # a forged handle must not add state
+        entry = None if qs is None else qs.pending.get(off)
         if entry is None or entry[2] != seq:
             raise RequestError(Code.INVALID_RECEIPT_HANDLE, f"receipt handle {handle!r} is stale or unknown")
         return q, off, entry

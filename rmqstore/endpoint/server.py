@@ -1,6 +1,7 @@
 """Run the endpoint: a grpc server bound to one address, serving one MessageStore."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -14,7 +15,7 @@ from rmqstore.endpoint.pop import Pop
 from rmqstore.endpoint.routes import Routes
 from rmqstore.endpoint.service import MessagingService
 from rmqstore.endpoint.state import PopState
-from rmqstore.errors import InvalidArgumentError
+from rmqstore.errors import InvalidArgumentError, StoreClosedError
 from rmqstore.store import MessageStore
 
 log = logging.getLogger("rmqstore.endpoint")
@@ -64,8 +65,11 @@ class Endpoint:
         self.service.stopping.set()
         self.pop.notify()
         self.server.stop(grace).wait()
-        self.store.flush()
-        self.state.close()
+        try:
+            with contextlib.suppress(StoreClosedError):   # closed under the endpoint: nothing to flush
+                self.store.flush()
+        finally:
+            self.state.close()
         log.info("rmqstore endpoint on %s stopped", self.address)
 
     def wait(self) -> None:

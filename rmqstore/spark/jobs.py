@@ -18,9 +18,10 @@ from rmqstore.checkpoint import Checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher, deliver_time
 from rmqstore.errors import InvalidArgumentError
+from rmqstore.files import lock_writer
 from rmqstore.index import IndexService
 from rmqstore.segments import segment_name
-from rmqstore.spark.source import NAME, Scan, find_stores, plan
+from rmqstore.spark.source import NAME, Scan, enclosing_store, find_stores, plan
 
 _ENTRY = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _HOLE = (0, 0x7FFFFFFF, 0)   # RocketMQ's fillPreBlank entry
@@ -92,8 +93,34 @@ def _export_parts(stores, tasks, hi=EXPORT_SPLIT[1]):
     return plan(stores, split)
 
 
+def _is_export(names):
+    """True when directory entries ``names`` are what an export leaves (finished or not)."""
+    return all(n in ("_SUCCESS", "_temporary") or n.startswith("topic=") for n in names)
+
+
+def _export_dir(out_dir, stores):
+    """``out_dir`` as an absolute path, once it is safe for export to replace: absent, empty,
+    or an earlier export's output. Anything else is refused (InvalidArgumentError), as
+    nothing but an export's own files may be deleted: a symlink, a file, a directory of
+    other files, a store or a directory holding or inside one of ``stores``."""
+    out = os.path.abspath(out_dir)
+    real = os.path.realpath(out)
+    for s in map(os.path.realpath, stores):
+        if os.path.commonpath([real, s]) in (real, s):
+            raise InvalidArgumentError(f"export: --out {out} overlaps the store {s} it reads")
+    if enclosing_store(out):
+        raise InvalidArgumentError(f"export: --out {out} is inside the store {enclosing_store(out)}")
+    if os.path.islink(out) or (os.path.lexists(out) and not os.path.isdir(out)):
+        raise InvalidArgumentError(f"export: --out {out} is not a directory (a symlink or a file)")
+    if os.path.isdir(out) and not _is_export(os.listdir(out)):
+        raise InvalidArgumentError(f"export: --out {out} holds files an export did not write; export replaces "
+                                   "its directory, so give a new or empty one (or an earlier export's)")
+    return out
+
+
 def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_rows=1 << 17, sort_by=None):
-    """Write the stores' messages to Parquet under ``out_dir`` (replaced), partitioned by
+    """Write the stores' messages to Parquet under ``out_dir`` (new, empty or an earlier
+    export's, which is replaced; anything else is refused, see ``_export_dir``), partitioned by
     topic and store date (UTC) in the Hive layout ``spark.read.parquet`` reads back (with
     ``topic`` and ``date`` columns), then an empty ``_SUCCESS`` marker as Spark's writers do.
     Each task decodes its commitlog range and writes its own files with pyarrow
@@ -120,10 +147,11 @@ def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_
     if unknown:
         raise InvalidArgumentError(f"export: cannot sort by unknown column(s) {unknown}")
     stores = find_stores(stores)
+    out_dir = _export_dir(out_dir, stores)
     scan = Scan({"paths": json.dumps(stores), "mode": mode})
     parts = _export_parts(stores, _tasks(spark), SORTED_SPLIT_MAX if sort_by else EXPORT_SPLIT[1])
-    out_dir = os.path.abspath(out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
     os.makedirs(out_dir)
     done = spark.sparkContext.parallelize(list(enumerate(parts)), max(1, len(parts))) \
         .map(lambda ip: _export_part(scan, *ip, out_dir, compression, row_group_rows, sort_by)).collect()
@@ -294,16 +322,31 @@ def rebuild(spark, store, out_dir=None, config=None):
     must be empty or absent), byte-identical to what incremental dispatch writes. Consume
     queues are built in parallel (one task per commitlog range decodes, one task per queue
     writes) while the driver replays the commitlog into the index (``config`` geometry;
-    skipped with ``message_index_enable`` off). Returns ({(topic, queue id): (entries,
+    skipped with ``message_index_enable`` off). Rebuilding into the store itself holds its
+    writer lock, so it is refused while a broker or writer has the store open. Returns ({(topic, queue id): (entries,
     files)}, summary)."""
     t0 = time.perf_counter()
     cfg = config or StoreConfig()
     store = find_stores([store])[0]
     out_dir = os.path.abspath(out_dir or store)
+    around = enclosing_store(out_dir)
+    if around is not None and not around == os.path.realpath(out_dir) == os.path.realpath(store):
+        raise InvalidArgumentError(f"rebuild: --out {out_dir} is inside the store {around}, not the one rebuilt")
     cq_dir = os.path.join(out_dir, "consumequeue")
     for d in (cq_dir, os.path.join(out_dir, "index")):
         if os.path.isdir(d) and os.listdir(d):
             raise InvalidArgumentError(f"{d}: not empty; rebuild writes into a new directory")
+    lock = lock_writer(store, cfg.file_mode) if around else None   # no broker or writer on it meanwhile
+    try:
+        return _rebuild(spark, store, out_dir, cfg, t0)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _rebuild(spark, store, out_dir, cfg, t0):
+    """rebuild's work, once its output directory is checked (and, the store's own, locked)."""
+    cq_dir = os.path.join(out_dir, "consumequeue")
     delays, per_file = cfg.delay_levels_ms(), cfg.consume_queue_entries
     parts = [r.pieces for r in plan([store], min_partitions=_tasks(spark))]
     with ThreadPoolExecutor(1, "rmq-rebuild-index") as pool:

@@ -30,6 +30,7 @@ import functools
 import glob
 import json
 import logging
+import math
 import os
 import socket
 from datetime import datetime, timezone
@@ -117,6 +118,19 @@ def find_stores(paths):
     return sorted(out)
 
 
+def enclosing_store(path):
+    """The store directory ``path`` is or lies inside (its nearest ancestor holding
+    ``commitlog/``), or None: no job writes its output there."""
+    p = os.path.realpath(path)
+    while True:
+        if os.path.isdir(os.path.join(p, "commitlog")):
+            return p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
 def _paths(options):
     if "paths" in options:
         return json.loads(options["paths"])
@@ -127,12 +141,15 @@ def _paths(options):
 
 def _epoch_ms(value):
     """Epoch ms from an int, a numeric string, an ISO-8601 string or a datetime (naive = UTC)."""
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and math.isfinite(value):
         return int(value)
     if isinstance(value, str):
-        if value.lstrip("-").isdigit():
+        if value.lstrip("-").isascii() and value.lstrip("-").isdigit():
             return int(value)
-        value = datetime.fromisoformat(value)
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise InvalidArgumentError(f"not a time (epoch ms or ISO-8601): {value!r}") from None
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=timezone.utc)

@@ -32,6 +32,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from rmqstore import MessageStore, StoreConfig
 from rmqstore.errors import InvalidArgumentError
+from rmqstore.spark.source import enclosing_store
 
 REQUIRED = ("topic", "body")
 ASSIGNED = ("store", "queue_offset", "phy_offset", "store_size", "msg_id", "body_crc", "store_timestamp",
@@ -123,6 +124,11 @@ class StoreWriter(DataSourceArrowWriter):
 
     def __init__(self, path, options, overwrite):
         self.path = os.path.abspath(path)
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise InvalidArgumentError(f"rocketmq writer: {self.path} is not a directory")
+        if enclosing_store(self.path):
+            raise InvalidArgumentError(f"rocketmq writer: {self.path} is inside the store "
+                                       f"{enclosing_store(self.path)}; write the new stores elsewhere")
         self.config = store_config(options)
         self.overwrite = overwrite
         self.job = uuid.uuid4().hex[:12]

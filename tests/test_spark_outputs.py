@@ -1,0 +1,110 @@
+"""Where the Spark jobs write: export replaces only an earlier export's directory, and no job
+writes into a store it was not asked to (nor into one a broker or writer holds)."""
+import json
+import os
+
+import pytest
+
+from rmqstore import Message, MessageStore, StoreConfig
+from rmqstore.errors import InvalidArgumentError, StoreLockedError
+
+from conftest import tree_state
+
+pytestmark = pytest.mark.spark
+
+
+def _store(path, n=20):
+    with MessageStore(path, StoreConfig(commitlog_file_size=1 << 16)) as st:
+        for i in range(n):
+            st.put(Message("T", b"m%d" % i, keys=[f"k{i}"]))
+        st.wait_dispatched(10)
+    return str(path)
+
+
+@pytest.fixture
+def stores(tmp_path):
+    return _store(tmp_path / "a"), _store(tmp_path / "b")
+
+
+def test_export_refuses_what_it_did_not_write(spark, stores, tmp_path):
+    from rmqstore.spark import jobs
+    a, b = stores
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("keep")
+    (tmp_path / "link").symlink_to(other)
+    (tmp_path / "file").write_text("keep")
+    before = {p: tree_state(p) for p in (a, b, other)}
+    for out, reason in [(other, "holds files an export did not write"), (a, "overlaps the store"),
+                        (tmp_path, "overlaps the store"), (os.path.join(a, "pq"), "overlaps the store"),
+                        (os.path.join(b, "pq"), "inside the store"), (tmp_path / "link", "not a directory"),
+                        (tmp_path / "file", "not a directory")]:
+        with pytest.raises(InvalidArgumentError, match=reason):
+            jobs.export(spark, [a], out)
+    assert {p: tree_state(p) for p in (a, b, other)} == before
+
+
+def test_export_replaces_an_earlier_export(spark, stores, tmp_path):
+    from rmqstore.spark import jobs
+    a, _ = stores
+    out = tmp_path / "pq"
+    out.mkdir()   # empty: taken
+    assert jobs.export(spark, [a], out)["messages"] == 20
+    first = sorted(os.listdir(out))
+    assert "_SUCCESS" in first and any(n.startswith("topic=") for n in first)
+    assert jobs.export(spark, [a], out)["messages"] == 20
+    assert spark.read.parquet(str(out)).count() == 20
+
+
+def test_rebuild_writes_into_no_other_store_and_not_under_a_writer(spark, stores, tmp_path):
+    from rmqstore.spark import jobs
+    a, b = stores
+    with pytest.raises(InvalidArgumentError, match="inside the store"):
+        jobs.rebuild(spark, a, b)
+    with pytest.raises(InvalidArgumentError, match="inside the store"):
+        jobs.rebuild(spark, a, os.path.join(b, "x"))
+    empty = tmp_path / "empty"   # a writer's store whose queues are still empty
+    with MessageStore(empty, StoreConfig(commitlog_file_size=1 << 16)):
+        with pytest.raises(StoreLockedError):
+            jobs.rebuild(spark, str(empty))
+    assert jobs.rebuild(spark, str(empty))[1]["messages"] == 0   # the lock was released
+
+
+def test_writer_refuses_a_path_inside_a_store_or_a_file(spark, stores, tmp_path):
+    """Checked on the driver, before any task runs (a file gave each task a bare
+    NotADirectoryError)."""
+    a, b = stores
+    df = spark.read.format("rocketmq").load(a)
+    before = tree_state(b)
+    (tmp_path / "file").write_text("keep")
+    for out, reason in [(b, "is inside the store"), (os.path.join(b, "sub"), "is inside the store"),
+                        (tmp_path / "file", "is not a directory")]:
+        with pytest.raises(Exception, match=reason) as e:
+            df.write.format("rocketmq").mode("append").save(str(out))
+        assert "Failed to initialize Python data source writer" in str(e.value)
+    assert tree_state(b) == before and (tmp_path / "file").read_text() == "keep"
+
+
+def test_time_criteria_that_are_not_times():
+    from rmqstore.spark.source import _epoch_ms
+    assert _epoch_ms("2026-11-01T00:00+05:30") == 1_793_471_400_000   # 2026-10-31 18:30 UTC and _epoch_ms("-5") == -5
+    for bad in ("yesterday", "\u00b2", "2026-13-45", float("nan"), float("inf")):
+        with pytest.raises(InvalidArgumentError):
+            _epoch_ms(bad)
+
+
+@pytest.mark.slow
+def test_spark_command_reports_the_cause_in_one_line(stores, tmp_path):
+    """A job failing inside Spark (a bad criterion, a corrupt record): the rmqstore error as
+    the command's one error line and JSON, not the JVM's and Python's tracebacks."""
+    import subprocess
+    import sys
+
+    from test_cli import ENV
+    a, _ = stores
+    p = subprocess.run([sys.executable, "-m", "rmqstore", "spark", "--master", "local[1]", "query", a, "--begin",
+                        "yesterday", "--json"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert json.loads(p.stdout)["error"] == "InvalidArgumentError: not a time (epoch ms or ISO-8601): 'yesterday'"
+    assert [ln for ln in p.stderr.splitlines() if ln.startswith("rmqstore: error: ")] == \
+        ["rmqstore: error: InvalidArgumentError: not a time (epoch ms or ISO-8601): 'yesterday'"]
