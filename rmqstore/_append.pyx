@@ -604,6 +604,14 @@ cdef class Appender:
     def __exit__(self, *exc):
         self._release()
 
+    def release_stage(self):
+        """Free put_columns' bulk buffer now (at close: a closed store may wait for a
+        collection to be freed); a later bulk batch allocates it again."""
+        self._acquire()
+        free(self.stage)
+        self.stage = NULL
+        self._release()
+
     @property
     def held_here(self):
         """Whether this thread holds the write lock (is inside a write, rebuild or clean)."""

@@ -11,6 +11,7 @@ from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 import numpy as np
 cimport numpy as cnp
+from rmqstore._cext cimport rmq_ld64
 from rmqstore._layout cimport *
 from rmqstore._record cimport RecView, parse_record, parse_at, at_offset, find_property, tags_code_of, status_of, \
     status_text, raise_status, prefetch_bytes
@@ -86,7 +87,8 @@ cdef MappedSegment record_at(list segs, int64_t offset, bint check_crc, RecView 
 def check_start(MappedSegment seg not None, int64_t pos, int64_t limit):
     """Raise NotRecordStartError when no record can start at file position ``pos`` of
     ``seg`` (written up to ``limit``; 0: not known, and 36 zero bytes at ``pos`` are
-    taken for the end of data), a position a caller gave (see at_offset); a valid
+    taken for the end of data, as is a header whose PHYSICALOFFSET is still 0: a record
+    another process is writing), a position a caller gave (see at_offset); a valid
     record, a damaged one, BLANK or end of data pass."""
     cdef RecView r
     cdef int code
@@ -105,6 +107,8 @@ def check_start(MappedSegment seg not None, int64_t pos, int64_t limit):
                         i += 1
                     if i == min(pos + 36, seg.m.size):
                         limit = pos
+                elif code == REC_PLACE and pos + 36 <= seg.m.size and rmq_ld64(seg.m.base + pos + 28) == 0:
+                    code, limit = REC_END, pos
             code = at_offset(seg.m.base, min(limit, seg.m.size), pos, seg.base_offset + pos, code)
             if code == REC_NOTSTART:
                 raise_status(code, seg.base_offset + pos, NULL)

@@ -77,6 +77,7 @@ class Checkpoint:
 
     def flush(self):
         write_atomic(self.path, self.to_bytes(), self.file_mode)
+        self.short, self.rejected = None, {}   # what load found wrong is no longer in the file
 
     def as_dict(self):
         return {"physicMsgTimestamp": self.physic_msg_timestamp, "logicsMsgTimestamp": self.logics_msg_timestamp,

@@ -215,6 +215,7 @@ class CommitLog:
     def close(self):
         if self._warmer is not None:
             self._warmer.shutdown(cancel=True)
+        self.appender.release_stage()
         self.segments.close()
 
 

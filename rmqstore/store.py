@@ -388,6 +388,10 @@ class MessageStore:
             InvalidArgumentError (InvalidArgumentTypeError for a wrong type: a column of
             another length, an int out of range, a bad host), MessageTooLargeError,
             DiskFullError: nothing was written.
+            StoreIOError from writing (without ``warm_mapped_file``, batches of 256 KiB or
+            more go in with pwrite, in runs of up to 1 MiB): the rows of the runs before
+            the failed one are stored, and after a crash some of that run may be too; the
+            store is then read-only, as after a failed flush.
         """
         self._check_open()
         body = ingest.body_column(bodies)
@@ -726,6 +730,7 @@ class MessageStore:
             self._check_open()
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now, True)
         self._check_writable()
+        self._refuse_reentry("clean_expired()")   # before the maintenance lock: the write lock is taken after it
         with self._maintenance.exclusive(), self.commitlog.lock:   # not under a verify reading the files
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now)
 
@@ -744,6 +749,7 @@ class MessageStore:
             self._stop_if_closing()
             if progress is not None:
                 progress(nbytes)
+        self._refuse_reentry("verify()")   # inside a write, waiting for a rebuild that waits for it would deadlock
         with self._maintenance.shared():
             if not self.read_only:
                 self.dispatcher.wait_dispatched()
@@ -758,6 +764,7 @@ class MessageStore:
         ``progress(nbytes)`` follows the dispatch. Returns the commitlog bytes dispatched;
         raises CorruptRecordError where a bad record stops it."""
         self._check_writable()
+        self._refuse_reentry("rebuild()")
         with self._maintenance.exclusive(), self.commitlog.lock, self._logics_lock:
             self.dispatcher.stop()
             start = self.commitlog.min_offset

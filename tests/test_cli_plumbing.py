@@ -119,3 +119,15 @@ def test_numbers_a_command_cannot_use_are_usage_errors(tmp_path):
                 ["clean", store, "--now", "nan"], ["bench", "--messages", 1, "--body-size", 10 ** 15, "--no-peers"]):
         p = _run([*cmd, "--json"])
         assert p.returncode == 2 and json.loads(p.stdout)["exit"] == 2, cmd
+
+
+def test_spark_jobs_without_pyspark_say_which_extra(tmp_path):
+    """Without the [spark] extra (pyspark not importable), a spark job is one line naming
+    the extra and exit 1, not an ImportError traceback."""
+    store = tmp_path / "s"
+    put(store, {"topic": "T", "body": "x"}, extra=("--create", "--segment-size", "4096"))
+    blocked = "import sys; sys.modules['pyspark'] = None; from rmqstore_command import main; sys.exit(main())"
+    p = subprocess.run([sys.executable, "-c", blocked, "spark", "verify", str(store)], capture_output=True, text=True,
+                       env=ENV, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "[spark] extra" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -4,7 +4,9 @@ ReentrantCallError, instead of waiting for itself forever (each case below used 
 put, put_columns, clean_expired, flush, wait_dispatched and close from rebuild's progress;
 rebuild from verify's and verify from rebuild's; clean_expired from verify's, which
 made verify fail on the files it deleted; put, rebuild or clean_expired from
-put_batch's iterable). close() from put_batch's iterable closed the store under the
+put_batch's iterable). verify from put_batch's iterable is refused too: waiting there for
+the maintenance lock, which a rebuild in another thread holds while it waits for the
+write lock, would deadlock both. close() from put_batch's iterable closed the store under the
 batch and left files verify refused. Calls that need nothing held still work. Run in a
 child process, which faulthandler ends if a case hangs."""
 import subprocess
@@ -37,7 +39,8 @@ inner = {"put": lambda s: s.put(Message("T", b"i")), "put_columns": lambda s: s.
          "commit_offset": lambda s: s.commit_offset("g", "T", 0, 1), "dry_run": lambda s: s.clean_expired(dry_run=True)}
 refused = {rebuild: {"put", "put_columns", "clean_expired", "flush", "wait_dispatched", "close", "rebuild", "verify"},
            verify: {"rebuild", "clean_expired"},
-           put_batch: {"put", "put_columns", "clean_expired", "rebuild", "close", "flush", "wait_dispatched"}}
+           put_batch: {"put", "put_columns", "clean_expired", "rebuild", "close", "flush", "wait_dispatched",
+                       "verify"}}
 for outer, names in refused.items():
     for name, call in inner.items():
         with MessageStore(root, cfg) as s:

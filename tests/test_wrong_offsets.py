@@ -112,3 +112,23 @@ def test_get_messages_names_a_cq_entry_inside_a_record(tmp_path, caplog):
         assert [m.phy_offset for m in res.messages] == [rs[0].phy_offset, rs[2].phy_offset]
         assert [p[1] for p in res.problems] == [rs[1].phy_offset + 7]
     assert f"no record starts at commitlog offset {rs[1].phy_offset + 7}" in caplog.text
+
+
+def test_a_record_being_written_at_the_end_is_the_end_of_data(tmp_path):
+    """A reader that does not know where data ends (the batch readers; the Spark stream
+    asking end_offset from its last end) can meet the record another process is writing,
+    its header there but its PHYSICALOFFSET not yet: that is the end of data, not a wrong
+    offset."""
+    root = tmp_path / "s"
+    with MessageStore(root, CFG) as s:
+        rs = [s.put(Message("T", b"b%d" % i), queue_id=0) for i in range(3)]
+        s.flush()
+        end = rs[-1].phy_offset + rs[-1].size
+        partial = bytearray(s.commitlog.read(rs[-1].phy_offset, rs[-1].size))
+    partial[28:36] = bytes(8)   # PHYSICALOFFSET not written yet
+    seg, base, _ = batch.segment_files(root)[0]
+    with open(seg, "r+b") as f:
+        f.seek(end)
+        f.write(partial)
+    assert batch.end_offset(root, end) == end
+    assert batch.end_offset(root, rs[0].phy_offset) == end

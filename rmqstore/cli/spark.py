@@ -96,8 +96,8 @@ def _spark_failure(e):
 
 
 def cmd_spark(args):
-    from pyspark.errors import PySparkException
     jobs, session = _jobs()
+    from pyspark.errors import PySparkException  # there once _jobs found the [spark] extra
     spark = session(args.master)
     try:
         return args.job(args, jobs, spark)
