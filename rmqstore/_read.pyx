@@ -11,7 +11,6 @@ from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 import numpy as np
 cimport numpy as cnp
-from rmqstore._cext cimport rmq_ld64
 from rmqstore._layout cimport *
 from rmqstore._record cimport RecView, parse_record, parse_at, at_offset, find_property, tags_code_of, status_of, \
     status_text, raise_status, prefetch_bytes
@@ -107,7 +106,7 @@ def check_start(MappedSegment seg not None, int64_t pos, int64_t limit):
                         i += 1
                     if i == min(pos + 36, seg.m.size):
                         limit = pos
-                elif code == REC_PLACE and pos + 36 <= seg.m.size and rmq_ld64(seg.m.base + pos + 28) == 0:
+                elif code == REC_PLACE and r.phy_offset == 0:
                     code, limit = REC_END, pos
             code = at_offset(seg.m.base, min(limit, seg.m.size), pos, seg.base_offset + pos, code)
             if code == REC_NOTSTART:

@@ -171,8 +171,8 @@ def end_offset(store_path: str | os.PathLike[str], hint: int = 0) -> int:
         try:
             pos = hint - base if base <= hint < base + size else 0
             _read.check_start(seg, pos, 0)
-            end, _, status = _read.scan_segment(seg, pos, size, False, True)   # a record still being written
-            # (its PHYSICALOFFSET not there yet) ends the data
+            # check_place: a record still being written (its PHYSICALOFFSET not there yet) ends the data
+            end, _, status = _read.scan_segment(seg, pos, size, False, True)
         finally:
             seg.close()
         if end > 0 or status != "end" or base <= hint:

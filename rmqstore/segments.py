@@ -38,9 +38,9 @@ def detect_file_size(directories, configured):
             except OSError as e:
                 if e.errno != errno.ENOENT:
                     raise
-    if not sizes or configured in sizes:
-        return configured if sizes else None
-    return max(sizes, key=sizes.count)
+    if not sizes:
+        return None
+    return configured if configured in sizes else max(sizes, key=sizes.count)
 
 
 class SegmentQueue:
