@@ -16,7 +16,7 @@ indexCount and the file's capacity, and a chain walk only moves to strictly olde
 so it terminates on any input."""
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_FromObject
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport malloc, free
@@ -24,7 +24,7 @@ from libc.string cimport memcmp, memcpy, memset
 import numpy as np
 cimport numpy as cnp
 from rmqstore._gate cimport ArgChecks, Gate
-from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash
+from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash, rmq_prefetch
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
@@ -46,9 +46,6 @@ cdef int64_t HDR = 40
 cdef int32_t INT_MAX = 0x7FFFFFFF
 cdef enum:
     AHEAD = 8               # keys ahead whose slots/entries/records a batch query prefetches
-
-cdef extern from *:
-    void __builtin_prefetch(const void *p) nogil
 
 
 def file_size(int64_t slots, int64_t entries):
@@ -408,12 +405,12 @@ cdef class IndexFiles:
                 continue
             slot = self.views[i].base + HDR + <int64_t>(h % self.views[i].slots) * 4
             if not entry:
-                __builtin_prefetch(slot)
+                rmq_prefetch(slot)
                 continue
             idx = rmq_ld32(slot)
             count = min(rmq_ld32(self.views[i].base + 36), self.views[i].entries)
             if 0 < idx < count:
-                __builtin_prefetch(<const IndexEntry *>(self.views[i].base + HDR + <int64_t>self.views[i].slots * 4)
+                rmq_prefetch(<const IndexEntry *>(self.views[i].base + HDR + <int64_t>self.views[i].slots * 4)
                                    + idx)
 
     cdef Py_ssize_t walk(self, bint *pinned, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
@@ -501,12 +498,13 @@ cdef class IndexFiles:
         cdef char *buf
         cdef int32_t *hs
         topic = limits(topic, max_num, begin, end, cap, &mn, &b, &e)
-        keys = list(keys)       # ours: the str objects, whose UTF-8 the GIL-free passes read, stay alive
+        keys = list(keys)
         PyObject_GC_UnTrack(<void *>keys)   # a temporary: collections need not walk it
         nk = len(keys)
         cdef Keys ks
         ks.p = <const char **>PyMem_Malloc(max(1, nk) * sizeof(const char *))
         ks.n = <Py_ssize_t *>PyMem_Malloc(max(1, nk) * sizeof(Py_ssize_t))
+        ks.arena = NULL
         pinned = <bint *>PyMem_Malloc(max(1, self.n) * sizeof(bint))
         hs = <int32_t *>PyMem_Malloc(max(1, nk) * sizeof(int32_t))
         buf = NULL
@@ -517,10 +515,8 @@ cdef class IndexFiles:
         try:
             if ks.p == NULL or ks.n == NULL or pinned == NULL or hs == NULL:
                 raise MemoryError()
-            for i in range(nk):     # UTF-8 forms cached in the str objects, which ``keys`` holds
-                key = keys[i]
-                check_key(key)
-                ks.p[i] = PyUnicode_AsUTF8AndSize(key, &ks.n[i])
+            gather_keys(keys, nk, &ks)
+            for i in range(nk):
                 cap_k = max(cap_k, ks.n[i])
             t = PyUnicode_AsUTF8AndSize(topic, &tlen)
             buf = <char *>PyMem_Malloc(tlen + cap_k + 1)
@@ -543,6 +539,7 @@ cdef class IndexFiles:
             PyMem_Free(hs)
             PyMem_Free(ks.p)
             PyMem_Free(ks.n)
+            PyMem_Free(ks.arena)
 
 
 cdef void walk_keys(IndexFiles f, bint *pinned, const int32_t *hs, Py_ssize_t nk, int64_t b, int64_t e,
@@ -620,9 +617,39 @@ cdef int check_key(object key) except -1:
     return 0
 
 
-cdef struct Keys:           # query keys as UTF-8, the bytes held by their str objects
+cdef struct Keys:           # query keys as UTF-8
     const char **p
     Py_ssize_t *n
+    char *arena             # gather_keys' copy of the bytes (``p`` points into it)
+
+
+cdef int gather_keys(list keys, Py_ssize_t nk, Keys *ks) except -1:
+    """Check the keys and copy their UTF-8 forms side by side into ``ks.arena``: the
+    passes after read them in order, not scattered over the caller's str objects."""
+    cdef Py_ssize_t i, size = 0, cap = 16 * max(1, nk), n
+    cdef const char *u
+    cdef char *grown
+    ks.arena = <char *>PyMem_Malloc(cap)
+    if ks.arena == NULL:
+        raise MemoryError()
+    for i in range(nk):
+        key = keys[i]
+        check_key(key)
+        u = PyUnicode_AsUTF8AndSize(key, &n)
+        if size + n > cap:
+            cap = max(2 * cap, size + n)
+            grown = <char *>PyMem_Realloc(ks.arena, cap)
+            if grown == NULL:
+                raise MemoryError()
+            ks.arena = grown
+        memcpy(ks.arena + size, u, n)
+        ks.n[i] = n
+        size += n
+    size = 0
+    for i in range(nk):
+        ks.p[i] = ks.arena + size
+        size += ks.n[i]
+    return 0
 
 
 cdef struct Hit:            # a record keyed_batch keeps for key ``key``

@@ -1,10 +1,7 @@
 # One commitlog record as every kernel reads it: the parsed view and its helpers.
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from rmqstore._cext cimport rmq_crc32, rmq_java_hash, rmq_ld16, rmq_ld32, rmq_ld64
+from rmqstore._cext cimport rmq_crc32, rmq_java_hash, rmq_ld16, rmq_ld32, rmq_ld64, rmq_prefetch
 from rmqstore._layout cimport *
-
-cdef extern from *:
-    void __builtin_prefetch(const void *p) nogil
 
 cdef struct RecView:
     int32_t total
@@ -158,5 +155,5 @@ cdef inline void prefetch_bytes(const char *base, int64_t pos, int64_t n, int64_
     if n <= 0 or pos < 0 or pos + n > limit:
         return
     while k < n and k < 512:
-        __builtin_prefetch(base + pos + k)
+        rmq_prefetch(base + pos + k)
         k += 64
