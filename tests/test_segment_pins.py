@@ -103,3 +103,26 @@ def test_gather_reads_a_segment_closed_mid_read_under_its_pin(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "unmapped after the read"
+
+
+def _resident_kb(path):
+    """Rss (KiB) of this process's mapping of ``path``, from /proc/self/smaps."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(str(path)):
+            return next(int(x.split()[1]) for x in lines[i + 1:] if x.startswith("Rss:"))
+    raise AssertionError(f"{path} is not mapped")
+
+
+@pytest.mark.parametrize("mode", [PREFAULT_WRITE, PREFAULT_AHEAD])
+def test_prefault_in_steps_covers_the_whole_range(tmp_path, mode):
+    """The populate goes in steps (so it never holds the mmap lock long): a range of
+    several steps and a part is resident to its last page, and nothing past it."""
+    path = tmp_path / "00000000000000000000"
+    seg = MappedSegment(path, 0, 4 << 20, create=True)
+    try:
+        assert _resident_kb(path) == 0
+        seg.prefault(4096, (1 << 20) + 3 * 4096 + 100, mode)   # pages 1 .. 1 + 256 + 3
+        assert _resident_kb(path) == 4 * (256 + 4)
+    finally:
+        seg.close()
