@@ -7,6 +7,7 @@
 
 #define RMQ_CREATE   1   /* create the file at `size` if it does not exist */
 #define RMQ_READONLY 2   /* PROT_READ mapping of an O_RDONLY descriptor */
+#define RMQ_NO_READAHEAD 4  /* a file created here: a fault maps its own page, no read-around (map_fd) */
 #define RMQ_ESIZE    (-100000)  /* file exists with a size other than the one asked for */
 #define RMQ_ENOTREG  (-100001)  /* a directory, FIFO, socket or device where a file is due */
 

@@ -15,6 +15,7 @@ cdef extern from "rmq_prefetch.h" nogil:
 cdef extern from "rmq_mmap.h" nogil:
     int RMQ_CREATE
     int RMQ_READONLY
+    int RMQ_NO_READAHEAD
     int RMQ_ESIZE
     int RMQ_ENOTREG
     ctypedef struct rmq_map_t:

@@ -49,10 +49,13 @@ cdef class MappedSegment:
     """
 
     def __cinit__(self, path, int64_t base_offset, int64_t size, bint create=False,
-                  bint readonly=False, int mode=0o600, int64_t reserve=-1, int64_t ahead=0):
+                  bint readonly=False, int mode=0o600, int64_t reserve=-1, int64_t ahead=0, bint readahead=True):
+        """``readahead=False``: a file this creates is mapped without read-around (a file
+        written in small steps, of which a store may use a few pages: see rmq_map_open)."""
         cdef bytes bpath = os.fsencode(str(path))
         cdef const char *cpath = bpath
-        cdef int flags = (RMQ_CREATE if create else 0) | (RMQ_READONLY if readonly else 0)
+        cdef int flags = (RMQ_CREATE if create else 0) | (RMQ_READONLY if readonly else 0) | \
+            (0 if readahead else RMQ_NO_READAHEAD)
         cdef int rc
         self.m.fd = -1
         self.m.base = NULL

@@ -51,8 +51,9 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(root, topic, str(queue_id))
+        # a small queue uses a few pages of its 6 MB file: no read-around filling the rest with zeros
         self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY, readonly, file_mode, dir_mode,
-                                     reserve_ahead=reserve_ahead)
+                                     reserve_ahead=reserve_ahead, readahead=False)
         self.max_physic_offset = -1   # end (offset + size) of the last entry's message
         self.min_logic_offset = 0
 

@@ -57,9 +57,10 @@ class SegmentQueue:
     """
 
     def __init__(self, directory, file_size, readonly=False, file_mode=0o600, dir_mode=0o700,
-                 preallocate=False, prefault_bytes=-1, reserve_ahead=0):
+                 preallocate=False, prefault_bytes=-1, reserve_ahead=0, readahead=True):
         self.directory = str(directory)
         self.file_size = file_size
+        self.readahead = readahead             # False: new files are mapped without read-around
         self.readonly = readonly
         self.file_mode = file_mode
         self.dir_mode = dir_mode
@@ -142,7 +143,7 @@ class SegmentQueue:
         make_dirs(self.directory, self.dir_mode)
         seg = MappedSegment(os.path.join(self.directory, segment_name(offset)), offset, self.file_size,
                             create=True, mode=self.file_mode, reserve=self.reserve_ahead or -1,
-                            ahead=self.reserve_ahead)
+                            ahead=self.reserve_ahead, readahead=self.readahead)
         seg.wrote_pos = seg.flushed_pos = 0
         return seg
 
