@@ -635,7 +635,10 @@ cdef int gather_keys(list keys, Py_ssize_t nk, Keys *ks) except -1:
     for i in range(nk):
         key = keys[i]
         check_key(key)
-        u = PyUnicode_AsUTF8AndSize(key, &n)
+        try:
+            u = PyUnicode_AsUTF8AndSize(key, &n)
+        except UnicodeEncodeError as e:
+            raise InvalidArgumentError(f"keys[{i}] is not valid Unicode text ({e.reason} at {e.start})") from None
         if size + n > cap:
             cap = max(2 * cap, size + n)
             grown = <char *>PyMem_Realloc(ks.arena, cap)

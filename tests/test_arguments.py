@@ -50,6 +50,14 @@ def test_bad_arguments_are_invalid_argument_errors(store, name):
     assert bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
 
 
+@pytest.mark.parametrize("bad", [b for b in BAD if b != "1"], ids=repr)   # "1" is a valid key
+def test_bad_items_in_query_keys_are_invalid_argument_errors(store, bad):
+    """An item of the keys sequence is checked like query_by_key's key: a lone surrogate
+    was a bare UnicodeEncodeError from the batch path."""
+    with pytest.raises(InvalidArgumentError):
+        store.query_keys("T", ["k", bad])
+
+
 class Name(str):
     """A str subclass (as enum.StrEnum members are) that hides its value behind __str__."""
 
