@@ -236,7 +236,10 @@ def int_column(values: Any, n: int, what: str, null: int = 0, lo: int | None = N
         present = values if isinstance(values, np.ndarray) else [v for v in values if v is not None]
         if any(isinstance(v, (bool, np.bool_)) for v in (present if not isinstance(values, np.ndarray) else ())):
             raise InvalidArgumentTypeError(f"{what} must be ints, not bool")
-        a = np.asarray(rows)
+        try:
+            a = np.asarray(rows)
+        except (ValueError, TypeError, OverflowError):   # ragged: [0, [1]]
+            raise InvalidArgumentTypeError(f"{what} must be ints, one per message") from None
         if len(a) and a.dtype.kind not in "iu":
             raise InvalidArgumentTypeError(f"{what} must be ints in the int64 range, not {a.dtype}")
         if lo is not None and len(present) and min(present) < lo:

@@ -130,7 +130,8 @@ def test_many_segments_and_reopen(tmp_path):
         assert s.verify().ok
 
 
-@pytest.mark.parametrize("bad", ["too-large", "queue-id", "body-type", "tags-separator", "key-type", "keys-type"])
+@pytest.mark.parametrize("bad", ["too-large", "queue-id", "queue-id-list", "body-type", "tags-separator", "key-type",
+                                 "keys-type"])
 def test_all_or_nothing(tmp_path, bad):
     n, at = 50, 31
     bodies = [b"m%d" % i for i in range(n)]
@@ -141,6 +142,9 @@ def test_all_or_nothing(tmp_path, bad):
     elif bad == "queue-id":
         kw["queue_ids"] = [0] * at + [-1] + [0] * (n - at - 1)
         error = InvalidArgumentError
+    elif bad == "queue-id-list":        # a ragged column: numpy's own ValueError before
+        kw["queue_ids"] = [0] * at + [[1]] + [0] * (n - at - 1)
+        error = InvalidArgumentTypeError
     elif bad == "body-type":
         bodies[at] = "text"
         error = InvalidArgumentTypeError
