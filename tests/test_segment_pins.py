@@ -119,10 +119,10 @@ def test_prefault_in_steps_covers_the_whole_range(tmp_path, mode):
     """The populate goes in steps (so it never holds the mmap lock long): a range of
     several steps and a part is resident to its last page, and nothing past it."""
     path = tmp_path / "00000000000000000000"
-    seg = MappedSegment(path, 0, 4 << 20, create=True)
+    seg = MappedSegment(path, 0, 8 << 20, create=True)
     try:
         assert _resident_kb(path) == 0
-        seg.prefault(4096, (1 << 20) + 3 * 4096 + 100, mode)   # pages 1 .. 1 + 256 + 3
-        assert _resident_kb(path) == 4 * (256 + 4)
+        seg.prefault(4096, (5 << 20) + 3 * 4096 + 100, mode)   # pages 1 .. 1 + 1280 + 3: steps of 2 MiB
+        assert _resident_kb(path) == 4 * (1280 + 4)
     finally:
         seg.close()
