@@ -170,8 +170,8 @@ cdef const uint8_t *_address(buf, int64_t need, str what) except? NULL:
     return <const uint8_t *><uintptr_t>buf.address
 
 
-cdef int _offsets(const int32_t *o32, const int64_t *o64, int64_t start, int64_t n, int64_t end,
-                  str what) except -1:
+cdef int check_offsets(const int32_t *o32, const int64_t *o64, int64_t start, int64_t n, int64_t end,
+                       str what) except -1:
     """Offsets start .. start + n must not decrease and must lie within [0, end]."""
     cdef int64_t i, prev = offset(o32, o64, start)
     if prev < 0:
@@ -231,7 +231,7 @@ cdef class StringsView:
             self.s.off64 = <const int64_t *>_address(off, (self.s.start + n + 1) * 8 if n else 0, what)
         self.s.data = <const char *>_address(data, 0, what) if data is not None and data.size else _EMPTY
         if hi > lo:
-            _offsets(self.s.off32, self.s.off64, self.s.start + lo, hi - lo, data.size if data is not None else 0, what)
+            check_offsets(self.s.off32, self.s.off64, self.s.start + lo, hi - lo, data.size if data is not None else 0, what)
 
 
 cdef class ListsView:
@@ -258,7 +258,7 @@ cdef class ListsView:
                 self.l.off64 = <const int64_t *>_address(off, (self.l.start + n + 1) * 8, what)
             else:
                 self.l.off32 = <const int32_t *>_address(off, (self.l.start + n + 1) * 4, what)
-            _offsets(self.l.off32, self.l.off64, self.l.start, n, len(arr.values), what)
+            check_offsets(self.l.off32, self.l.off64, self.l.start, n, len(arr.values), what)
             lo, hi = offset(self.l.off32, self.l.off64, self.l.start), offset(self.l.off32, self.l.off64,
                                                                              self.l.start + n)
         if pa.types.is_map(t):   # (only the strings the rows hold are read, and checked)
