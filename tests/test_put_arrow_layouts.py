@@ -231,7 +231,8 @@ def test_tags_and_uniq_keys_are_strings_as_put_takes_them(tmp_path):
     """A list column for TAGS or UNIQ_KEY was joined by spaces; put refuses a list of tags
     (and put_arrow did too for a batch that a DELAY row sends through put)."""
     for column in ("tags", "uniq_key"):
-        batch = pa.record_batch({"topic": ["T", "T"], "body": pa.array([b"a", b"b"]), column: pa.array([["a", "b"], []])})
+        batch = pa.record_batch({"topic": ["T", "T"], "body": pa.array([b"a", b"b"]),
+                                 column: pa.array([["a", "b"], []])})
         with MessageStore(tmp_path / column, CFG) as s:
             with pytest.raises(InvalidArgumentTypeError, match="where strings are due"):
                 s.put_arrow(batch)
