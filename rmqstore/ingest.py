@@ -134,8 +134,8 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
         raise InvalidArgumentTypeError(f"properties must be a mapping of str to str, not {type(properties).__name__}")
     if properties is not None and "DELAY" in properties:
         raise InvalidArgumentError("put_columns does not delay messages: put them one by one with DELAY")
-    props = {_text("property name", k): None if v is None else _text(f"property {k!r}", v)
-             for k, v in (properties or {}).items()}
+    props: dict[str, str | None] = {_text("property name", k): None if v is None else _text(f"property {k!r}", v)
+                                    for k, v in (properties or {}).items()}
     common = b"\x02".join(_pair(k, v) for k, v in props.items() if v is not None)
     tag_rows, key_rows = _per_row(tags, n, "tags"), _per_row(keys, n, "keys")
     set_by = {"TAGS": tag_rows, "KEYS": key_rows, "UNIQ_KEY": None if uniq_key is None else [None] * n}
@@ -164,7 +164,7 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
     return data, offsets
 
 
-def _set_in_place(n: int, props: dict[str, str | None], set_by: dict[str, list[Any] | None],
+def _set_in_place(n: int, props: Mapping[str, str | None], set_by: dict[str, list[Any] | None],
                   uniq_key: Callable[[], str] | None) -> Column:
     """The properties column when ``props`` names what a column sets (``set_by``: TAGS,
     KEYS, UNIQ_KEY rows), as Message and put lay it out: each name where the dict has it,
@@ -258,10 +258,11 @@ def int_column(values: Any, n: int, what: str, null: int = 0, lo: int | None = N
     if _is_arrow(values):
         a = _arrow_ints(values, what, null, lo)
     else:
-        if isinstance(values, np.ndarray):   # (masked entries: nulls)
-            masked = isinstance(values, np.ma.MaskedArray)
-            present: Any = values.compressed() if masked else values
-            a = values.filled(null) if masked else values
+        if isinstance(values, np.ma.MaskedArray):   # masked entries: nulls
+            present: Any = values.compressed()
+            a = values.filled(null)
+        elif isinstance(values, np.ndarray):
+            present = a = values
         else:
             values = list(values)   # (an iterator is read once)
             present = [v for v in values if v is not None]
