@@ -36,7 +36,18 @@ def _combined(values: Any) -> Any:
     """A pyarrow array: a ChunkedArray's one chunk as it is, or its chunks combined."""
     if not hasattr(values, "num_chunks"):
         return values
-    return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+    return values.chunk(0) if values.num_chunks == 1 else _combine(values)
+
+
+def _combine(chunked: Any) -> Any:
+    """``chunked.combine_chunks()`` (a ChunkedArray or Table); chunks whose strings or bytes
+    together pass int32 offsets (2 GiB): InvalidArgumentError, not pyarrow's ArrowInvalid."""
+    import pyarrow as pa
+    try:
+        return chunked.combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowCapacityError) as e:
+        raise InvalidArgumentError(f"Arrow chunks that do not combine into one array ({e}): put smaller batches "
+                                   "or large_binary / large_string columns") from None
 
 
 def _arrow_bytes(arr: Any, what: str) -> Column:
@@ -358,7 +369,7 @@ def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tupl
     if not isinstance(batch, (pa.Table, pa.RecordBatch)):
         raise InvalidArgumentTypeError(f"put_arrow takes a pyarrow Table or RecordBatch, not {type(batch).__name__}")
     if isinstance(batch, pa.Table):
-        batch = batch.combine_chunks()
+        batch = _combine(batch)
     names = batch.schema.names
     missing = [c for c in ("topic", "body") if c not in names]
     if missing:
@@ -391,7 +402,7 @@ def arrow_messages(batch: Any, fields: dict[str, Any]) -> list[Message]:
     a batch with a row put would delay: the delay rewrite runs per message in put."""
     import pyarrow as pa
     if isinstance(batch, pa.Table):
-        batch = batch.combine_chunks()
+        batch = _combine(batch)
     n, names = batch.num_rows, batch.schema.names
     none: list[Any] = [None] * n
     rows: dict[str, list[Any]] = {c: batch.column(c).to_pylist() if c in names else none

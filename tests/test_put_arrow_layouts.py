@@ -253,3 +253,18 @@ def test_string_bodies_with_a_delay_row_as_without(tmp_path):
             s.put_arrow(pa.record_batch({"topic": ["T", "T"], "body": pa.array(["x", "\u00e9"], kind),
                                          "properties": props}))
             assert _records(s) == expected
+
+
+@pytest.mark.slow
+def test_chunks_past_int32_offsets_store_nothing(tmp_path):
+    """Chunks of a binary column that together hold more than 2 GiB do not combine into one
+    int32-offset array: pyarrow's ArrowInvalid came out of put_arrow / put_columns. (The
+    chunks share one 72 MiB buffer.)"""
+    chunk = pa.array([b"x" * (72 << 20)], pa.binary())
+    body = pa.chunked_array([chunk] * 30)
+    with MessageStore(tmp_path / "s", CFG) as s:
+        with pytest.raises(InvalidArgumentError, match="do not combine"):
+            s.put_arrow(pa.table({"topic": ["T"] * 30, "body": body}))
+        with pytest.raises(InvalidArgumentError, match="do not combine"):
+            s.put_columns("T", body)
+        assert s.max_phy_offset == 0
