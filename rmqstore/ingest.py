@@ -139,8 +139,9 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
                       uniq_key: Callable[[], str] | None = None) -> Column | None:
     """The properties column of ``n`` rows: ``properties`` (one dict for every row), then
     ``tags`` (a str for all rows or one per row; None: none), ``keys`` (per row a str or a
-    list of str, joined by spaces), then a UNIQ_KEY from ``uniq_key()`` per row. None when
-    no row has any."""
+    list of str, joined by spaces), then a UNIQ_KEY from ``uniq_key()`` per row; a TAGS,
+    KEYS or UNIQ_KEY that ``properties`` names is set in place, as Message and put set it
+    (see _set_in_place). None when no row has any."""
     if properties is not None and not isinstance(properties, abc.Mapping):
         raise InvalidArgumentTypeError(f"properties must be a mapping of str to str, not {type(properties).__name__}")
     if properties is not None and "DELAY" in properties:
