@@ -11,6 +11,7 @@ without copying. Strings that are not valid UTF-8 get U+FFFD replacements, like 
 message decoder (the rare repair runs in Python)."""
 from libc.string cimport memcmp, memcpy, memset
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+import operator
 import numpy as np
 cimport numpy as cnp
 import pyarrow as pa
@@ -20,7 +21,8 @@ from rmqstore._record cimport RecView, parse_record, status_of
 from rmqstore._columns cimport Extent, measure
 from rmqstore._columns import BATCH_FIELDS
 from rmqstore._segment cimport MappedSegment, pin, unpin
-from rmqstore.errors import InvalidArgumentError
+from rmqstore._properties cimport check_offsets
+from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 cnp.import_array()
 
@@ -502,19 +504,42 @@ def decode(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_cr
     return out.record_batch(), info
 
 
+def _column(dict cols, str name, dtype, int64_t rows):
+    """``cols[name]``: a count (dtype None) as an int >= 0, else the first ``rows`` items
+    (all when 0) of its items as a flat array of ``dtype`` (hosts are 16 bytes a row).
+    Columns a caller built or changed are an InvalidArgumentError where they do not fit,
+    never a read past an array."""
+    if name not in cols:
+        raise InvalidArgumentError(f"decoded columns have no {name!r}")
+    try:
+        count = operator.index(cols[name]) if dtype is None else None
+        a = None if dtype is None else np.ascontiguousarray(cols[name], dtype).reshape(-1)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InvalidArgumentTypeError(f"decoded column {name!r}: {e}") from None
+    if a is None:
+        if not 0 <= count < 1 << 62:
+            raise InvalidArgumentError(f"decoded columns: count {count} out of range")
+        return count
+    if len(a) < rows:
+        raise InvalidArgumentError(f"decoded column {name!r} holds {len(a)} items where {rows} are due")
+    return a[:rows] if rows else a
+
+
 def from_columns(dict cols not None, store, columns=None):
     """``_columns.decode_batch`` columns as a ``pyarrow.RecordBatch`` of ``columns``."""
     cdef Fields f
-    cdef int64_t n = cols["count"], i
+    cdef int64_t n = _column(cols, "count", None, 0), i
     cdef const int64_t *fx[15]
     cdef int j
     columns = check_columns(columns)
-    ints = [np.ascontiguousarray(cols[name][:n], np.int64) for name in BATCH_FIELDS]
+    ints = [_column(cols, name, np.int64, n) for name in BATCH_FIELDS]
     for j in range(15):
         fx[j] = <const int64_t *>cnp.PyArray_DATA(ints[j])
-    data = {k: np.ascontiguousarray(cols[k + "_data"], np.uint8) for k in ("topic", "body", "props")}
-    offs = {k: np.ascontiguousarray(cols[k + "_offsets"][:n + 1], np.int64) for k in ("topic", "body", "props")}
-    born, store_addr = np.ascontiguousarray(cols["born_addr"], np.uint8), np.ascontiguousarray(cols["store_addr"], np.uint8)
+    data = {k: _column(cols, k + "_data", np.uint8, 0) for k in ("topic", "body", "props")}
+    offs = {k: _column(cols, k + "_offsets", np.int64, n + 1) for k in ("topic", "body", "props")}
+    for k in offs:   # every row's bytes within its data
+        check_offsets(NULL, <const int64_t *>cnp.PyArray_DATA(offs[k]), 0, n, len(data[k]), k + "_offsets")
+    born, store_addr = _column(cols, "born_addr", np.uint8, 16 * n), _column(cols, "store_addr", np.uint8, 16 * n)
     cdef const char *td = <const char *>cnp.PyArray_DATA(data["topic"])
     cdef const char *bd = <const char *>cnp.PyArray_DATA(data["body"])
     cdef const char *pd = <const char *>cnp.PyArray_DATA(data["props"])

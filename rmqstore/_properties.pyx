@@ -121,13 +121,22 @@ cdef inline int64_t offset(const int32_t *o32, const int64_t *o64, int64_t i) no
 
 
 cdef inline int64_t index_at(const Strings *s, int64_t i) noexcept nogil:
+    # (no ``a if signed else b``: Cython gives it the unsigned type, so -1 read as 255)
+    if s.idx_signed:
+        if s.idx_size == 1:
+            return (<const int8_t *>s.idx)[i]
+        if s.idx_size == 2:
+            return (<const int16_t *>s.idx)[i]
+        if s.idx_size == 4:
+            return (<const int32_t *>s.idx)[i]
+        return (<const int64_t *>s.idx)[i]
     if s.idx_size == 1:
-        return (<const int8_t *>s.idx)[i] if s.idx_signed else s.idx[i]
+        return s.idx[i]
     if s.idx_size == 2:
-        return (<const int16_t *>s.idx)[i] if s.idx_signed else (<const uint16_t *>s.idx)[i]
+        return (<const uint16_t *>s.idx)[i]
     if s.idx_size == 4:
-        return (<const int32_t *>s.idx)[i] if s.idx_signed else (<const uint32_t *>s.idx)[i]
-    return (<const int64_t *>s.idx)[i]
+        return (<const uint32_t *>s.idx)[i]
+    return (<const int64_t *>s.idx)[i]   # (uint64 past int64: negative, refused)
 
 
 cdef inline const char *str_at(const Strings *s, int64_t i, int64_t *n) noexcept nogil:
@@ -170,8 +179,8 @@ cdef const uint8_t *_address(buf, int64_t need, str what) except? NULL:
     return <const uint8_t *><uintptr_t>buf.address
 
 
-cdef int _offsets(const int32_t *o32, const int64_t *o64, int64_t start, int64_t n, int64_t end,
-                  str what) except -1:
+cdef int check_offsets(const int32_t *o32, const int64_t *o64, int64_t start, int64_t n, int64_t end,
+                       str what) except -1:
     """Offsets start .. start + n must not decrease and must lie within [0, end]."""
     cdef int64_t i, prev = offset(o32, o64, start)
     if prev < 0:
@@ -182,6 +191,23 @@ cdef int _offsets(const int32_t *o32, const int64_t *o64, int64_t start, int64_t
         prev = offset(o32, o64, i)
     if prev > end:
         raise InvalidArgumentError(f"{what}: offset {prev} beyond the {end} bytes or values there are")
+    return 0
+
+
+cdef int check_utf8(arr, const Strings *s, int64_t lo, int64_t hi, str what) except -1:
+    """Rows lo .. hi - 1 of string array ``arr`` must be UTF-8, as Arrow promises and an
+    array built from raw buffers need not be: one pass in C when they are ASCII, else
+    pyarrow's full validation of those rows."""
+    cdef int64_t j, a = offset(s.off32, s.off64, s.start + lo), b = offset(s.off32, s.off64, s.start + hi)
+    cdef uint8_t high = 0
+    for j in range(a, b):   # (no early exit: it vectorizes)
+        high |= <uint8_t>s.data[j]
+    if high & 0x80:
+        import pyarrow as pa
+        try:
+            arr.slice(lo, hi - lo).validate(full=True)
+        except pa.ArrowInvalid as e:
+            raise InvalidArgumentError(f"{what}: {e}") from None
     return 0
 
 
@@ -231,17 +257,19 @@ cdef class StringsView:
             self.s.off64 = <const int64_t *>_address(off, (self.s.start + n + 1) * 8 if n else 0, what)
         self.s.data = <const char *>_address(data, 0, what) if data is not None and data.size else _EMPTY
         if hi > lo:
-            _offsets(self.s.off32, self.s.off64, self.s.start + lo, hi - lo, data.size if data is not None else 0, what)
+            check_offsets(self.s.off32, self.s.off64, self.s.start + lo, hi - lo, data.size if data is not None else 0, what)
+            check_utf8(arr, &self.s, lo, hi, what)
 
 
 cdef class ListsView:
     """``Lists`` over a pyarrow list or large_list of strings, or a strings array (lists of
-    one); for a map<string, string> array, the names (and ``items``, the values)."""
+    one; the only kind taken when ``strings_only``); for a map<string, string> array, the
+    names (and ``items``, the values)."""
     cdef Lists l
     cdef object arr
     cdef StringsView strings, items
 
-    def __init__(self, arr, str what):
+    def __init__(self, arr, str what, bint strings_only=False):
         import pyarrow as pa
         cdef int64_t n = len(arr), lo = 0, hi = 0
         t = arr.type
@@ -250,6 +278,8 @@ cdef class ListsView:
             self.strings = StringsView(arr, what)
             self.l.s = self.strings.s
             return
+        if strings_only:
+            raise InvalidArgumentTypeError(f"{what}: an Arrow column of {t} where strings are due")
         self.l.start = arr.offset
         valid, off = arr.buffers()[:2]
         self.l.valid = _address(valid, (self.l.start + n + 7) // 8, what) if arr.null_count else NULL
@@ -258,7 +288,7 @@ cdef class ListsView:
                 self.l.off64 = <const int64_t *>_address(off, (self.l.start + n + 1) * 8, what)
             else:
                 self.l.off32 = <const int32_t *>_address(off, (self.l.start + n + 1) * 4, what)
-            _offsets(self.l.off32, self.l.off64, self.l.start, n, len(arr.values), what)
+            check_offsets(self.l.off32, self.l.off64, self.l.start, n, len(arr.values), what)
             lo, hi = offset(self.l.off32, self.l.off64, self.l.start), offset(self.l.off32, self.l.off64,
                                                                              self.l.start + n)
         if pa.types.is_map(t):   # (only the strings the rows hold are read, and checked)
@@ -385,9 +415,10 @@ cdef bint constant(const Lists *l, int64_t n, const char **p, int64_t *length) n
 def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
     """The properties column of ``n`` rows (see the module doc), read in place from pyarrow
     arrays: ``props`` None or a map<string, string> array; ``columns`` three of None or a
-    strings, list of strings or dictionary<strings> array (string columns of any offset
-    width) for UNIQ_KEY, TAGS and KEYS (the strings of a row joined by spaces; a strings
+    strings or dictionary<strings> array (string columns of any offset width) for
+    UNIQ_KEY, TAGS and KEYS, KEYS also a list of strings (joined by spaces; a strings
     column is lists of one); ``generate()`` a new UNIQ_KEY str (None: none generated).
+    Strings must be UTF-8 (an array built from raw buffers is checked).
 
     Returns (data bytearray, int64 offsets, [(row, DELAY value bytes)] for the rows whose
     properties hold a DELAY value). InvalidArgumentError names the row of an empty name, a
@@ -432,7 +463,7 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
         col_name[c], col_name_len[c] = PyBytes_AS_STRING(_NAMES[c]), len(<bytes>_NAMES[c])
         have[c] = columns[c] is not None
         if have[c]:
-            views[c] = ListsView(columns[c], _NAMES[c].decode())
+            views[c] = ListsView(columns[c], _NAMES[c].decode(), c != 2)   # (KEYS may be lists, as put takes them)
             cols[c] = (<ListsView>views[c]).l
             if cols[c].off32 == NULL and cols[c].off64 == NULL:   # lists of one (or no row)
                 col_ok[c] = all_clean(&cols[c].s, 0, n, True)

@@ -74,6 +74,16 @@ def _path(name: str, v: Any) -> Any:
     return v
 
 
+def _dict(name: str, v: Any) -> Any:
+    return v if isinstance(v, dict) else _bad_type(name, v, "a dict")
+
+
+def _dicts(name: str, v: Any) -> Any:
+    if not isinstance(v, list) or not all(isinstance(d, dict) for d in v):
+        _bad_type(name, v, "a list of dicts")
+    return v
+
+
 def _config(name: str, v: Any) -> Any:
     return v if v is None or isinstance(v, StoreConfig) else _bad_type(name, v, "a StoreConfig or None")
 
@@ -92,6 +102,8 @@ ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
     "str | os.PathLike[str]": (_gate.ARG_OTHER, _path),
     "str | os.PathLike[str] | None": (_gate.ARG_OTHER, lambda name, v: v if v is None else _path(name, v)),
     "StoreConfig | None": (_gate.ARG_OTHER, _config),
+    "dict[str, Any]": (_gate.ARG_OTHER, _dict),
+    "list[dict[str, Any]]": (_gate.ARG_OTHER, _dicts),
 }
 
 

@@ -131,10 +131,11 @@ def _decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, al
             pos, limit = start, end
         else:
             pos = start if start == 0 else _sync(seg, start, end)
-            limit = size if end >= size else (_sync(seg, end, size) or size)
+            found = None if end >= size else _sync(seg, end, size)   # (0 is a position, not "none")
+            limit = size if found is None else found
         need = 0   # window size needed for a record larger than batch_bytes
         while pos is not None and pos < limit:
-            window = min(limit, pos + max(batch_bytes, need))
+            window = min(limit, pos + max(batch_bytes, need, 8))   # a record header at least
             out, info = decode(seg, pos, window)
             if info["count"]:
                 stats.records += info["count"]
@@ -242,19 +243,27 @@ def decode_segment(path: str | os.PathLike[str], base_offset: int, start: int = 
 
 @checked()
 def concat_columns(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Concatenate column dicts (offset columns rebased)."""
+    """Concatenate column dicts (offset columns rebased). Dicts that are not all alike
+    (``iter_columns``' output): InvalidArgumentError."""
+    if not parts:
+        raise InvalidArgumentError("concat_columns needs at least one column dict")
     out = {}
-    for k, v in parts[0].items():
-        if not isinstance(v, np.ndarray):
-            continue
-        if k.endswith("_offsets"):
-            data = k[:-len("_offsets")] + "_data"
-            shifts = np.cumsum([0] + [len(p[data]) for p in parts[:-1]])
-            out[k] = np.concatenate([p[k][:-1] + s for p, s in zip(parts, shifts, strict=False)]
-                                    + [[shifts[-1] + len(parts[-1][data])]])
-        else:
-            out[k] = np.concatenate([p[k] for p in parts])
-    out["count"] = sum(p["count"] for p in parts)
+    try:
+        for k, v in parts[0].items():
+            if not isinstance(v, np.ndarray):
+                continue
+            if k.endswith("_offsets"):
+                data = k[:-len("_offsets")] + "_data"
+                shifts = np.cumsum([0] + [len(p[data]) for p in parts[:-1]])
+                out[k] = np.concatenate([p[k][:-1] + s for p, s in zip(parts, shifts, strict=False)]
+                                        + [[shifts[-1] + len(parts[-1][data])]])
+            else:
+                out[k] = np.concatenate([p[k] for p in parts])
+        out["count"] = sum(p["count"] for p in parts)
+    except KeyError as e:
+        raise InvalidArgumentError(f"parts: a column dict without {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentTypeError(f"parts: column dicts that do not concatenate ({e})") from None
     return out
 
 

@@ -28,14 +28,26 @@ _SEPARATORS = (b"\x01", b"\x02")
 
 
 def _is_arrow(values: Any) -> bool:
-    return hasattr(values, "buffers") or hasattr(values, "combine_chunks")
+    """Whether ``values`` is a pyarrow Array or ChunkedArray (a Table is not a column)."""
+    return hasattr(values, "buffers") or hasattr(values, "num_chunks")
 
 
 def _combined(values: Any) -> Any:
     """A pyarrow array: a ChunkedArray's one chunk as it is, or its chunks combined."""
-    if not hasattr(values, "combine_chunks"):
+    if not hasattr(values, "num_chunks"):
         return values
-    return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+    return values.chunk(0) if values.num_chunks == 1 else _combine(values)
+
+
+def _combine(chunked: Any) -> Any:
+    """``chunked.combine_chunks()`` (a ChunkedArray or Table); chunks whose strings or bytes
+    together pass int32 offsets (2 GiB): InvalidArgumentError, not pyarrow's ArrowInvalid."""
+    import pyarrow as pa
+    try:
+        return chunked.combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowCapacityError) as e:
+        raise InvalidArgumentError(f"Arrow chunks that do not combine into one array ({e}): put smaller batches "
+                                   "or large_binary / large_string columns") from None
 
 
 def _arrow_bytes(arr: Any, what: str) -> Column:
@@ -110,7 +122,10 @@ def _per_row(values: Any, n: int, what: str) -> list[Any] | None:
     if isinstance(values, str):
         return [_text(what, values)] * n
     if hasattr(values, "to_pylist"):
-        values = values.to_pylist()
+        try:
+            values = values.to_pylist()
+        except UnicodeDecodeError as e:   # an Arrow string array built from raw bytes
+            raise InvalidArgumentError(f"{what}: a string that is not UTF-8 ({e})") from None
     elif not _is_rows(values):
         raise InvalidArgumentTypeError(f"{what} must be a str or one per message, not {type(values).__name__}")
     else:
@@ -124,15 +139,20 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
                       uniq_key: Callable[[], str] | None = None) -> Column | None:
     """The properties column of ``n`` rows: ``properties`` (one dict for every row), then
     ``tags`` (a str for all rows or one per row; None: none), ``keys`` (per row a str or a
-    list of str, joined by spaces), then a UNIQ_KEY from ``uniq_key()`` per row. None when
-    no row has any."""
+    list of str, joined by spaces), then a UNIQ_KEY from ``uniq_key()`` per row; a TAGS,
+    KEYS or UNIQ_KEY that ``properties`` names is set in place, as Message and put set it
+    (see _set_in_place). None when no row has any."""
     if properties is not None and not isinstance(properties, abc.Mapping):
         raise InvalidArgumentTypeError(f"properties must be a mapping of str to str, not {type(properties).__name__}")
     if properties is not None and "DELAY" in properties:
         raise InvalidArgumentError("put_columns does not delay messages: put them one by one with DELAY")
-    common = b"\x02".join(_pair(_text("property name", k), _text(f"property {k!r}", v))
-                          for k, v in (properties or {}).items() if v is not None)
+    props: dict[str, str | None] = {_text("property name", k): None if v is None else _text(f"property {k!r}", v)
+                                    for k, v in (properties or {}).items()}
+    common = b"\x02".join(_pair(k, v) for k, v in props.items() if v is not None)
     tag_rows, key_rows = _per_row(tags, n, "tags"), _per_row(keys, n, "keys")
+    set_by = {"TAGS": tag_rows, "KEYS": key_rows, "UNIQ_KEY": None if uniq_key is None else [None] * n}
+    if any(set_by.get(k) is not None for k in props):
+        return _set_in_place(n, props, set_by, uniq_key)
     if tag_rows is None and key_rows is None and uniq_key is None:
         if not common:
             return None
@@ -156,6 +176,22 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
     return data, offsets
 
 
+def _set_in_place(n: int, props: Mapping[str, str | None], set_by: dict[str, list[Any] | None],
+                  uniq_key: Callable[[], str] | None) -> Column:
+    """The properties column when ``props`` names what a column sets (``set_by``: TAGS,
+    KEYS, UNIQ_KEY rows), as Message and put lay it out: each name where the dict has it,
+    with a row's column value over the dict's (None: the dict's), then the names the dict
+    lacks; a UNIQ_KEY generated where a row has none or an empty one."""
+    names = list(props) + [k for k, rows in set_by.items() if rows is not None and k not in props]
+    columns = []
+    for name in names:
+        rows, v = set_by.get(name), props.get(name)
+        col = [v] * n if rows is None else [v if r is None else r for r in rows]
+        columns.append([u or uniq_key() for u in col] if name == "UNIQ_KEY" and uniq_key is not None else col)
+    data, offsets = _properties.properties_rows(b"", names, columns, n, _row_text)
+    return data, offsets
+
+
 def _row_text(name: str, value: Any) -> Any:
     """A row's value that is not a plain str as the str it is stored as: a str subclass by
     its value, KEYS given as a sequence of str joined by spaces (other values as they are:
@@ -171,7 +207,9 @@ def topic_column(topics: Any, n: int) -> tuple[list[str], np.ndarray | None]:
     """(distinct topics, each row's index into them; None when there is one topic)."""
     if isinstance(topics, str):
         return [topics], None
-    rows = _per_row(topics, n, "topics") or []
+    rows = _per_row(topics, n, "topics")
+    if rows is None:
+        raise InvalidArgumentTypeError("topic must be a str or one per message, not None")
     names: dict[str, int] = {}
     ids = np.fromiter((names.setdefault(_text("topic", t), len(names)) for t in rows), np.int32, n)
     return list(names), ids
@@ -232,18 +270,27 @@ def int_column(values: Any, n: int, what: str, null: int = 0, lo: int | None = N
     if _is_arrow(values):
         a = _arrow_ints(values, what, null, lo)
     else:
-        rows = values if isinstance(values, np.ndarray) else [null if v is None else v for v in values]
-        present = values if isinstance(values, np.ndarray) else [v for v in values if v is not None]
-        if any(isinstance(v, (bool, np.bool_)) for v in (present if not isinstance(values, np.ndarray) else ())):
-            raise InvalidArgumentTypeError(f"{what} must be ints, not bool")
-        try:
-            a = np.asarray(rows)
-        except (ValueError, TypeError, OverflowError):   # ragged: [0, [1]]
-            raise InvalidArgumentTypeError(f"{what} must be ints, one per message") from None
+        if isinstance(values, np.ma.MaskedArray):   # masked entries: nulls
+            present: Any = values.compressed()
+            a = values.filled(null)
+        elif isinstance(values, np.ndarray):
+            present = a = values
+        else:
+            values = list(values)   # (an iterator is read once)
+            present = [v for v in values if v is not None]
+            if any(isinstance(v, (bool, np.bool_)) for v in present):
+                raise InvalidArgumentTypeError(f"{what} must be ints, not bool")
+            try:
+                a = np.asarray([null if v is None else v for v in values])
+            except (ValueError, TypeError, OverflowError):   # ragged: [0, [1]]
+                raise InvalidArgumentTypeError(f"{what} must be ints, one per message") from None
         if len(a) and a.dtype.kind not in "iu":
             raise InvalidArgumentTypeError(f"{what} must be ints in the int64 range, not {a.dtype}")
-        if lo is not None and len(present) and min(present) < lo:
-            raise InvalidArgumentError(f"{what} {min(present)} is below {lo}")
+        if a.ndim != 1:   # nested: [[0], [1]]
+            raise InvalidArgumentTypeError(f"{what} must be ints, one per message, not of shape {a.shape}")
+        low = None if lo is None or not len(present) else min(present) if isinstance(present, list) else present.min()
+        if low is not None and low < lo:
+            raise InvalidArgumentError(f"{what} {low} is below {lo}")
     if a.shape != (n,):
         raise InvalidArgumentError(f"{len(a)} {what} for {n} messages")
     return a
@@ -266,10 +313,10 @@ def host_column(values: Any, n: int) -> Column | None:
         data, offsets = _arrow_bytes(arr, "born_host")
         col: Column = pack_hosts(offsets, data, _validity(arr))
     else:
-        rows = _per_row(values, n, "born hosts") or []
+        rows = [None if h is None else _text("born_host", h) for h in _per_row(values, n, "born hosts") or []]
         packed_of: dict[str, bytes] = {}
-        col = _pack.pack_bytes([b"" if h is None else packed_of.get(h) or packed_of.setdefault(h, pack_host(
-            _text("born_host", h))) for h in rows])   # every item bytes
+        col = _pack.pack_bytes([b"" if h is None else packed_of.get(h) or packed_of.setdefault(h, pack_host(h))
+                                for h in rows])   # every item bytes
     if len(col[1]) != n + 1:
         raise InvalidArgumentError(f"{len(col[1]) - 1} born hosts for {n} messages")
     return col
@@ -323,7 +370,7 @@ def arrow_columns(batch: Any, uniq_key: Callable[[], str] | None = None) -> tupl
     if not isinstance(batch, (pa.Table, pa.RecordBatch)):
         raise InvalidArgumentTypeError(f"put_arrow takes a pyarrow Table or RecordBatch, not {type(batch).__name__}")
     if isinstance(batch, pa.Table):
-        batch = batch.combine_chunks()
+        batch = _combine(batch)
     names = batch.schema.names
     missing = [c for c in ("topic", "body") if c not in names]
     if missing:
@@ -356,11 +403,15 @@ def arrow_messages(batch: Any, fields: dict[str, Any]) -> list[Message]:
     a batch with a row put would delay: the delay rewrite runs per message in put."""
     import pyarrow as pa
     if isinstance(batch, pa.Table):
-        batch = batch.combine_chunks()
+        batch = _combine(batch)
     n, names = batch.num_rows, batch.schema.names
     none: list[Any] = [None] * n
     rows: dict[str, list[Any]] = {c: batch.column(c).to_pylist() if c in names else none
-                                  for c in ("topic", "body", "tags", "keys", "uniq_key", "properties")}
+                                  for c in ("topic", "tags", "keys", "uniq_key", "properties")}
+    body = batch.column("body")
+    if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):   # bytes, as the columns take them
+        body = body.cast(pa.binary() if pa.types.is_string(body.type) else pa.large_binary())
+    rows["body"] = body.to_pylist()
     flag, sys_flag, born_ts, reconsume = (np.zeros(n, np.int64) if fields[c] is None else fields[c]
                                           for c in ("flag", "sys_flag", "born_timestamp", "reconsume_times"))
     hosts, at = fields["born_host_data"], fields["born_host_offsets"]

@@ -158,3 +158,113 @@ def test_malformed_arrays_store_nothing(tmp_path, column, error, text):
         with pytest.raises(error, match=text):
             s.put_arrow(pa.record_batch(cols))
         assert s.max_phy_offset == 0
+
+
+def _not_utf8(n, bad_row):
+    """``n`` strings "s<i>", row ``bad_row`` holding a byte that UTF-8 never has (an array
+    built from raw buffers: pyarrow does not check them)."""
+    data = [f"s{i}".encode() for i in range(n)]
+    data[bad_row] = b"s\xff"
+    offsets = np.cumsum([0] + [len(d) for d in data])
+    return _strings(offsets, b"".join(data))
+
+
+@pytest.mark.parametrize("column", ["topic", "tags", "uniq_key", "keys", "property name", "property value",
+                                    "put_columns tags", "put_columns topic"])
+def test_strings_that_are_not_utf8_store_nothing(tmp_path, column):
+    """Arrow promises UTF-8 strings; an array built from raw buffers need not keep it. They
+    were written as they were (read back with U+FFFD in place of the bytes) or, with more
+    than 256 topics, a UnicodeDecodeError."""
+    n = 300
+    cols = {"topic": pa.array([f"T{i % 3}" for i in range(n)]), "body": pa.array([b"a"] * n, pa.binary())}
+    bad = _not_utf8(n, 7)
+    if column in ("topic", "tags", "uniq_key"):   # (300 topics: more than the C path takes)
+        cols[column] = bad
+    elif column == "keys":
+        cols["keys"] = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), bad)
+    elif column.startswith("property"):
+        names, values = (bad, pa.array(["v"] * n)) if column == "property name" else (pa.array(["p"] * n), bad)
+        cols["properties"] = pa.MapArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), names, values)
+    with MessageStore(tmp_path / "s", CFG) as s:
+        with pytest.raises(InvalidArgumentError, match="UTF"):
+            if column == "put_columns tags":
+                s.put_columns("T", [b"a"] * n, tags=bad)
+            elif column == "put_columns topic":
+                s.put_columns(bad, [b"a"] * n)
+            else:
+                s.put_arrow(pa.record_batch(cols))
+        assert s.max_phy_offset == 0
+
+
+def test_non_ascii_strings_are_stored(tmp_path):
+    """The UTF-8 check passes text that is not ASCII."""
+    batch = pa.record_batch({"topic": ["T", "T"], "body": pa.array([b"a", b"b"]), "tags": ["é", None],
+                             "keys": pa.array([["中文", "k"], []]), "properties": pa.array(
+                                 [[("名", "值")], None], pa.map_(pa.string(), pa.string()))})
+    with MessageStore(tmp_path / "put", CFG) as s:
+        s.put(Message("T", b"a", tags="é", keys=["中文", "k"], properties={"名": "值"}))
+        s.put(Message("T", b"b", keys=[]))
+        expected = _records(s)
+    with MessageStore(tmp_path / "arrow", CFG) as s:
+        s.put_arrow(batch)
+        assert _records(s) == expected
+
+
+@pytest.mark.parametrize("width", [8, 16])
+def test_a_negative_dictionary_index_is_refused(tmp_path, width):
+    """Index -1 of a signed int8/int16 dictionary index was read as 255/65535, a valid
+    index into a dictionary that large: that row stored another row's topic or tag."""
+    size = 1 << width
+    kind = pa.dictionary(pa.int8() if width == 8 else pa.int16(), pa.string())
+    idx = np.array([0, -1, 1], f"int{width}")
+    for column in ("topic", "tags"):
+        arr = pa.DictionaryArray.from_buffers(kind, 3, [None, pa.py_buffer(idx)],
+                                              pa.array([f"T{i}" for i in range(size)]))
+        cols = {"topic": pa.array(["T"] * 3), "body": pa.array([b"a"] * 3, pa.binary()), column: arr}
+        with MessageStore(tmp_path / column / str(width), CFG) as s:
+            with pytest.raises(InvalidArgumentError, match="dictionary index -1"):
+                s.put_arrow(pa.record_batch(cols))
+            assert s.max_phy_offset == 0
+
+
+def test_tags_and_uniq_keys_are_strings_as_put_takes_them(tmp_path):
+    """A list column for TAGS or UNIQ_KEY was joined by spaces; put refuses a list of tags
+    (and put_arrow did too for a batch that a DELAY row sends through put)."""
+    for column in ("tags", "uniq_key"):
+        batch = pa.record_batch({"topic": ["T", "T"], "body": pa.array([b"a", b"b"]),
+                                 column: pa.array([["a", "b"], []])})
+        with MessageStore(tmp_path / column, CFG) as s:
+            with pytest.raises(InvalidArgumentTypeError, match="where strings are due"):
+                s.put_arrow(batch)
+            assert s.max_phy_offset == 0
+
+
+def test_string_bodies_with_a_delay_row_as_without(tmp_path):
+    """String bodies are their UTF-8 bytes, also in a batch put sends as Messages (one row
+    has a DELAY level): put refused str bodies there."""
+    t = pa.map_(pa.string(), pa.string())
+    props = pa.array([[("DELAY", "2")], None], t)
+    for kind in (pa.string(), pa.large_string()):
+        with MessageStore(tmp_path / str(kind) / "binary", CFG) as s:
+            s.put_arrow(pa.record_batch({"topic": ["T", "T"], "body": pa.array([b"x", "\u00e9".encode()]),
+                                         "properties": props}))
+            expected = _records(s)
+        with MessageStore(tmp_path / str(kind) / "string", CFG) as s:
+            s.put_arrow(pa.record_batch({"topic": ["T", "T"], "body": pa.array(["x", "\u00e9"], kind),
+                                         "properties": props}))
+            assert _records(s) == expected
+
+
+@pytest.mark.slow
+def test_chunks_past_int32_offsets_store_nothing(tmp_path):
+    """Chunks of a binary column that together hold more than 2 GiB do not combine into one
+    int32-offset array: pyarrow's ArrowInvalid came out of put_arrow / put_columns. (The
+    chunks share one 72 MiB buffer.)"""
+    chunk = pa.array([b"x" * (72 << 20)], pa.binary())
+    body = pa.chunked_array([chunk] * 30)
+    with MessageStore(tmp_path / "s", CFG) as s:
+        with pytest.raises(InvalidArgumentError, match="do not combine"):
+            s.put_arrow(pa.table({"topic": ["T"] * 30, "body": body}))
+        with pytest.raises(InvalidArgumentError, match="do not combine"):
+            s.put_columns("T", body)
+        assert s.max_phy_offset == 0

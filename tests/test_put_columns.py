@@ -598,3 +598,64 @@ def test_a_value_that_is_no_column_is_a_type_error(tmp_path, name):
                 s.put_columns(**{**args, name: one})
             s.wait_dispatched()
             assert [getattr(m, {"queue_ids": "queue_id"}.get(name, name)) for m in s.scan()] == [1] * 4
+
+
+@pytest.mark.parametrize("generate", [False, True])
+def test_properties_naming_what_a_column_sets_as_put(tmp_path, generate):
+    """properties that name TAGS, KEYS or UNIQ_KEY beside tags / keys columns (or generated
+    unique keys) hold each name once, where the dict has it, with the row's value over the
+    dict's, as put stores them (they were appended: a record with the name twice)."""
+    cfg = CFG.with_(generate_uniq_key=generate)
+    bodies, tags, keys = [b"a", b"bc", b"d"], ["x", None, ""], ["k", None, ["p", "q"]]
+    props = {"a": "1", "KEYS": "dk", "TAGS": "dt", "b": None, "UNIQ_KEY": "u"}
+    with MessageStore(tmp_path / "put", cfg) as s:
+        for b, t, k in zip(bodies, tags, keys, strict=True):
+            s.put(Message("T", b, tags=t, keys=k, properties=props), 0)
+        for b in bodies:
+            s.put(Message("T", b, tags="c", properties={"TAGS": "dt", "UNIQ_KEY": "u"}), 0)
+        expected = _records(s)
+    with MessageStore(tmp_path / "columns", cfg) as s:
+        s.put_columns("T", bodies, queue_ids=0, tags=tags, keys=keys, properties=props)
+        s.put_columns("T", bodies, queue_ids=0, tags="c", properties={"TAGS": "dt", "UNIQ_KEY": "u"})
+        assert _records(s) == expected
+        assert [list(m.properties) for m in s.scan()][:2] == [["a", "KEYS", "TAGS", "UNIQ_KEY"]] * 2
+
+
+def test_an_empty_uniq_key_property_is_generated_in_place(tmp_path):
+    with MessageStore(tmp_path / "s", CFG.with_(generate_uniq_key=True)) as s:
+        s.put_columns("T", [b"a", b"b"], properties={"UNIQ_KEY": "", "z": "1"})
+        got = [m.properties for m in s.scan()]
+    assert [list(p) for p in got] == [["UNIQ_KEY", "z"]] * 2
+    assert len({p["UNIQ_KEY"] for p in got}) == 2 and all(p["UNIQ_KEY"] for p in got)
+
+
+@pytest.mark.parametrize("kw,error", [
+    ({"topic": None}, InvalidArgumentTypeError),                                  # numpy's ValueError before
+    ({"queue_ids": [[0], [1], [2]]}, InvalidArgumentTypeError),                   # TypeError from min()
+    ({"queue_ids": np.zeros((1, 3), np.int64)}, InvalidArgumentTypeError),        # ValueError from min()
+    ({"queue_ids": iter([-1, 0, 0])}, InvalidArgumentError),                      # read twice: the check saw none
+    ({"born_host": [{"h": 1}, None, None]}, InvalidArgumentTypeError),            # unhashable: a TypeError
+    ({"born_host": "ARROW_TABLE"}, InvalidArgumentTypeError),                     # AttributeError: num_chunks
+    ({"flag": "ARROW_TABLE"}, InvalidArgumentTypeError),
+    ({"bodies": "ARROW_TABLE"}, InvalidArgumentTypeError),
+])
+def test_columns_of_the_wrong_kind_store_nothing(tmp_path, kw, error):
+    pa = pytest.importorskip("pyarrow")
+    args = {"topic": "T", "bodies": [b"a", b"b", b"c"]}
+    for k, v in kw.items():
+        args[k] = pa.table({"c": [1, 2, 3]}) if isinstance(v, str) and v == "ARROW_TABLE" else v
+    with MessageStore(tmp_path / "s", CFG) as s:
+        with pytest.raises(error):
+            s.put_columns(**args)
+        assert s.max_phy_offset == 0
+
+
+def test_masked_entries_of_an_integer_column_are_nulls(tmp_path):
+    """A numpy masked array: its masked entries are None (round robin, 0), not the values
+    under the mask."""
+    qids = np.ma.masked_array([2, 7, 1], mask=[False, True, False])
+    flags = np.ma.masked_array([5, 9, 6], mask=[False, True, False])
+    with MessageStore(tmp_path / "s", CFG) as s:
+        r = s.put_columns("T", [b"a", b"b", b"c"], queue_ids=qids, flag=flags)
+        assert r["queue_id"].tolist() == [2, 0, 1]
+        assert [m.flag for m in s.scan()] == [5, 0, 6]
