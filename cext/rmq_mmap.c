@@ -29,7 +29,9 @@ int64_t rmq_page_size(void) { return (int64_t)sysconf(_SC_PAGESIZE); }
  * zeros, 1-11 ms. A consume-queue file takes 20 bytes a message, so a small store uses a
  * few pages of each; with no_readahead each fault maps its own page only (MADV_RANDOM, a
  * hint: an error is ignored). Writing a whole 6 MB file costs the same either way. Only a
- * file this open creates gets it: reading an old file from disk wants the read-around. */
+ * file this open creates gets it, for as long as it stays mapped: read back from disk after
+ * its pages left the page cache, it comes a page a fault (slower, never wrong); a file
+ * opened again at the next start reads around as usual. */
 static int map_fd(rmq_map_t *m, int no_readahead) {
     int prot = m->readonly ? PROT_READ : PROT_READ | PROT_WRITE;
     if (m->size == 0) { m->base = NULL; return 0; }

@@ -79,7 +79,7 @@ def _dict(name: str, v: Any) -> Any:
 
 
 def _dicts(name: str, v: Any) -> Any:
-    if not isinstance(v, list) or not all(isinstance(d, dict) for d in v):
+    if not isinstance(v, (list, tuple)) or not all(isinstance(d, dict) for d in v):
         _bad_type(name, v, "a list of dicts")
     return v
 
@@ -103,7 +103,7 @@ ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
     "str | os.PathLike[str] | None": (_gate.ARG_OTHER, lambda name, v: v if v is None else _path(name, v)),
     "StoreConfig | None": (_gate.ARG_OTHER, _config),
     "dict[str, Any]": (_gate.ARG_OTHER, _dict),
-    "list[dict[str, Any]]": (_gate.ARG_OTHER, _dicts),
+    "Sequence[dict[str, Any]]": (_gate.ARG_OTHER, _dicts),
 }
 
 

@@ -242,7 +242,7 @@ def decode_segment(path: str | os.PathLike[str], base_offset: int, start: int = 
 
 
 @checked()
-def concat_columns(parts: list[dict[str, Any]]) -> dict[str, Any]:
+def concat_columns(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Concatenate column dicts (offset columns rebased). Dicts that are not all alike
     (``iter_columns``' output): InvalidArgumentError."""
     if not parts:
@@ -280,4 +280,4 @@ def to_arrow(cols: dict[str, Any], store_path: str | os.PathLike[str], columns: 
     """A ``pyarrow.RecordBatch`` of the decoded ``cols`` (schema: ``arrow_schema()``, or the
     ``columns`` named, in that order)."""
     import rmqstore._arrow as _arrow
-    return _arrow.from_columns(cols, str(store_path), columns)
+    return _arrow.from_columns(dict(cols), str(store_path), columns)   # (it takes an exact dict)

@@ -18,7 +18,7 @@ import numpy as np
 
 import rmqstore._pack as _pack
 import rmqstore._properties as _properties
-from rmqstore._message import Message
+from rmqstore._message import Message, text_arg
 from rmqstore._record import gets_cq_entry, pack_host, pack_hosts
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 from rmqstore.topics import SCHEDULE_TOPIC
@@ -102,10 +102,9 @@ def rows_of(column: tuple[Any, np.ndarray | None]) -> int:
 
 
 def _text(name: str, v: Any) -> str:
-    """``v`` as a plain str (a str subclass by its value, not its __str__)."""
-    if not isinstance(v, str):
-        raise InvalidArgumentTypeError(f"{name} must be str, not {type(v).__name__}")
-    return v if type(v) is str else str.__str__(v)
+    """``v`` as a plain str (a str subclass by its value, not its __str__) that encodes as
+    UTF-8 (InvalidArgumentError for a lone surrogate, as Message refuses it)."""
+    return text_arg(name, v)
 
 
 def _pair(name: str, value: str) -> bytes:
@@ -272,7 +271,11 @@ def int_column(values: Any, n: int, what: str, null: int = 0, lo: int | None = N
     else:
         if isinstance(values, np.ma.MaskedArray):   # masked entries: nulls
             present: Any = values.compressed()
-            a = values.filled(null)
+            if values.dtype.kind not in "iu":
+                raise InvalidArgumentTypeError(f"{what} must be ints in the int64 range, not {values.dtype}")
+            if values.dtype.kind == "u" and len(present) and present.max() > np.iinfo(np.int64).max:
+                raise InvalidArgumentError(f"{what} {present.max()} out of range")
+            a = np.ma.filled(values.astype(np.int64), null)    # (null may not fit an unsigned dtype)
         elif isinstance(values, np.ndarray):
             present = a = values
         else:

@@ -106,3 +106,13 @@ def test_ranges_cut_anywhere_partition_the_segment(store):
         rest = sum(c["count"] for c in batch.iter_columns(path, base, max(cut, 0)))
         assert (first, first + rest) == ((0 if cut <= 0 else first), N), cut
         assert sum(b.num_rows for b in batch.iter_arrow(path, base, 0, cut)) == first
+
+
+def test_column_dicts_of_any_dict_kind_and_parts_in_a_tuple(store):
+    """The argument gate takes a dict subclass and a tuple of parts: so do the kernels
+    behind it (a bare TypeError and a refusal before)."""
+    import collections
+    path, base, _ = batch.segment_files(store)[0]
+    cols = next(batch.iter_columns(path, base))
+    assert batch.to_arrow(collections.OrderedDict(cols), store).num_rows == batch.to_arrow(cols, store).num_rows
+    assert batch.concat_columns((cols, cols))["count"] == 2 * cols["count"]

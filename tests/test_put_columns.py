@@ -659,3 +659,21 @@ def test_masked_entries_of_an_integer_column_are_nulls(tmp_path):
         r = s.put_columns("T", [b"a", b"b", b"c"], queue_ids=qids, flag=flags)
         assert r["queue_id"].tolist() == [2, 0, 1]
         assert [m.flag for m in s.scan()] == [5, 0, 6]
+        # unsigned: the null (-1 for queue ids) does not fit the dtype (numpy's TypeError before)
+        r = s.put_columns("T", [b"d", b"e"], queue_ids=np.ma.masked_array(np.array([1, 3], np.uint8), mask=[0, 1]))
+        assert r["queue_id"].tolist() == [1, 1]     # the null: round robin, on from the call before
+        with pytest.raises(InvalidArgumentError):
+            s.put_columns("T", [b"f"], queue_ids=np.ma.masked_array(np.array([1 << 63], np.uint64), mask=[0]))
+
+
+@pytest.mark.parametrize("props", [{"\ud800": "v"}, {"k": "\ud800"}, {"\ud800": None}, {"TAGS": "d", "\ud800": None}])
+def test_property_text_that_is_not_unicode_stores_nothing(tmp_path, props):
+    """A lone surrogate in a property name or value is an InvalidArgumentError, as Message
+    refuses it (a bare UnicodeEncodeError before, or a name with a None value let through)."""
+    with MessageStore(tmp_path / "s", CFG) as s:
+        s.put(Message("T", b"kept"))
+        with pytest.raises(InvalidArgumentError):
+            s.put_columns("T", [b"a", b"b"], tags=["x", "y"], properties=props)
+        with pytest.raises(InvalidArgumentError):
+            Message("T", b"a", properties=props)
+        assert [bytes(m.body) for m in s.scan()] == [b"kept"]
