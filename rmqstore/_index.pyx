@@ -515,9 +515,7 @@ cdef class IndexFiles:
         try:
             if ks.p == NULL or ks.n == NULL or pinned == NULL or hs == NULL:
                 raise MemoryError()
-            gather_keys(keys, nk, &ks)
-            for i in range(nk):
-                cap_k = max(cap_k, ks.n[i])
+            cap_k = gather_keys(keys, nk, &ks)
             t = PyUnicode_AsUTF8AndSize(topic, &tlen)
             buf = <char *>PyMem_Malloc(tlen + cap_k + 1)
             if buf == NULL:
@@ -623,10 +621,11 @@ cdef struct Keys:           # query keys as UTF-8
     char *arena             # gather_keys' copy of the bytes (``p`` points into it)
 
 
-cdef int gather_keys(list keys, Py_ssize_t nk, Keys *ks) except -1:
+cdef Py_ssize_t gather_keys(list keys, Py_ssize_t nk, Keys *ks) except -1:
     """Check the keys and copy their UTF-8 forms side by side into ``ks.arena``: the
-    passes after read them in order, not scattered over the caller's str objects."""
-    cdef Py_ssize_t i, size = 0, cap = 16 * max(1, nk), n
+    passes after read them in order, not scattered over the caller's str objects.
+    Returns the longest key's length in bytes."""
+    cdef Py_ssize_t i, size = 0, cap = 16 * max(1, nk), n, longest = 0
     cdef const char *u
     cdef char *grown
     ks.arena = <char *>PyMem_Malloc(cap)
@@ -648,11 +647,12 @@ cdef int gather_keys(list keys, Py_ssize_t nk, Keys *ks) except -1:
         memcpy(ks.arena + size, u, n)
         ks.n[i] = n
         size += n
+        longest = max(longest, n)
     size = 0
     for i in range(nk):
         ks.p[i] = ks.arena + size
         size += ks.n[i]
-    return 0
+    return longest
 
 
 cdef struct Hit:            # a record keyed_batch keeps for key ``key``

@@ -101,12 +101,6 @@ def rows_of(column: tuple[Any, np.ndarray | None]) -> int:
     return len(data) if offsets is None else len(offsets) - 1
 
 
-def _text(name: str, v: Any) -> str:
-    """``v`` as a plain str (a str subclass by its value, not its __str__) that encodes as
-    UTF-8 (InvalidArgumentError for a lone surrogate, as Message refuses it)."""
-    return text_arg(name, v)
-
-
 def _pair(name: str, value: str) -> bytes:
     b = f"{name}\x01{value}".encode("utf-8", "strict")
     if not name or any(s in b[len(name.encode()) + 1:] or s in name.encode() for s in _SEPARATORS):
@@ -119,7 +113,7 @@ def _per_row(values: Any, n: int, what: str) -> list[Any] | None:
     if values is None:
         return None
     if isinstance(values, str):
-        return [_text(what, values)] * n
+        return [text_arg(what, values)] * n
     if hasattr(values, "to_pylist"):
         try:
             values = values.to_pylist()
@@ -145,7 +139,7 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
         raise InvalidArgumentTypeError(f"properties must be a mapping of str to str, not {type(properties).__name__}")
     if properties is not None and "DELAY" in properties:
         raise InvalidArgumentError("put_columns does not delay messages: put them one by one with DELAY")
-    props: dict[str, str | None] = {_text("property name", k): None if v is None else _text(f"property {k!r}", v)
+    props: dict[str, str | None] = {text_arg("property name", k): None if v is None else text_arg(f"property {k!r}", v)
                                     for k, v in (properties or {}).items()}
     common = b"\x02".join(_pair(k, v) for k, v in props.items() if v is not None)
     tag_rows, key_rows = _per_row(tags, n, "tags"), _per_row(keys, n, "keys")
@@ -157,7 +151,7 @@ def properties_column(n: int, tags: Any = None, keys: Any = None, properties: Ma
             return None
         return common * n, np.arange(n + 1, dtype=np.int64) * len(common)
     if isinstance(tags, str):   # the same on every row: part of what every row starts with
-        common = b"\x02".join(p for p in (common, _pair("TAGS", _text("tags", tags))) if p)
+        common = b"\x02".join(p for p in (common, _pair("TAGS", text_arg("tags", tags))) if p)
         tag_rows = None
         if key_rows is None and uniq_key is None:
             return common * n, np.arange(n + 1, dtype=np.int64) * len(common)
@@ -196,10 +190,10 @@ def _row_text(name: str, value: Any) -> Any:
     its value, KEYS given as a sequence of str joined by spaces (other values as they are:
     the kernel refuses them)."""
     if isinstance(value, str):
-        return _text(name, value)
+        return text_arg(name, value)
     if name != "KEYS" or isinstance(value, (bytes, bytearray)) or not hasattr(value, "__iter__"):
         return value
-    return " ".join(_text("key", x) for x in value)
+    return " ".join(text_arg("key", x) for x in value)
 
 
 def topic_column(topics: Any, n: int) -> tuple[list[str], np.ndarray | None]:
@@ -210,7 +204,7 @@ def topic_column(topics: Any, n: int) -> tuple[list[str], np.ndarray | None]:
     if rows is None:
         raise InvalidArgumentTypeError("topic must be a str or one per message, not None")
     names: dict[str, int] = {}
-    ids = np.fromiter((names.setdefault(_text("topic", t), len(names)) for t in rows), np.int32, n)
+    ids = np.fromiter((names.setdefault(text_arg("topic", t), len(names)) for t in rows), np.int32, n)
     return list(names), ids
 
 
@@ -316,7 +310,7 @@ def host_column(values: Any, n: int) -> Column | None:
         data, offsets = _arrow_bytes(arr, "born_host")
         col: Column = pack_hosts(offsets, data, _validity(arr))
     else:
-        rows = [None if h is None else _text("born_host", h) for h in _per_row(values, n, "born hosts") or []]
+        rows = [None if h is None else text_arg("born_host", h) for h in _per_row(values, n, "born hosts") or []]
         packed_of: dict[str, bytes] = {}
         col = _pack.pack_bytes([b"" if h is None else packed_of.get(h) or packed_of.setdefault(h, pack_host(h))
                                 for h in rows])   # every item bytes
@@ -354,7 +348,7 @@ def _topics(values: Any) -> tuple[list[str], np.ndarray | None]:
     topics = pc.dictionary_encode(arr)
     if topics.null_count:
         raise InvalidArgumentError(f"put_arrow: row {topics.is_null().index(True).as_py()} has no topic")
-    return [_text("topic", t) for t in topics.dictionary.to_pylist()], \
+    return [text_arg("topic", t) for t in topics.dictionary.to_pylist()], \
         topics.indices.to_numpy(zero_copy_only=False).astype(np.int32)
 
 
