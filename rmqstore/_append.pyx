@@ -4,19 +4,22 @@ segment, and the Appender that puts messages and batches under the commitlog's w
 lock."""
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_Next
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_Check, PyUnicode_GET_LENGTH
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy, memchr
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcpy
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
-from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 from rmqstore._cext cimport rmq_crc32, rmq_st16, rmq_st32, rmq_st64
 from rmqstore._copy cimport copy_short
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg
-from rmqstore._segment cimport MappedSegment, check, ensure, write_at
+from rmqstore._segment cimport MappedSegment, SegmentList, check, ensure, write_at
 from rmqstore._gate cimport Gate
 import numpy as np
 from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, ReentrantCallError,
@@ -24,58 +27,86 @@ from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, Mes
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+    const char *utf8_of "PyUnicode_AsUTF8AndSize"(PyObject *s, Py_ssize_t *size) except NULL
 
 
-cdef Py_ssize_t props_length(dict props) except -1:
-    """Bytes of the properties string (4.9 layout: no trailing separator); validates it."""
-    cdef Py_ssize_t total = 0, kl, vl
+cdef enum:
+    PROPS_MAX = 32767       # bytes of a record's properties string (its length is an int16)
+
+
+cdef inline bint separator_in(uint64_t w) noexcept:
+    """Whether a byte of ``w`` is \\x01 or \\x02 (a byte of ``w ^ b`` is zero where ``w`` holds ``b``)."""
+    cdef uint64_t ones = 0x0101010101010101ULL, x = w ^ ones, y = w ^ (ones << 1)
+    return ((x - ones) & ~x | (y - ones) & ~y) & 0x8080808080808080ULL != 0
+
+
+cdef inline bint has_separator(const char *p, Py_ssize_t n) noexcept:
+    """Whether ``p[:n]`` holds \\x01 or \\x02, which split the properties string: eight
+    bytes at a time, the last word overlapping the one before (short strings: two
+    overlapping halves)."""
+    cdef uint64_t w
+    cdef uint32_t a, b
+    cdef Py_ssize_t i = 0
+    if n >= 8:
+        while i + 8 < n:
+            memcpy(&w, p + i, 8)
+            if separator_in(w):
+                return True
+            i += 8
+        memcpy(&w, p + n - 8, 8)
+        return separator_in(w)
+    if n >= 4:
+        memcpy(&a, p, 4)
+        memcpy(&b, p + n - 4, 4)
+        return separator_in(<uint64_t>a << 32 | b)
+    for i in range(n):
+        if <unsigned char>(p[i] - 1) < 2:
+            return True
+    return False
+
+
+cdef bytes properties_bytes(dict props, bint *delayed=NULL):
+    """The properties string a record stores (4.9 layout: name\\x01value pairs joined by
+    \\x02, no trailing separator; None values left out), checked: names and values str,
+    valid Unicode, no empty name, no separator inside; at most PROPS_MAX bytes. One pass over
+    the dict, laid out on the stack, with no Python code run in between: a dict another
+    thread changes cannot make the record disagree with its length. ``delayed``: set to
+    whether a DELAY property is there (None too)."""
+    cdef char buf[PROPS_MAX]
+    cdef Py_ssize_t kl, vl, n = 0, need, at = 0
     cdef const char *kp
     cdef const char *vp
-    for k, v in props.items():
-        if v is None:
-            continue
-        if not isinstance(k, str) or not isinstance(v, str):    # a subclass by its value, as its UTF-8 below
-            raise InvalidArgumentTypeError(f"property {k!r}: names and values must be str")
-        try:
-            kp = PyUnicode_AsUTF8AndSize(k, &kl)
-            vp = PyUnicode_AsUTF8AndSize(v, &vl)
-        except UnicodeEncodeError:
-            raise InvalidArgumentError(f"property {k!r}: not valid Unicode text (a lone surrogate?)") from None
-        if kl == 0 or memchr(kp, 1, kl) or memchr(kp, 2, kl) or memchr(vp, 1, vl) or memchr(vp, 2, vl):
-            raise InvalidArgumentError(f"property {k!r}: empty name or a \\x01/\\x02 separator inside")
-        total += kl + vl + 2
-    return total - 1 if total else 0
-
-
-cdef bytes properties_bytes(dict props):
-    """The properties string a record stores, checked (see props_length). Built once, before
-    anything is written, so a dict changed by another thread meanwhile cannot make the
-    record disagree with its length."""
-    cdef Py_ssize_t kl, vl, n = props_length(props)
-    cdef const char *kp
-    cdef const char *vp
-    cdef bytes data = PyBytes_FromStringAndSize(NULL, n)
-    cdef char *out = PyBytes_AS_STRING(data)
-    cdef char *end = out + n
-    cdef bint first = True
-    for k, v in props.items():   # no Python code runs between the length and here
-        if v is None:
-            continue
-        kp = PyUnicode_AsUTF8AndSize(k, &kl)
-        vp = PyUnicode_AsUTF8AndSize(v, &vl)
-        if out + (0 if first else 1) + kl + 1 + vl > end:
-            raise InvalidArgumentError("properties changed while they were laid out")
-        if not first:
-            out[0] = 2
-            out += 1
-        first = False
-        memcpy(out, kp, kl)
-        out[kl] = 1
-        memcpy(out + kl + 1, vp, vl)
-        out += kl + 1 + vl
-    if out != end:
-        raise InvalidArgumentError("properties changed while they were laid out")
-    return data
+    cdef char *out
+    cdef PyObject *k
+    cdef PyObject *v
+    try:
+        while PyDict_Next(props, &at, &k, &v):     # borrowed: no Python code runs in this loop
+            if delayed != NULL and PyUnicode_Check(<object>k) and PyUnicode_GET_LENGTH(<object>k) == 5 \
+                    and <object>k == "DELAY":
+                delayed[0] = True
+            if v == <PyObject *>None:
+                continue
+            if not PyUnicode_Check(<object>k) or not PyUnicode_Check(<object>v):   # a subclass by its value
+                raise InvalidArgumentTypeError(f"property {<object>k!r}: names and values must be str")
+            kp = utf8_of(k, &kl)
+            vp = utf8_of(v, &vl)
+            if kl == 0 or has_separator(kp, kl) or has_separator(vp, vl):
+                raise InvalidArgumentError(f"property {<object>k!r}: empty name or a \\x01/\\x02 separator inside")
+            need = (1 if n else 0) + kl + 1 + vl
+            if n + need <= PROPS_MAX:
+                out = buf + n
+                if n:
+                    out[0] = 2
+                    out += 1
+                memcpy(out, kp, kl)
+                out[kl] = 1
+                memcpy(out + kl + 1, vp, vl)
+            n += need       # past PROPS_MAX: only counted, to name the size below
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"property {<object>k!r}: not valid Unicode text (a lone surrogate?)") from None
+    if n > PROPS_MAX:
+        raise MessageTooLargeError(f"properties of {n} bytes exceed {PROPS_MAX}")
+    return PyBytes_FromStringAndSize(buf, n)
 
 
 cdef int64_t record_size(bytes born, str topic, Py_ssize_t plen, bytes store_host, int version, int64_t max_size,
@@ -94,8 +125,8 @@ cdef int64_t record_size(bytes born, str topic, Py_ssize_t plen, bytes store_hos
         raise InvalidArgumentError("hosts must be packed as 8 or 20 bytes")
     if version == 1 and tlen > 255 or tlen > 32767:
         raise InvalidArgumentError(f"topic of {tlen} bytes does not fit message version {version}")
-    if plen > 32767:
-        raise MessageTooLargeError(f"properties of {plen} bytes exceed 32767")
+    if plen > PROPS_MAX:
+        raise MessageTooLargeError(f"properties of {plen} bytes exceed {PROPS_MAX}")
     total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born_alen + 4 + 8 + store_alen + 4 + 4 + 8 \
         + 4 + blen + (1 if version == 1 else 2) + tlen + 2 + plen
     if total > max_size or total + 8 > seg_size:
@@ -181,9 +212,10 @@ cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_l
 
 cdef PutResult encode(MappedSegment seg, Message msg, object body, bytes born, str topic, bytes props,
                       int32_t queue_id, int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
-                      int64_t max_size):
+                      int64_t max_size, int64_t total=-1):
     """Encode ``msg`` with the given body, born host, effective topic, properties and queue
     (what was checked, not the message's attributes now) at the segment's write position.
+    ``total``: the record's size as record_size gave it for these (-1: checked here).
     Returns a PutResult, or None when the record does not fit: then the BLANK end-of-file
     record has been written and the caller rolls to a new segment."""
     cdef Py_ssize_t tlen, blen
@@ -194,7 +226,7 @@ cdef PutResult encode(MappedSegment seg, Message msg, object body, bytes born, s
     cdef int32_t born_alen, store_alen = len(store_host) - 4
     cdef const char *born_p
     cdef const char *store_p = PyBytes_AS_STRING(store_host)
-    cdef int64_t total, room, wpos
+    cdef int64_t room, wpos
     cdef char *p
     cdef RecordHead h
     cdef PutResult res
@@ -213,7 +245,8 @@ cdef PutResult encode(MappedSegment seg, Message msg, object body, bytes born, s
         bp = <const char *>view.buf
         blen = view.len
     try:
-        total = record_size(born, topic, len(props), store_host, version, max_size, seg.m.size, blen)
+        if total < 0:
+            total = record_size(born, topic, len(props), store_host, version, max_size, seg.m.size, blen)
         wpos = seg.wrote_pos
         room = seg.m.size - wpos
         p = seg.m.base + wpos
@@ -504,15 +537,75 @@ cdef inline int64_t now_ms() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
 
 
+cdef enum:
+    DENSE_QUEUES = 1024     # queue ids below this keep their next offset in a C array
+
+
 @cython.final
 cdef class _TopicState:
-    """One topic's write state: next round-robin queue id, next offset per queue id."""
+    """One topic's write state: next round-robin queue id, next offset per queue id (0
+    until one is set): ids in [0, DENSE_QUEUES) in a C array, grown to the largest id met
+    (a dict of ints cost a put 370 instructions), the rest in a dict."""
     cdef int32_t next_qid
     cdef bint checked                   # the name passed check_topic
-    cdef dict offsets                   # queue id -> next queue offset
+    cdef int64_t *dense                 # next offset per queue id below ndense; -1: none set
+    cdef int32_t ndense
+    cdef dict sparse                    # other queue ids -> next offset
 
     def __cinit__(self):
-        self.offsets = {}
+        self.sparse = {}
+
+    def __dealloc__(self):
+        free(self.dense)
+
+    cdef inline int64_t next_offset(self, int64_t qid) except -1:
+        if 0 <= qid < self.ndense:
+            return max(self.dense[qid], 0)
+        return 0 if 0 <= qid < DENSE_QUEUES else self.sparse.get(qid, 0)
+
+    cdef int set_next(self, int64_t qid, int64_t offset) except -1:
+        cdef int32_t n, i
+        cdef int64_t *grown
+        if not 0 <= qid < DENSE_QUEUES:     # a corrupt record's queue id may be negative
+            self.sparse[qid] = offset
+            return 0
+        if qid >= self.ndense:
+            n = min(DENSE_QUEUES, max(qid + 1, 2 * self.ndense, 8))
+            grown = <int64_t *>realloc(self.dense, n * sizeof(int64_t))
+            if grown == NULL:
+                raise MemoryError()
+            for i in range(self.ndense, n):
+                grown[i] = -1
+            self.dense, self.ndense = grown, n
+        self.dense[qid] = offset
+        return 0
+
+    cdef dict offsets(self):
+        """Queue id -> next offset, of the queues set."""
+        cdef int32_t q
+        out = {q: self.dense[q] for q in range(self.ndense) if self.dense[q] >= 0}
+        out.update(self.sparse)
+        return out
+
+    cdef void clear(self) noexcept:
+        free(self.dense)
+        self.dense, self.ndense = NULL, 0
+        self.sparse.clear()
+
+
+@cython.final
+@cython.no_gc           # refers to nothing that refers back to it
+@cython.freelist(8)
+cdef class _Plan:
+    """A checked message and where it goes (Appender._plan): what _write encodes."""
+    cdef Message msg
+    cdef str topic                      # the effective topic (DELAY: SCHEDULE_TOPIC_XXXX)
+    cdef bytes props                    # the properties string, laid out
+    cdef int32_t queue_id
+    cdef _TopicState state              # the topic's
+    cdef int64_t size                   # of the record
+    cdef object body                    # held: bytes, or a memoryview of the caller's buffer
+    cdef bytes born                     # packed born host, None: the store's
 
 
 cdef class Appender:
@@ -531,7 +624,7 @@ cdef class Appender:
     ``stage_bulk``: put_columns writes batches of NOGIL_BYTES or more with pwrite
     (write_staged), for a commitlog whose pages nobody faults in ahead of the writer.
     The segment queue is used through its public face only: ``last``, ``roll()``,
-    ``make_room()`` and ``file_size``.
+    ``make_room()`` and ``file_size`` (read once: it never changes).
     Thread-safe: ``put``/``put_batch`` hold the appender's own write lock, a C lock taken
     without a Python call when free (waiting for it releases the GIL). ``with appender:``
     holds it for other writers of the commitlog (retention, truncation).
@@ -546,22 +639,25 @@ cdef class Appender:
     cdef str last_topic                 # the topic _plan checked last, and its state
     cdef _TopicState last_state
     cdef object segments, check_topic, delay, warm, stamp
+    cdef SegmentList published          # segments, for its C fields
     cdef MappedSegment seg              # the last segment, during a call
     cdef bytes store_host
     cdef int version
     cdef int32_t queue_nums
     cdef int64_t max_size
+    cdef int64_t seg_size               # the segments' file size
 
     def __cinit__(self, segments, bytes store_host not None, int version, int64_t max_size, int32_t queue_nums,
                   check_topic, delay, warm, stamp=None, bint stage_bulk=False):
         if queue_nums <= 0:
             raise InvalidArgumentError("queue_nums must be positive")
-        if segments is None or not (callable(check_topic) and callable(delay) and callable(warm)):
+        if not isinstance(segments, SegmentList) or not (callable(check_topic) and callable(delay) and callable(warm)):
             raise InvalidArgumentTypeError("an Appender takes a segment queue and callable check_topic, delay, warm")
-        self.segments = segments
+        self.segments = self.published = segments
         self.store_host = store_host
         self.version = version
         self.max_size = max_size
+        self.seg_size = self.published.file_size
         self.queue_nums = queue_nums
         self.check_topic = check_topic
         self.delay = delay
@@ -621,15 +717,15 @@ cdef class Appender:
     def queue_offsets(self):
         """(topic, queue_id) -> next queue offset, as a new dict."""
         cdef _TopicState st
-        return {(t, q): o for t, st in self.topics.items() for q, o in st.offsets.items()}
+        return {(t, q): o for t, st in self.topics.items() for q, o in st.offsets().items()}
 
     @queue_offsets.setter
     def queue_offsets(self, table):
         cdef _TopicState st
         for st in self.topics.values():
-            st.offsets.clear()
+            st.clear()
         for (t, q), o in table.items():
-            self._state(t).offsets[q] = o
+            self._state(t).set_next(q, o)
 
     cdef _TopicState _state(self, str topic):
         cdef _TopicState st = self.topics.get(topic)
@@ -642,7 +738,7 @@ cdef class Appender:
         return self._put(msg, queue_id)
 
     cdef PutResult _put(self, object msg, object queue_id):
-        cdef tuple plan
+        cdef _Plan plan
         if not isinstance(msg, Message):
             raise InvalidArgumentTypeError(f"put takes a Message, not {type(msg).__name__}")
         if queue_id is not None:
@@ -688,7 +784,7 @@ cdef class Appender:
                 raise InvalidArgumentError(f"put_batch: {i} messages for {len(qids)} queue ids")
             ts = now_ms()
             self.seg = self._last()
-            self._make_room(np.array([plan[5] for plan in plans], np.int64))
+            self._make_room(np.array([(<_Plan>plan).size for plan in plans], np.int64))
             for plan in plans:
                 out.append(self._write(plan, ts))
             return out
@@ -731,7 +827,7 @@ cdef class Appender:
         cdef const char *store_p = PyBytes_AS_STRING(self.store_host)
         cdef int32_t hlen = <int32_t>len(self.store_host), born_len
         cdef int32_t host_bits = STORE_V6 if hlen == 20 else 0
-        cdef int64_t fixed, plen, total, ts, wpos, seg_size = self.segments.file_size, batch_bytes = 0
+        cdef int64_t fixed, plen, total, ts, wpos, seg_size = self.seg_size, batch_bytes = 0
         cdef Rows r
         cdef list names = [], encoded = [], states = []
         cdef const int64_t[::1] slots
@@ -807,7 +903,7 @@ cdef class Appender:
                 keys_a, slots_v = np.unique(tids_a << 32 | qids_a, return_inverse=True)
                 slots_v = slots_v.astype(np.int64)
             slots = slots_v
-            next_a = np.array([(<_TopicState>states[k >> 32]).offsets.get(k & 0xFFFFFFFF, 0) for k in keys_a.tolist()],
+            next_a = np.array([(<_TopicState>states[k >> 32]).next_offset(k & 0xFFFFFFFF) for k in keys_a.tolist()],
                               np.int64)
             first_a = next_a.copy()
             next_off = next_a
@@ -865,7 +961,7 @@ cdef class Appender:
             if next_a is not None:   # the offsets taken, also by rows written before an error
                 for k, first, nxt in zip(keys_a.tolist(), first_a.tolist(), next_a.tolist()):
                     if nxt != first:
-                        (<_TopicState>states[k >> 32]).offsets[k & 0xFFFFFFFF] = nxt
+                        (<_TopicState>states[k >> 32]).set_next(k & 0xFFFFFFFF, nxt)
             self._release()
         return phys_a, sizes_a, qids_a, qoffs_a
 
@@ -888,19 +984,19 @@ cdef class Appender:
             self.segments.make_room(self.seg, ends[1:])
 
     cdef MappedSegment _last(self):
-        last = self.segments.last
+        cdef MappedSegment last = self.published.last
         return last if last is not None else self.segments.roll(0)
 
-    cdef tuple _plan(self, Message msg, object queue_id):
-        """Check ``msg`` and decide where it goes: (msg, topic, its properties laid out, queue id,
-        topic state, record size, body held, born host). What is written is what was checked
+    cdef _Plan _plan(self, Message msg, object queue_id):
+        """Check ``msg`` and decide where it goes (a _Plan). What is written is what was checked
         here, whatever another thread does to ``msg`` meanwhile. Raises before anything is
         written; only the round-robin position moves."""
         cdef str topic = text_arg("topic", msg.topic)
         cdef dict props
         cdef _TopicState st = self.last_state if topic is self.last_topic else self.topics.get(topic)
         cdef int32_t qid
-        cdef int64_t size
+        cdef _Plan plan
+        cdef bint delayed = False
         if msg.properties is None:
             raise InvalidArgumentTypeError("message properties must be a dict, not None")
         if self.stamp is not None:
@@ -916,40 +1012,36 @@ cdef class Appender:
             st.next_qid = (qid + 1) % self.queue_nums
         else:
             qid = queue_id
-        if "DELAY" in props:
+        plan = _Plan.__new__(_Plan)
+        plan.props = properties_bytes(props, &delayed)
+        if delayed:
             topic, qid, props = self.delay(msg, topic, qid, props)
             st = self._state(topic)
-        laid = properties_bytes(props)
-        body = held_body(msg.body)
-        born = msg.born_host_packed
-        size = record_size(born, topic, len(laid), self.store_host, self.version, self.max_size,
-                           self.segments.file_size, len(body) if type(body) is bytes else (<memoryview>body).nbytes)
-        return (msg, topic, laid, qid, st, size, body, born)
+            plan.props = properties_bytes(props)
+        plan.msg, plan.topic, plan.queue_id, plan.state = msg, topic, qid, st
+        plan.body = body = held_body(msg.body)
+        plan.born = msg.born_host_packed
+        plan.size = record_size(plan.born, topic, len(plan.props), self.store_host, self.version, self.max_size,
+                                self.seg_size, len(body) if type(body) is bytes else (<memoryview>body).nbytes)
+        return plan
 
-    cdef PutResult _write(self, tuple plan, int64_t ts):
+    cdef PutResult _write(self, _Plan plan, int64_t ts):
         """Encode a planned message at the end of the log (rolling when the segment is full):
         the queue offset is taken here, PREPARED / ROLLBACK get 0 and do not advance it."""
-        cdef Message msg = plan[0]
-        cdef str topic = plan[1]
-        cdef bytes props = plan[2]
-        cdef int32_t qid = plan[3], tran = msg.sys_flag & TRANSACTION_MASK
-        cdef _TopicState st = plan[4]
+        cdef Message msg = plan.msg
+        cdef int32_t qid = plan.queue_id, tran = msg.sys_flag & TRANSACTION_MASK
+        cdef _TopicState st = plan.state
         cdef bint counted = tran != TRAN_PREPARED and tran != TRAN_ROLLBACK
-        cdef int64_t qoff = 0
-        cdef object v
+        cdef int64_t qoff = st.next_offset(qid) if counted else 0
         cdef PutResult res
-        if counted:
-            v = st.offsets.get(qid)
-            if v is not None:
-                qoff = v
-        res = encode(self.seg, msg, plan[6], plan[7], topic, props, qid, qoff, ts, self.store_host, self.version,
-                     self.max_size)
+        res = encode(self.seg, msg, plan.body, plan.born, plan.topic, plan.props, qid, qoff, ts, self.store_host,
+                     self.version, self.max_size, plan.size)
         if res is None:
             self.seg = self.segments.roll()
-            res = encode(self.seg, msg, plan[6], plan[7], topic, props, qid, qoff, ts, self.store_host, self.version,
-                         self.max_size)
+            res = encode(self.seg, msg, plan.body, plan.born, plan.topic, plan.props, qid, qoff, ts, self.store_host,
+                         self.version, self.max_size, plan.size)
         if counted:
-            st.offsets[qid] = qoff + 1
+            st.set_next(qid, qoff + 1)
         if res.phy_offset + res.size >= self.warm_mark:
             self.warm(self.seg)
         return res

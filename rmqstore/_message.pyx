@@ -149,6 +149,7 @@ cdef dict FIELD_CHECKS = {
 
 
 @cython.no_gc
+@cython.freelist(64)
 cdef class PutResult:
     """Where a put landed: commitlog offset and size, queue id/offset, store time."""
 

@@ -48,5 +48,12 @@ cdef int check(int rc, object path, str op) except -1
 cdef int write_at(MappedSegment seg, int64_t pos, const char *buf, int64_t n) noexcept nogil
 
 
-cpdef int64_t queue_end(object queue) except -1
-cpdef MappedSegment queue_find(object queue, int64_t offset)
+cdef class SegmentList:
+    cdef public list segments
+    cdef public MappedSegment last
+    cdef public object _end
+    cdef public int64_t file_size
+
+
+cpdef int64_t queue_end(SegmentList queue) except -1
+cpdef MappedSegment queue_find(SegmentList queue, int64_t offset)

@@ -5,7 +5,7 @@ import os
 import threading
 from concurrent.futures import Future
 
-from rmqstore._segment import PREFAULT_AHEAD, MappedSegment, queue_end, queue_find
+from rmqstore._segment import PREFAULT_AHEAD, MappedSegment, SegmentList, queue_end, queue_find
 from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreError
 from rmqstore.files import file_size, list_dir, make_dirs, number_name, only_zeros
 from rmqstore.worker import Worker
@@ -43,7 +43,7 @@ def detect_file_size(directories, configured):
     return configured if configured in sizes else max(sizes, key=sizes.count)
 
 
-class SegmentQueue:
+class SegmentQueue(SegmentList):
     """Segments of ``file_size`` bytes in ``directory``; file N starts at offset N.
 
     Layout: ``{directory}/{start offset:020d}``, each exactly ``file_size`` bytes and
@@ -53,7 +53,8 @@ class SegmentQueue:
     Thread-safety: one writer appends/rolls (holding the store's write lock); readers call
     ``find`` without locks (the list is replaced, never mutated in place). The next segment
     is preallocated and pre-faulted on a background thread, off the GIL, like RocketMQ's
-    AllocateMappedFileService, so a roll costs a list swap.
+    AllocateMappedFileService, so a roll costs a list swap. ``segments``, ``last``,
+    ``file_size`` and ``_end`` are SegmentList's C fields.
     """
 
     def __init__(self, directory, file_size, readonly=False, file_mode=0o600, dir_mode=0o700,
@@ -65,7 +66,7 @@ class SegmentQueue:
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         self.segments = []      # replaced, never changed, as segments come and go; with the newest
-        self.last = None        # of them, plain attributes read per put, key query and get_messages
+        self.last = None        # of them, read per put, key query and get_messages
         self._lock = threading.Lock()
         self._alloc = Worker("rmq-alloc") if preallocate and not readonly else None
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it

@@ -260,3 +260,30 @@ def test_message_fields_set_are_checked_as_the_constructor_checks_them(attr, goo
     assert getattr(m, attr) == good
     m.topic = _Name("V")
     assert type(m.topic) is str and m.topic == "V"
+
+
+def test_properties_are_laid_out_and_checked_byte_by_byte(tmp_path):
+    """put checks names and values for the \\x01 / \\x02 separators a word at a time: a
+    separator at any position of a name or value of 1 to 20 bytes is refused (nothing
+    stored), and the neighbouring bytes (\\x00, \\x03, \\x7f, \\x80..) are stored as given,
+    the record's properties string equal to the reference encoder's, in the dict's order."""
+    lengths = range(1, 21)
+    with MessageStore(tmp_path / "s", _cfg(commitlog_file_size=1 << 22)) as s:
+        for n in lengths:
+            for at in range(n):
+                for sep in "\x01\x02":
+                    text = "a" * at + sep + "b" * (n - at - 1)
+                    for props in ({text: "v"}, {"k": text}, {"k": "v", "DELAY": "1", "n": text}):
+                        msg = Message("T", b"x")
+                        msg.properties = props   # not through Message(), which checks them too
+                        with pytest.raises(InvalidArgumentError):
+                            s.put(msg)
+        assert s.max_offset("T", 0) == 0 and list(s.scan()) == []
+        stored = []
+        for n in lengths:
+            for ch in "\x00\x03\x7f\x80é\u20ac":
+                props = {"k" + ch * n: ch * n, ch * n: "v" * n}
+                s.put(Message("T", b"x", properties=props))
+                stored.append(props)
+    recs = list(ref.iter_commitlog(str(tmp_path / "s")))
+    assert [r["properties_raw"] for r in recs] == [ref.encode_properties(p) for p in stored]

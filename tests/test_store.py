@@ -501,3 +501,20 @@ def test_bad_message_input_is_refused_and_nothing_lost(tmp_path):
         assert nxt.queue_offset == 2 and nxt.phy_offset == mv.phy_offset + mv.size
         assert [m.body for m in store.scan()] == [b"from a bytearray", b"view", b"after"]
         assert store.get_by_offset(ok.phy_offset).properties == {"k": "v"}
+
+
+def test_next_queue_offsets_hold_any_queue_id(tmp_path):
+    """The appender's next offset per queue (ids 0..1023 kept in a C array, others in a
+    dict) takes back what recovery gives it, for any id a consume-queue directory or a
+    corrupt record may name (negative ones wrote outside the array: SIGABRT), and puts
+    continue from there."""
+    with MessageStore(tmp_path / "s", _cfg()) as s:
+        table = {("T", 0): 5, ("T", 7): 0, ("T", 1023): 2, ("T", 1024): 9, ("T", -3): 4, ("U", (1 << 31) - 1): 1,
+                 ("U", -(1 << 40)): 6}
+        s.commitlog.queue_offsets = table
+        assert s.commitlog.queue_offsets == table
+        got = [s.put(Message(t, b"x"), queue_id=q).queue_offset for t, q in (("T", 0), ("T", 7), ("T", 1024),
+                                                                             ("U", (1 << 31) - 1), ("T", 3))]
+        assert got == [5, 0, 9, 1, 0]
+        s.commitlog.queue_offsets = {("T", 7): 3}
+        assert s.commitlog.queue_offsets == {("T", 7): 3}
