@@ -25,7 +25,7 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._gate cimport ArgChecks, Gate
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash, rmq_prefetch
-from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
+from rmqstore._segment cimport MappedSegment, SegmentList, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
 from rmqstore._message cimport build_ext, ext_in
@@ -561,12 +561,13 @@ cdef class KeyLookup:
     read-back on the current IndexFiles (``index.view``) and commitlog segments
     (``segments.segments``), with no Python frame between them (see StoreWriter)."""
     cdef Gate gate
-    cdef object index, segments
+    cdef object index
+    cdef SegmentList segments
     cdef ArgChecks checks
     cdef Py_ssize_t cap
 
-    def __cinit__(self, Gate gate not None, index not None, segments not None, ArgChecks checks not None,
-                 Py_ssize_t cap):
+    def __cinit__(self, Gate gate not None, index not None, SegmentList segments not None,
+                  ArgChecks checks not None, Py_ssize_t cap):
         self.gate = gate
         self.index = index
         self.segments = segments
