@@ -21,6 +21,7 @@ from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg
 from rmqstore._segment cimport MappedSegment, SegmentList, check, ensure, write_at
 from rmqstore._gate cimport Gate
+from rmqstore._gate import MISSING, misfit
 import numpy as np
 from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, ReentrantCallError,
                              StoreClosedError)
@@ -1064,12 +1065,16 @@ cdef class StoreWriter:
         self.wait_flushed = wait_flushed
         self.refuse = refuse
 
-    def put(self, msg, queue_id=None):
+    def put(self, msg=MISSING, queue_id=None, *more, **unknown):
         """MessageStore.put (see its documentation)."""
+        if msg is MISSING or more or unknown:
+            misfit("put", (msg, queue_id), more, unknown)
         return self._append(False, msg, queue_id)
 
-    def put_batch(self, msgs, queue_id=None):
+    def put_batch(self, msgs=MISSING, queue_id=None, *more, **unknown):
         """MessageStore.put_batch (see its documentation)."""
+        if msgs is MISSING or more or unknown:
+            misfit("put_batch", (msgs, queue_id), more, unknown)
         return self._append(True, msgs, queue_id)
 
     cdef object _append(self, bint batch, object what, object queue_id):

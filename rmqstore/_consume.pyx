@@ -4,6 +4,7 @@ frame between them (a Python get_message cost about 3 us a call, 1 of 32 message
 import logging
 
 from rmqstore._gate cimport ArgChecks, Gate
+from rmqstore._gate import MISSING, misfit
 from rmqstore._layout cimport CqEntry
 from rmqstore._segment cimport MappedSegment, queue_end, queue_find
 from rmqstore._read import gather_messages
@@ -39,8 +40,11 @@ cdef class QueueReader:
         self.segments = segments
         self.max_msgs, self.max_bytes, self.per_file = limits
 
-    def get_messages(self, topic, queue_id, offset, max_count=32, tags=None):
+    def get_messages(self, topic=MISSING, queue_id=MISSING, offset=MISSING, max_count=32, tags=None, *more,
+                     **unknown):
         """MessageStore.get_messages (see its documentation)."""
+        if topic is MISSING or queue_id is MISSING or offset is MISSING or more or unknown:
+            misfit("get_messages", (topic, queue_id, offset, max_count, tags), more, unknown)
         cdef tuple a = self.checks.run((topic, queue_id, offset, max_count, tags), None)
         self.gate.enter()
         try:

@@ -3,7 +3,7 @@ it has begun, a new one raises StoreClosedError instead of starting."""
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdlib cimport free, malloc, realloc
-from rmqstore.errors import StoreClosedError, check_call
+from rmqstore.errors import InvalidArgumentTypeError, StoreClosedError, check_call
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object s)
@@ -135,6 +135,30 @@ cdef class ArgChecks:
             else:
                 kwargs[self.names[j]] = w
         return args if changed is None else tuple(changed)
+
+
+MISSING = object()     # the default of a C fast path's required parameters: not given
+
+
+def misfit(str name, tuple params, tuple more, dict unknown):
+    """Raise InvalidArgumentTypeError for a call of MessageStore.``name`` through a C fast
+    path (put, get_messages...) that does not fit its signature: ``params`` the values its
+    parameters got (MISSING: none), ``more`` the extra positional arguments, ``unknown``
+    the unknown keywords. (Cython's own TypeError would not be a StoreError; gated methods
+    raise this for the same calls.)"""
+    import inspect
+    from rmqstore.store import MessageStore
+    func = inspect.unwrap(getattr(MessageStore, name))
+    args, kwargs, gap = [], dict(unknown), False
+    for p, v in zip(list(inspect.signature(func).parameters)[1:], params):   # the call as given, near enough
+        if v is MISSING:
+            gap = True
+        elif gap:
+            kwargs[p] = v
+        else:
+            args.append(v)
+    check_call(func, (None, *args, *more), kwargs)
+    raise InvalidArgumentTypeError(f"MessageStore.{name}(): a call that does not fit its signature")
 
 
 def gated(method, ArgChecks checks not None):

@@ -24,6 +24,7 @@ from libc.string cimport memcmp, memcpy, memset
 import numpy as np
 cimport numpy as cnp
 from rmqstore._gate cimport ArgChecks, Gate
+from rmqstore._gate import MISSING, misfit
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash, rmq_prefetch
 from rmqstore._segment cimport MappedSegment, SegmentList, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
@@ -574,9 +575,11 @@ cdef class KeyLookup:
         self.checks = checks
         self.cap = cap
 
-    def query_by_key(self, topic, key, max_num=64, begin=0, end=None):
+    def query_by_key(self, topic=MISSING, key=MISSING, max_num=64, begin=0, end=None, *more, **unknown):
         """MessageStore.query_by_key (see its documentation)."""
         cdef IndexFiles view
+        if topic is MISSING or key is MISSING or more or unknown:
+            misfit("query_by_key", (topic, key, max_num, begin, end), more, unknown)
         cdef tuple a = self.checks.run((topic, key, max_num, begin, end), None)
         self.gate.enter()
         try:

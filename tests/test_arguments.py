@@ -184,19 +184,32 @@ def _bad_calls(func, good):
     yield (), {}
 
 
-@pytest.mark.parametrize("name", sorted(set(CALLS) - {"put", "get_messages", "query_by_key"}))
+@pytest.mark.parametrize("name", sorted(CALLS) + ["put_batch"])
 def test_calls_that_do_not_fit_the_signature(store, name):
     """A public method called with an argument too many, an unknown keyword or none
-    raises InvalidArgumentTypeError (a bare TypeError before), and nothing is lost.
-    (put, get_messages and query_by_key are C methods: Python's TypeError.)"""
+    raises InvalidArgumentTypeError (a bare TypeError before), and nothing is lost; the C
+    methods (put, put_batch, get_messages, query_by_key) too."""
     method = getattr(store, name)
-    for args, kwargs in _bad_calls(method, CALLS[name]):
+    for args, kwargs in _bad_calls(method, CALLS.get(name, ([Message("T", b"x")], 0))):
         if name in ("wait_dispatched", "verify", "clean_expired", "rebuild", "scan") and not args and not kwargs:
             continue   # every argument has a default
         with pytest.raises(InvalidArgumentTypeError):
             r = method(*args, **kwargs)
             list(r) if hasattr(r, "__next__") else None
     assert bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
+
+
+def test_c_methods_take_their_arguments_by_keyword(tmp_path):
+    """put, put_batch, get_messages and query_by_key (C methods with defaults that mark a
+    missing argument) take every argument by keyword as their documented signatures say."""
+    with MessageStore(tmp_path / "s", StoreConfig(warm_mapped_file=False, **SMALL_INDEX)) as s:
+        a = s.put(msg=Message("T", b"a", keys=["k"]), queue_id=1)
+        b = s.put_batch(msgs=[Message("T", b"b", keys=["k"])], queue_id=1)[0]
+        assert (a.queue_id, a.queue_offset, b.queue_id, b.queue_offset) == (1, 0, 1, 1)
+        s.wait_dispatched()
+        got = s.get_messages(topic="T", queue_id=1, offset=0, max_count=1, tags=None)
+        assert [bytes(m.body) for m in got.messages] == [b"a"]
+        assert [bytes(m.body) for m in s.query_by_key(topic="T", key="k", max_num=5, begin=0, end=None)] == [b"b", b"a"]
 
 
 def test_constructors_refuse_unknown_fields_and_extra_arguments(tmp_path):
