@@ -5,6 +5,7 @@ import threading
 
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError
 from rmqstore.files import make_dirs, read_file, write_atomic
+from rmqstore.topics import validate_group, validate_topic
 
 _MAX_QUEUE_ID = (1 << 31) - 1
 _MAX_OFFSET = (1 << 63) - 1
@@ -49,14 +50,18 @@ class ConsumerOffsets:
             out[int(q)] = o
         return out
 
-    def commit(self, group, topic, queue_id, offset):
+    def commit(self, group, topic, queue_id, offset, strict=True):
         """Set an offset; what ``load`` would refuse is an InvalidArgumentError, so no
         commit can make the file unreadable: a queue id or offset out of range, or an
         empty topic or group or one with ``@`` (``"T@a" + "@b"`` and ``"T" + "@a@b"``
-        would share the key ``T@a@b``)."""
+        would share the key ``T@a@b``). ``group`` must be a group name (see
+        topics.validate_group), ``topic`` one a store can hold (RocketMQ's rule or not:
+        a foreign store's topic may be any)."""
         for name, v in (("group", group), ("topic", topic)):
             if not v or "@" in v:
                 raise InvalidArgumentError(f"{name} {v!r} is empty or holds '@', the topic@group separator")
+        validate_group(group, strict)
+        validate_topic(topic, version=2, strict=False)
         if not 0 <= queue_id <= _MAX_QUEUE_ID:
             raise InvalidArgumentError(f"queue_id {queue_id} is not in 0..{_MAX_QUEUE_ID}")
         if not -1 <= offset <= _MAX_OFFSET:

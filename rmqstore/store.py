@@ -646,7 +646,7 @@ class MessageStore:
         Raises:
             StoreReadOnlyError: on a read-only store."""
         self._check_writable()
-        self.offsets.commit(group, topic, queue_id, offset)
+        self.offsets.commit(group, topic, queue_id, offset, self.config.strict_topic_names)
 
     @_gated
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
