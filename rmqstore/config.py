@@ -131,17 +131,19 @@ class StoreConfig:
         return [f.name for f in fields(cls)]
 
 
-def _checked_init(init):
-    """StoreConfig's generated __init__, an unknown field name or too many values an
-    InvalidArgumentTypeError (see errors.check_call) rather than a bare TypeError."""
-    @functools.wraps(init)
-    def run(self, *args, **kwargs):
+def _checked_call(method):
+    """A method of StoreConfig (its generated __init__, with_), an unknown field name or a
+    call that does not fit an InvalidArgumentTypeError (see errors.check_call) rather than
+    a bare TypeError."""
+    @functools.wraps(method)
+    def run(*args, **kwargs):
         try:
-            init(self, *args, **kwargs)
+            return method(*args, **kwargs)
         except TypeError:
-            check_call(init, (self, *args), kwargs)
+            check_call(method, args, kwargs)
             raise
     return run
 
 
-StoreConfig.__init__ = _checked_init(StoreConfig.__init__)   # type: ignore[method-assign]
+StoreConfig.__init__ = _checked_call(StoreConfig.__init__)   # type: ignore[method-assign]
+StoreConfig.with_ = _checked_call(StoreConfig.with_)   # type: ignore[method-assign]

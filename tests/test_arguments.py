@@ -226,7 +226,52 @@ def test_constructors_refuse_unknown_fields_and_extra_arguments(tmp_path):
         MessageStore(tmp_path / "s", None, False, None, 5)
     with pytest.raises(InvalidArgumentTypeError):
         MessageStore()
+    with pytest.raises(InvalidArgumentTypeError, match="positional"):   # a bare TypeError before
+        StoreConfig().with_(1)
     assert not any(tmp_path.iterdir())
+
+
+class FsPath:
+    """A path object whose __fspath__ returns ``v`` (or raises it)."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __fspath__(self):
+        if isinstance(self.v, Exception):
+            raise self.v
+        return self.v
+
+
+class LoudStr(str):
+    """A str subclass whose __str__ and __fspath__ raise."""
+
+    def __str__(self):
+        raise RuntimeError("__str__ called")
+
+    def __fspath__(self):
+        raise RuntimeError("__fspath__ called")
+
+
+def test_path_objects_that_fail_or_lie(tmp_path):
+    """A path whose __fspath__ returns an int or None (os.fspath's bare TypeError) or
+    raises (the caller's exception) is an InvalidArgumentTypeError naming it; a str
+    subclass is taken as its str value (its own __str__ raised from inside the store),
+    bytes from __fspath__ as the file name they encode. Nothing is created for a refused one."""
+    from rmqstore import batch
+    for bad in (FsPath(5), FsPath(None), FsPath(RuntimeError("boom")), FsPath(TypeError("boom"))):
+        with pytest.raises(InvalidArgumentTypeError, match="__fspath__"):
+            MessageStore(bad, StoreConfig(warm_mapped_file=False))
+        with pytest.raises(InvalidArgumentTypeError, match="__fspath__"):
+            batch.segment_files(bad)
+    assert not any(tmp_path.iterdir())
+    cfg = StoreConfig(commitlog_file_size=1 << 16, warm_mapped_file=False, **SMALL_INDEX)
+    with MessageStore(LoudStr(tmp_path / "a"), cfg) as s:
+        s.put(Message("T", b"x"), 0)
+        assert s.path == str(tmp_path / "a")
+    with MessageStore(FsPath(bytes(tmp_path / "a")), cfg, read_only=True) as s:
+        assert [m.body for m in s.scan()] == [b"x"]
+    assert [f[1] for f in batch.segment_files(LoudStr(tmp_path / "a"))] == [0]
 
 
 def test_batch_functions_refuse_calls_that_do_not_fit(tmp_path):
