@@ -13,7 +13,7 @@ from libc.string cimport memcmp
 from rmqstore._layout cimport C_MAGIC_V1, REC_OK, TRANSACTION_MASK
 from rmqstore._record cimport RecView, format_host, make_msg_id, parse_properties, parse_record, tags_code_of
 from rmqstore._record import pack_host
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError
+from rmqstore.errors import CorruptRecordError, FrozenObjectError, InvalidArgumentError, InvalidArgumentTypeError
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
@@ -163,6 +163,12 @@ cdef class PutResult:
     def __init__(self, *args, **kwargs):
         raise InvalidArgumentTypeError("PutResult comes from put(); it is not built directly")
 
+    def __setattr__(self, name, value):
+        raise FrozenObjectError(f"PutResult is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name):
+        raise FrozenObjectError(f"PutResult is immutable: cannot delete {name!r}")
+
     @property
     def msg_id(self):
         if self.store_host is None:
@@ -190,6 +196,12 @@ cdef class MessageExt:
 
     def __init__(self, *args, **kwargs):
         raise InvalidArgumentTypeError("MessageExt comes from the store's reads; it is not built directly")
+
+    def __setattr__(self, name, value):
+        raise FrozenObjectError(f"MessageExt is immutable (a stored message): cannot set {name!r}")
+
+    def __delattr__(self, name):
+        raise FrozenObjectError(f"MessageExt is immutable (a stored message): cannot delete {name!r}")
 
     @property
     def phy_offset(self): return self.r.phy_offset

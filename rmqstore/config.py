@@ -2,7 +2,7 @@
 import functools
 from dataclasses import dataclass, fields, replace
 
-from rmqstore.errors import InvalidArgumentError, check_call
+from rmqstore.errors import FrozenObjectError, InvalidArgumentError, check_call
 
 _DELAY_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _INT_MAX = (1 << 31) - 1          # Java int: what RocketMQ's MessageStoreConfig holds
@@ -145,5 +145,11 @@ def _checked_call(method):
     return run
 
 
+def _frozen(self, name, *value):
+    """StoreConfig's __setattr__ / __delattr__: FrozenObjectError (a FrozenInstanceError)."""
+    raise FrozenObjectError(f"StoreConfig is immutable: cannot change {name!r} (with_() makes a changed copy)")
+
+
 StoreConfig.__init__ = _checked_call(StoreConfig.__init__)   # type: ignore[method-assign]
+StoreConfig.__setattr__ = StoreConfig.__delattr__ = _frozen   # type: ignore[method-assign]
 StoreConfig.with_ = _checked_call(StoreConfig.with_)   # type: ignore[method-assign]

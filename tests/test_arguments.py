@@ -379,3 +379,22 @@ def test_get_message_status_of_an_unknown_value():
     for bad in (99, "found", None):
         with pytest.raises(InvalidArgumentError, match="not a GetMessageStatus"):
             GetMessageStatus(bad)
+
+
+def test_immutable_objects_refuse_changes(store):
+    """Setting or deleting an attribute of a PutResult, a MessageExt (Cython's bare
+    AttributeError before) or a StoreConfig (dataclasses' FrozenInstanceError) is a
+    FrozenObjectError, still an AttributeError and a FrozenInstanceError; nothing changes."""
+    import dataclasses
+
+    from rmqstore import FrozenObjectError
+    res = store.put(Message("T", b"frozen"), 0)
+    ext = store.get_by_offset(res.phy_offset)
+    for obj, name in ((res, "size"), (res, "extra"), (ext, "topic"), (ext, "body"), (ext, "extra"),
+                      (store.config, "flush_mode"), (store.config, "extra")):
+        for change, args in ((setattr, (obj, name, 1)), (delattr, (obj, name))):
+            with pytest.raises(FrozenObjectError, match=name) as e:
+                change(*args)
+            assert isinstance(e.value, (AttributeError, dataclasses.FrozenInstanceError))
+    assert (res.size, ext.topic, ext.body, store.config.flush_mode) == (ext.store_size, "T", b"frozen", "async")
+    assert pickle.loads(pickle.dumps(ext)).body == b"frozen" and copy.deepcopy(store.config) == store.config
