@@ -4,7 +4,7 @@ import os
 import threading
 
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError
-from rmqstore.files import make_dirs, read_file, write_atomic
+from rmqstore.files import make_dirs, parse_json, read_file, write_atomic
 from rmqstore.topics import validate_group, validate_topic
 
 _MAX_QUEUE_ID = (1 << 31) - 1
@@ -27,10 +27,10 @@ class ConsumerOffsets:
         """Read the file; anything but ``{"topic@group": {"queueId": offset}}`` with queue
         ids 0..2^31-1 and offsets -1..2^63-1 is a CorruptStoreError."""
         try:
-            data = json.loads(read_file(self.path))
+            data = parse_json(read_file(self.path))
         except FileNotFoundError:
             return self
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        except (ValueError, UnicodeDecodeError) as e:
             raise CorruptStoreError(f"{self.path}: {e}") from None
         table = data.get("offsetTable", {}) if isinstance(data, dict) else None
         if not isinstance(table, dict):

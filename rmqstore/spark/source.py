@@ -135,7 +135,7 @@ def _paths(options):
     if "paths" in options:
         try:
             paths = json.loads(options["paths"])
-        except ValueError:
+        except (ValueError, RecursionError):   # (json's RecursionError: nested too deeply)
             paths = None
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise InvalidArgumentError(f"rocketmq source: option paths must be a JSON list of str, "
