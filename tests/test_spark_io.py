@@ -293,3 +293,15 @@ def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     good = {"path": str(tmp_path / "s"), "splitBytes": "4096", "checkCrc": "TRUE", "since": "-5"}
     scan = Scan(good)
     assert (scan.split_bytes, scan.check_crc, scan.since) == (4096, True, -5)
+
+
+@pytest.mark.parametrize("value", ["1_000", " 1000", "1000 ", "\u0661\u0660\u0660\u0660", "1e3", "lots"])
+def test_writer_int_options_are_plain_integers(value):
+    """The writer's StoreConfig options took what int() takes ("1_000", " 1000", other
+    scripts' digits); only ASCII digits (and a sign) now, InvalidArgumentError naming the
+    option; the range is StoreConfig's."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark.writer import store_config
+    with pytest.raises(InvalidArgumentError, match="indexSlots"):
+        store_config({"indexSlots": value})
+    assert store_config({"indexSlots": "1000", "INDEXENTRIES": 4000}).index_entries == 4000
