@@ -7,6 +7,7 @@ from rmqstore.errors import (
                              CorruptStoreError,
                              DiskFullError,
                              ForeignProcessError,
+                             FrozenObjectError,
                              InvalidArgumentError,
                              InvalidArgumentTypeError,
                              InvalidTopicError,
@@ -31,5 +32,5 @@ __all__ = [
     "InvalidTopicError", "InvalidArgumentError", "InvalidArgumentTypeError", "MessageTooLargeError",
     "CorruptStoreError", "CorruptRecordError", "MessageNotFoundError", "NotRecordStartError", "ReentrantCallError",
     "StoreIOError", "DiskFullError",
-    "StoreNotFoundError", "ForeignProcessError",
+    "StoreNotFoundError", "ForeignProcessError", "FrozenObjectError",
 ]

@@ -41,6 +41,8 @@ class PutResult:
     """Where a put landed: commitlog offset and size, queue id/offset, store time."""
 
     def __init__(self, *args: object, **kwargs: object) -> None: ...  # raises: made by put()
+    def __setattr__(self, name: str, value: object, /) -> None: ...  # raises FrozenObjectError
+    def __delattr__(self, name: str, /) -> None: ...  # raises FrozenObjectError
     @property
     def phy_offset(self) -> int: ...
     @property
@@ -60,6 +62,8 @@ class MessageExt:
     """A stored message, decoded from its record."""
 
     def __init__(self, *args: object, **kwargs: object) -> None: ...  # raises: made by reads
+    def __setattr__(self, name: str, value: object, /) -> None: ...  # raises FrozenObjectError
+    def __delattr__(self, name: str, /) -> None: ...  # raises FrozenObjectError
     @property
     def store_offset(self) -> int: ...
     @property

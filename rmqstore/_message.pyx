@@ -6,13 +6,14 @@ cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyObject_CheckBuffer
+from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject_GenericSetAttr
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcmp
 from rmqstore._layout cimport C_MAGIC_V1, REC_OK, TRANSACTION_MASK
 from rmqstore._record cimport RecView, format_host, make_msg_id, parse_properties, parse_record, tags_code_of
 from rmqstore._record import pack_host
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError
+from rmqstore.errors import CorruptRecordError, FrozenObjectError, InvalidArgumentError, InvalidArgumentTypeError
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
@@ -41,10 +42,15 @@ cdef object body_arg(object body):
 
 
 def int_arg(str name not None, object v, object lo, object hi):
-    """``v`` as an int in [lo, hi]; bool, float and str are refused with InvalidArgumentError."""
+    """``v`` as a plain int in [lo, hi]; bool, float and str are refused with
+    InvalidArgumentError, and so is an ``__index__`` that fails or returns no int."""
     if isinstance(v, bool) or not hasattr(type(v), "__index__"):
         raise InvalidArgumentTypeError(f"{name} must be an int, not {type(v).__name__}")
-    v = v.__index__()
+    try:
+        v = PyNumber_Index(v)     # an exact int, or TypeError for an __index__ returning a non-int
+    except Exception as e:
+        raise InvalidArgumentTypeError(f"{name}: {type(v).__name__}.__index__() failed: "
+                                       f"{type(e).__name__}: {e}") from e
     if not lo <= v <= hi:
         raise InvalidArgumentError(f"{name} {v} out of range [{lo}, {hi}]")
     return v
@@ -87,8 +93,10 @@ cdef class Message:
                 raise InvalidArgumentTypeError(f"keys must be a str or a sequence of str, not {type(keys).__name__}")
             props["KEYS"] = text_arg("keys", keys) if isinstance(keys, str) else \
                 " ".join([text_arg("key", k) for k in keys])
-        if delay_level is not None and int_arg("delay_level", delay_level, 0, 0x7FFFFFFF):
-            props["DELAY"] = str(int(delay_level))
+        if delay_level is not None:
+            delay_level = int_arg("delay_level", delay_level, 0, 0x7FFFFFFF)
+            if delay_level:
+                props["DELAY"] = str(delay_level)
         self.properties = props
         self.flag = int_arg("flag", flag, -0x80000000, 0x7FFFFFFF)
         self.sys_flag = int_arg("sys_flag", sys_flag, 0, 0x7FFFFFFF)
@@ -156,6 +164,12 @@ cdef class PutResult:
     def __init__(self, *args, **kwargs):
         raise InvalidArgumentTypeError("PutResult comes from put(); it is not built directly")
 
+    def __setattr__(self, name, value):
+        raise FrozenObjectError(f"PutResult is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name):
+        raise FrozenObjectError(f"PutResult is immutable: cannot delete {name!r}")
+
     @property
     def msg_id(self):
         if self.store_host is None:
@@ -183,6 +197,12 @@ cdef class MessageExt:
 
     def __init__(self, *args, **kwargs):
         raise InvalidArgumentTypeError("MessageExt comes from the store's reads; it is not built directly")
+
+    def __setattr__(self, name, value):
+        raise FrozenObjectError(f"MessageExt is immutable (a stored message): cannot set {name!r}")
+
+    def __delattr__(self, name):
+        raise FrozenObjectError(f"MessageExt is immutable (a stored message): cannot delete {name!r}")
 
     @property
     def phy_offset(self): return self.r.phy_offset

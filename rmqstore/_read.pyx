@@ -17,7 +17,9 @@ from rmqstore._record cimport RecView, parse_record, parse_at, at_offset, find_p
 from rmqstore._message cimport build_ext, ext_in
 from rmqstore._cq cimport read_cq_entries
 from rmqstore._segment cimport MappedSegment, pin, unpin
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError, MessageNotFoundError
+from rmqstore._gate cimport Gate
+from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError,
+                             MessageNotFoundError, StoreClosedError)
 from rmqstore._cq import ENTRY_DTYPE
 
 cnp.import_array()
@@ -423,20 +425,28 @@ cdef Py_ssize_t crc_run(const char *q, int64_t size, Py_ssize_t n) noexcept nogi
 @cython.final
 cdef class Flatten:
     """An iterator over the items of the lists ``chunks`` yields (a scan's batches), with
-    no Python frame per item."""
+    no Python frame per item; once ``gate`` (the store's) is closing, StoreClosedError,
+    also for the items of a batch already read."""
     cdef object chunks
     cdef list batch
     cdef Py_ssize_t i
+    cdef Gate gate
 
-    def __cinit__(self, chunks):
+    def __cinit__(self, chunks, Gate gate not None):
         self.chunks = iter(chunks)
         self.batch = []
         self.i = 0
+        self.gate = gate
 
     def __iter__(self):
         return self
 
+    def __reduce__(self):
+        raise InvalidArgumentTypeError("a scan iterator cannot be pickled or copied; scan again from an offset")
+
     def __next__(self):
+        if self.gate.closing:
+            raise StoreClosedError(f"{self.gate.path}: store is closed")
         while self.i >= PyList_GET_SIZE(self.batch):
             self.batch = next(self.chunks)
             self.i = 0

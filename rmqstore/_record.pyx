@@ -121,17 +121,20 @@ def java_hash(s):
 def pack_host(host):
     """'ip:port' / '[v6]:port' / (ip, port) -> address bytes + big-endian port (8 or 20 bytes)."""
     import ipaddress
+    from rmqstore._message import int_arg, text_arg
     if isinstance(host, (tuple, list)):
-        ip, port = host
+        if len(host) != 2:
+            raise InvalidArgumentError(f"host {host!r} is not an (ip, port) pair")
+        ip, port = text_arg("host ip", host[0]), int_arg("host port", host[1], 0, 0x7FFFFFFF)
     else:
-        h = str(host).lstrip("/")
-        ip, sep, port = h.rpartition(":")
+        ip, sep, digits = text_arg("host", host).lstrip("/").rpartition(":")
         if not sep:
             raise InvalidArgumentError(f"host {host!r} is not 'ip:port'")
-        ip = ip.strip("[]")
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 10):   # int() would take " 1", "1_0", "+1"
+            raise InvalidArgumentError(f"host {host!r}: port {digits!r} is not up to 10 decimal digits")
+        ip, port = ip.strip("[]"), int(digits)
     try:
         addr = ipaddress.ip_address(ip)
-        port = int(port)
     except ValueError as e:
         raise InvalidArgumentError(f"host {host!r}: {e}") from None
     if not 0 <= port <= 0x7FFFFFFF:

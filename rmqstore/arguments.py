@@ -60,10 +60,16 @@ def _str_sequence(name: str, v: Any) -> Any:
 
 
 def _path(name: str, v: Any) -> Any:
-    """A str or os.PathLike naming a file or directory: not empty, no NUL, encodable."""
+    """A str or os.PathLike naming a file or directory (not empty, no NUL, encodable), as
+    a plain str: a str subclass's or path object's own methods run no later (its
+    __fspath__ once, here: failing or returning neither str nor bytes is refused)."""
     if not isinstance(v, (str, os.PathLike)):
         _bad_type(name, v, "a str or os.PathLike")
-    p = os.fspath(v)
+    try:
+        p = str.__str__(v) if isinstance(v, str) else os.fspath(v)
+    except Exception as e:   # noqa: BLE001 - the caller's __fspath__, whatever it raises
+        raise InvalidArgumentTypeError(f"{name}: {type(v).__name__}.__fspath__() failed: "
+                                       f"{type(e).__name__}: {e}") from e
     p = os.fsdecode(p) if isinstance(p, bytes) else p
     if not p or "\0" in p:
         raise InvalidArgumentError(f"{name} must be a non-empty path without NUL, got {p!r}")
@@ -71,7 +77,7 @@ def _path(name: str, v: Any) -> Any:
         os.fsencode(p)
     except UnicodeEncodeError:
         raise InvalidArgumentError(f"{name} {p!r} cannot be a file name (a lone surrogate)") from None
-    return v
+    return p
 
 
 def _dict(name: str, v: Any) -> Any:

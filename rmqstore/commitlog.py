@@ -167,13 +167,14 @@ class CommitLog:
     def next_segment_offset(self, offset):
         return offset + self.segments.file_size - offset % self.segments.file_size
 
-    def scan(self, from_offset=0, to_offset=None, check_crc=False):
-        """Every message from ``from_offset`` in commitlog order (skipping BLANK records);
-        NotRecordStartError now when a record cannot start at ``from_offset``."""
+    def scan(self, gate, from_offset=0, to_offset=None, check_crc=False):
+        """Every message from ``from_offset`` in commitlog order (skipping BLANK records),
+        until the store's ``gate`` closes; NotRecordStartError now when a record cannot
+        start at ``from_offset``."""
         seg = self.segments.find(from_offset) if from_offset > self.min_offset else None
         if seg is not None:
             _read.check_start(seg, from_offset - seg.base_offset, seg.wrote_pos)
-        return _read.Flatten(self._scan_batches(from_offset, to_offset, check_crc))
+        return _read.Flatten(self._scan_batches(from_offset, to_offset, check_crc), gate)
 
     def _scan_batches(self, from_offset, to_offset, check_crc):
         """scan's messages in lists: runs of valid records read by the kernel, and whatever

@@ -2,7 +2,7 @@
 import functools
 from dataclasses import dataclass, fields, replace
 
-from rmqstore.errors import InvalidArgumentError, check_call
+from rmqstore.errors import FrozenObjectError, InvalidArgumentError, check_call
 
 _DELAY_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _INT_MAX = (1 << 31) - 1          # Java int: what RocketMQ's MessageStoreConfig holds
@@ -131,17 +131,25 @@ class StoreConfig:
         return [f.name for f in fields(cls)]
 
 
-def _checked_init(init):
-    """StoreConfig's generated __init__, an unknown field name or too many values an
-    InvalidArgumentTypeError (see errors.check_call) rather than a bare TypeError."""
-    @functools.wraps(init)
-    def run(self, *args, **kwargs):
+def _checked_call(method):
+    """A method of StoreConfig (its generated __init__, with_), an unknown field name or a
+    call that does not fit an InvalidArgumentTypeError (see errors.check_call) rather than
+    a bare TypeError."""
+    @functools.wraps(method)
+    def run(*args, **kwargs):
         try:
-            init(self, *args, **kwargs)
+            return method(*args, **kwargs)
         except TypeError:
-            check_call(init, (self, *args), kwargs)
+            check_call(method, args, kwargs)
             raise
     return run
 
 
-StoreConfig.__init__ = _checked_init(StoreConfig.__init__)   # type: ignore[method-assign]
+def _frozen(self, name, *value):
+    """StoreConfig's __setattr__ / __delattr__: FrozenObjectError (a FrozenInstanceError)."""
+    raise FrozenObjectError(f"StoreConfig is immutable: cannot change {name!r} (with_() makes a changed copy)")
+
+
+StoreConfig.__init__ = _checked_call(StoreConfig.__init__)   # type: ignore[method-assign]
+StoreConfig.__setattr__ = StoreConfig.__delattr__ = _frozen   # type: ignore[method-assign]
+StoreConfig.with_ = _checked_call(StoreConfig.with_)   # type: ignore[method-assign]

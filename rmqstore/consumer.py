@@ -22,6 +22,10 @@ class GetMessageStatus(str, Enum):
     NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
+    @classmethod
+    def _missing_(cls, value: object) -> GetMessageStatus:
+        raise InvalidArgumentError(f"{value!r} is not a GetMessageStatus (one of {', '.join(cls.__members__)})")
+
 
 @dataclass
 class GetMessageResult:

@@ -2,6 +2,7 @@
 import errno as _errno
 import inspect
 import os
+from dataclasses import FrozenInstanceError
 
 
 class StoreError(Exception):
@@ -24,6 +25,11 @@ class ReentrantCallError(StoreError, RuntimeError):
     """A call that would wait forever for what its own thread holds: a store method called
     from a callback (a progress function, put_batch's iterable) of an operation that holds
     the lock the method needs (put or close during rebuild, rebuild during verify)."""
+
+
+class FrozenObjectError(StoreError, FrozenInstanceError):
+    """An attribute of an immutable object (StoreConfig, PutResult, MessageExt) was set or
+    deleted; an AttributeError, as dataclasses' FrozenInstanceError is."""
 
 
 class InvalidTopicError(StoreError, ValueError):

@@ -6,6 +6,7 @@ with O_EXCL. The open and fsync calls here join the fault injection of cext/rmq_
 """
 import errno
 import fcntl
+import json
 import os
 import stat
 
@@ -184,3 +185,23 @@ def write_atomic(path, data, mode):
         fsync(dfd, os.path.dirname(path))
     finally:
         os.close(dfd)
+
+
+def _unique_keys(pairs):
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {twice!r} given twice in one object")
+    return obj
+
+
+def parse_json(data, unique_keys=False):
+    """json.loads of untrusted text (a store file, a request, a command's input): nesting
+    deeper than the parser's recursion (json's RecursionError) is a ValueError like any
+    malformed document; with ``unique_keys`` so is an object naming a key twice (json
+    keeps the last silently)."""
+    try:
+        return json.loads(data, object_pairs_hook=_unique_keys if unique_keys else None)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None

@@ -10,7 +10,6 @@ hosts are a binary column of packed hosts (an empty row: the store host).
 """
 from __future__ import annotations
 
-import operator
 from collections import abc
 from typing import Any, Callable, Mapping
 
@@ -18,7 +17,7 @@ import numpy as np
 
 import rmqstore._pack as _pack
 import rmqstore._properties as _properties
-from rmqstore._message import Message, text_arg
+from rmqstore._message import Message, int_arg, text_arg
 from rmqstore._record import gets_cq_entry, pack_host, pack_hosts
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 from rmqstore.topics import SCHEDULE_TOPIC
@@ -256,10 +255,7 @@ def int_column(values: Any, n: int, what: str, null: int = 0, lo: int | None = N
             hasattr(values, "__iter__") or hasattr(type(values), "__index__")):
         raise InvalidArgumentTypeError(f"{what} must be an int or one per message, not {type(values).__name__}")
     if not hasattr(values, "__iter__"):   # an int, a numpy integer, an __index__ object
-        v = operator.index(values)
-        if lo is not None and v < lo or not -(1 << 63) <= v < 1 << 63:
-            raise InvalidArgumentError(f"{what} {v} out of range")
-        return np.full(n, v, np.int64)
+        return np.full(n, int_arg(what, values, -(1 << 63) if lo is None else lo, (1 << 63) - 1), np.int64)
     if _is_arrow(values):
         a = _arrow_ints(values, what, null, lo)
     else:

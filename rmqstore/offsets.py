@@ -4,7 +4,8 @@ import os
 import threading
 
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError
-from rmqstore.files import make_dirs, read_file, write_atomic
+from rmqstore.files import make_dirs, parse_json, read_file, write_atomic
+from rmqstore.topics import validate_group, validate_topic
 
 _MAX_QUEUE_ID = (1 << 31) - 1
 _MAX_OFFSET = (1 << 63) - 1
@@ -26,10 +27,10 @@ class ConsumerOffsets:
         """Read the file; anything but ``{"topic@group": {"queueId": offset}}`` with queue
         ids 0..2^31-1 and offsets -1..2^63-1 is a CorruptStoreError."""
         try:
-            data = json.loads(read_file(self.path))
+            data = parse_json(read_file(self.path))
         except FileNotFoundError:
             return self
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        except (ValueError, UnicodeDecodeError) as e:
             raise CorruptStoreError(f"{self.path}: {e}") from None
         table = data.get("offsetTable", {}) if isinstance(data, dict) else None
         if not isinstance(table, dict):
@@ -49,14 +50,18 @@ class ConsumerOffsets:
             out[int(q)] = o
         return out
 
-    def commit(self, group, topic, queue_id, offset):
+    def commit(self, group, topic, queue_id, offset, strict=True):
         """Set an offset; what ``load`` would refuse is an InvalidArgumentError, so no
         commit can make the file unreadable: a queue id or offset out of range, or an
         empty topic or group or one with ``@`` (``"T@a" + "@b"`` and ``"T" + "@a@b"``
-        would share the key ``T@a@b``)."""
+        would share the key ``T@a@b``). ``group`` must be a group name (see
+        topics.validate_group), ``topic`` one a store can hold (RocketMQ's rule or not:
+        a foreign store's topic may be any)."""
         for name, v in (("group", group), ("topic", topic)):
             if not v or "@" in v:
                 raise InvalidArgumentError(f"{name} {v!r} is empty or holds '@', the topic@group separator")
+        validate_group(group, strict)
+        validate_topic(topic, version=2, strict=False)
         if not 0 <= queue_id <= _MAX_QUEUE_ID:
             raise InvalidArgumentError(f"queue_id {queue_id} is not in 0..{_MAX_QUEUE_ID}")
         if not -1 <= offset <= _MAX_OFFSET:

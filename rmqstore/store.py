@@ -31,6 +31,7 @@ from rmqstore.errors import (
     CorruptRecordError,
     CorruptStoreError,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     MessageNotFoundError,
     ReentrantCallError,
     StoreClosedError,
@@ -307,6 +308,13 @@ class MessageStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """A store is a live handle (its lock, maps and threads): pickling or copying one
+        is refused. A copy shared them, and closing it (even by collecting it) closed
+        this one; open the path again instead."""
+        raise InvalidArgumentTypeError(f"{self.path}: a MessageStore cannot be pickled or copied; "
+                                       "open its path again")
+
     # what close() may raise from a finaliser; bound to the class, so still there at interpreter shutdown
     _CLOSE_ERRORS = (StoreError, OSError)
 
@@ -493,7 +501,7 @@ class MessageStore:
         Returns:
             an iterator of MessageExt."""
         self._check_open()
-        return self.commitlog.scan(from_offset, to_offset, check_crc)
+        return self.commitlog.scan(self._gate, from_offset, to_offset, check_crc)
 
     @property
     def min_phy_offset(self) -> int:
@@ -646,7 +654,7 @@ class MessageStore:
         Raises:
             StoreReadOnlyError: on a read-only store."""
         self._check_writable()
-        self.offsets.commit(group, topic, queue_id, offset)
+        self.offsets.commit(group, topic, queue_id, offset, self.config.strict_topic_names)
 
     @_gated
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int:

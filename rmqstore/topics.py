@@ -1,12 +1,13 @@
 """Topic names: what the store creates (RocketMQ's broker rule) and what it reads."""
 import re
 
-from rmqstore.errors import InvalidTopicError
+from rmqstore.errors import InvalidArgumentError, InvalidTopicError
 
-_BROKER_RULE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_BROKER_RULE = re.compile(r"[%|a-zA-Z0-9_-]+")
 MAX_TOPIC_BYTES_V1 = 127
 MAX_TOPIC_BYTES = 255   # a consume-queue directory name; longer ones cannot exist on disk
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+MAX_GROUP_CHARS = 255   # RocketMQ's Validators.CHARACTER_MAX_LENGTH
 
 
 def validate_topic(topic, version=1, strict=True):
@@ -23,12 +24,22 @@ def validate_topic(topic, version=1, strict=True):
         raise InvalidTopicError(f"topic of {n} UTF-8 bytes exceeds {limit} (message version {version})")
     if topic in (".", "..") or "/" in topic or "\x00" in topic or "\\" in topic:
         raise InvalidTopicError(f"topic {topic!r} cannot be a directory name")
-    if strict and not _BROKER_RULE.match(topic):
+    if strict and not _BROKER_RULE.fullmatch(topic):   # (match: "T\n" would pass, $ matches before a final newline)
         raise InvalidTopicError(f"topic {topic!r} does not match {_BROKER_RULE.pattern}")
     try:
         topic.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidTopicError(f"topic {topic!r} is not valid Unicode") from None
+
+
+def validate_group(group, strict=True):
+    """Raise InvalidArgumentError unless ``group`` (a non-empty str) can name a consumer
+    group: at most 255 characters, and with ``strict`` RocketMQ's rule
+    (Validators.checkGroup: the topic pattern)."""
+    if len(group) > MAX_GROUP_CHARS:
+        raise InvalidArgumentError(f"group {group[:32]!r}... of {len(group)} characters exceeds {MAX_GROUP_CHARS}")
+    if strict and not _BROKER_RULE.fullmatch(group):
+        raise InvalidArgumentError(f"group {group!r} does not match {_BROKER_RULE.pattern}")
 
 
 def is_safe_dirname(name):

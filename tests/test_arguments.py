@@ -1,13 +1,25 @@
 """Every public MessageStore method, called with arguments of the wrong type or out of
 range, raises InvalidArgumentError (or another StoreError, e.g. MessageNotFoundError):
 never a plain TypeError/ValueError, and nothing stored is lost."""
+import copy
+import gc
 import inspect
+import pickle
 import subprocess
 import sys
 
 import pytest
 
-from rmqstore import InvalidArgumentError, InvalidArgumentTypeError, Message, MessageStore, StoreConfig, StoreError
+from rmqstore import (
+    GetMessageStatus,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    Message,
+    MessageStore,
+    StoreClosedError,
+    StoreConfig,
+    StoreError,
+)
 
 from conftest import SMALL_INDEX
 
@@ -227,7 +239,52 @@ def test_constructors_refuse_unknown_fields_and_extra_arguments(tmp_path):
         MessageStore(tmp_path / "s", None, False, None, 5)
     with pytest.raises(InvalidArgumentTypeError):
         MessageStore()
+    with pytest.raises(InvalidArgumentTypeError, match="positional"):   # a bare TypeError before
+        StoreConfig().with_(1)
     assert not any(tmp_path.iterdir())
+
+
+class FsPath:
+    """A path object whose __fspath__ returns ``v`` (or raises it)."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __fspath__(self):
+        if isinstance(self.v, Exception):
+            raise self.v
+        return self.v
+
+
+class LoudStr(str):
+    """A str subclass whose __str__ and __fspath__ raise."""
+
+    def __str__(self):
+        raise RuntimeError("__str__ called")
+
+    def __fspath__(self):
+        raise RuntimeError("__fspath__ called")
+
+
+def test_path_objects_that_fail_or_lie(tmp_path):
+    """A path whose __fspath__ returns an int or None (os.fspath's bare TypeError) or
+    raises (the caller's exception) is an InvalidArgumentTypeError naming it; a str
+    subclass is taken as its str value (its own __str__ raised from inside the store),
+    bytes from __fspath__ as the file name they encode. Nothing is created for a refused one."""
+    from rmqstore import batch
+    for bad in (FsPath(5), FsPath(None), FsPath(RuntimeError("boom")), FsPath(TypeError("boom"))):
+        with pytest.raises(InvalidArgumentTypeError, match="__fspath__"):
+            MessageStore(bad, StoreConfig(warm_mapped_file=False))
+        with pytest.raises(InvalidArgumentTypeError, match="__fspath__"):
+            batch.segment_files(bad)
+    assert not any(tmp_path.iterdir())
+    cfg = StoreConfig(commitlog_file_size=1 << 16, warm_mapped_file=False, **SMALL_INDEX)
+    with MessageStore(LoudStr(tmp_path / "a"), cfg) as s:
+        s.put(Message("T", b"x"), 0)
+        assert s.path == str(tmp_path / "a")
+    with MessageStore(FsPath(bytes(tmp_path / "a")), cfg, read_only=True) as s:
+        assert [m.body for m in s.scan()] == [b"x"]
+    assert [f[1] for f in batch.segment_files(LoudStr(tmp_path / "a"))] == [0]
 
 
 def test_batch_functions_refuse_calls_that_do_not_fit(tmp_path):
@@ -254,3 +311,103 @@ def test_a_typeerror_from_within_is_not_taken_for_a_bad_call(tmp_path):
         with pytest.raises(TypeError, match="from the callback") as e:
             s.verify(progress)
         assert not isinstance(e.value, StoreError)
+
+
+class LyingIndex:
+    """An integer whose __index__ fails or returns no int (a float, a str)."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def __index__(self):
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+LIARS = [LyingIndex(1.5), LyingIndex("1"), LyingIndex(RuntimeError("boom")), LyingIndex(TypeError("boom"))]
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_an_index_that_fails_or_lies_is_an_invalid_argument(store, name):
+    """Every int argument given an object whose __index__ returns a float or a str, or
+    raises: a bare TypeError from a comparison inside, a float offset reaching numpy (and
+    the caller's own exception) before; InvalidArgumentTypeError naming the argument now,
+    on the C paths (put, get_messages, query_by_key) as on the others."""
+    method, good = getattr(store, name), CALLS[name]
+    positions = [i for i, v in enumerate(good) if type(v) is int]
+    for i in positions:
+        for liar in LIARS:
+            args = list(good)
+            args[i] = liar
+            with pytest.raises(InvalidArgumentTypeError, match="__index__"):
+                r = method(*args)
+                list(r) if hasattr(r, "__next__") else None
+    assert bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
+
+
+def test_message_fields_and_columns_refuse_a_lying_index(store):
+    """Message's int fields and put_columns' one-int columns go through the same check."""
+    for liar in LIARS:
+        with pytest.raises(InvalidArgumentTypeError, match="__index__"):
+            Message("T", b"x", flag=liar)
+        with pytest.raises(InvalidArgumentTypeError, match="__index__"):
+            Message("T", b"x", delay_level=liar)
+        with pytest.raises(InvalidArgumentTypeError, match="__index__"):
+            store.put_columns("T", [b"x"], liar)
+    assert Message("T", b"x", delay_level=LyingIndex(2)).properties["DELAY"] == "2"
+
+
+def test_a_store_cannot_be_copied_or_pickled(store):
+    """copy.copy(store) shared the lock, maps and threads: collecting the copy closed the
+    store under its owner. Copying or pickling is refused; the store goes on."""
+    for dup in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(InvalidArgumentTypeError, match="open its path again"):
+            dup(store)
+    gc.collect()
+    assert not store.closed and bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
+
+
+def test_scan_iterator_after_close_and_pickled(tmp_path):
+    """A scan iterator kept handing out the rest of the batch it had read after the store
+    closed; now every next() after close() raises StoreClosedError. Pickling or copying
+    one is an InvalidArgumentTypeError, not Cython's bare TypeError."""
+    s = MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, warm_mapped_file=False, **SMALL_INDEX))
+    s.put_batch([Message("T", b"m%d" % i) for i in range(20)], 0)
+    it = s.scan()
+    assert next(it).body == b"m0"
+    for dup in (copy.copy, pickle.dumps):
+        with pytest.raises(InvalidArgumentTypeError):
+            dup(it)
+    s.close()
+    for _ in range(2):
+        with pytest.raises(StoreClosedError):
+            next(it)
+    with MessageStore(tmp_path / "s", StoreConfig(warm_mapped_file=False, **SMALL_INDEX)) as s:
+        assert [m.body for m in s.scan()] == [b"m%d" % i for i in range(20)]
+
+
+def test_get_message_status_of_an_unknown_value():
+    assert GetMessageStatus("FOUND") is GetMessageStatus.FOUND
+    for bad in (99, "found", None):
+        with pytest.raises(InvalidArgumentError, match="not a GetMessageStatus"):
+            GetMessageStatus(bad)
+
+
+def test_immutable_objects_refuse_changes(store):
+    """Setting or deleting an attribute of a PutResult, a MessageExt (Cython's bare
+    AttributeError before) or a StoreConfig (dataclasses' FrozenInstanceError) is a
+    FrozenObjectError, still an AttributeError and a FrozenInstanceError; nothing changes."""
+    import dataclasses
+
+    from rmqstore import FrozenObjectError
+    res = store.put(Message("T", b"frozen"), 0)
+    ext = store.get_by_offset(res.phy_offset)
+    for obj, name in ((res, "size"), (res, "extra"), (ext, "topic"), (ext, "body"), (ext, "extra"),
+                      (store.config, "flush_mode"), (store.config, "extra")):
+        for change, args in ((setattr, (obj, name, 1)), (delattr, (obj, name))):
+            with pytest.raises(FrozenObjectError, match=name) as e:
+                change(*args)
+            assert isinstance(e.value, (AttributeError, dataclasses.FrozenInstanceError))
+    assert (res.size, ext.topic, ext.body, store.config.flush_mode) == (ext.store_size, "T", b"frozen", "async")
+    assert pickle.loads(pickle.dumps(ext)).body == b"frozen" and copy.deepcopy(store.config) == store.config

@@ -131,3 +131,20 @@ def test_spark_jobs_without_pyspark_say_which_extra(tmp_path):
                        env=ENV, timeout=120)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert "[spark] extra" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_options_given_twice_and_numbers_out_of_range_are_usage_errors(tmp_path):
+    """An option given twice (argparse kept the last value silently), a queue id past
+    2^31-1 or an offset past 2^63-1 (exit 1 with the library's name for it), and integers
+    int() takes that are no plain ASCII number ("1_0", " 0", Arabic-Indic digits: read as
+    10, 0 and 0) are usage errors, exit status 2, JSON too."""
+    store = tmp_path / "s"
+    put(store, {"topic": "T", "body": "x"}, extra=("--create", "--segment-size", "4096"))
+    get = ["get", store, "--topic", "T", "--offset", "0"]
+    for cmd in ([*get, "--queue", "0", "--topic", "U"],
+                [*get, "--queue", "0", "--index-slots", "8", "--index-slots", "9"], [*get, "--queue", "2147483648"],
+                [*get, "--queue", "1_0"], [*get, "--queue", " 0"],
+                [*get, "--queue", "\u0660"], ["at", store, 1 << 63], ["dump", store, "--from", 1 << 63]):
+        p = _run([*cmd, "--json"])
+        assert (p.returncode, json.loads(p.stdout)["exit"]) == (2, 2), cmd
+    assert json.loads(_run([*get, "--queue", "0", "--json"]).stdout)["messages"][0]["body"] == "x"

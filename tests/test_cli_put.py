@@ -60,7 +60,11 @@ GOOD = {"topic": "T1", "body": "ok"}
 
 @pytest.mark.parametrize("bad", ["not json", json.dumps({"topic": "a/b", "body": "x"}),
                                  json.dumps({"topic": "T1", "body": 5}),
-                                 json.dumps({"topic": "T1", "body": "x", "queueId": -1})])
+                                 json.dumps({"topic": "T1", "body": "x", "queueId": -1}),
+                                 # nested past json's recursion: a traceback (RecursionError) before
+                                 "[" * 100_000,
+                                 # a key given twice: json kept the last ("T2") silently
+                                 '{"topic": "T1", "topic": "T2", "body": "x"}'])
 def test_a_bad_line_stores_none_of_its_chunk(tmp_path, bad):
     store = tmp_path / "s"
     put(store, GOOD, extra=("--create", *map(str, SMALL)))

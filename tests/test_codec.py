@@ -337,10 +337,17 @@ def test_parse_msg_id_rejects(bad):
         _record.parse_msg_id(bad)
 
 
-@pytest.mark.parametrize("bad", ["10.0.0.1", "nohost:1", "10.0.0.1:-1", "[::1]:x", "1.2.3.4:99999999999"])
+@pytest.mark.parametrize("bad", ["10.0.0.1", "nohost:1", "10.0.0.1:-1", "[::1]:x", "1.2.3.4:99999999999",
+                                 # int() took these ports; a tuple of another length or a port of
+                                 # another type was a bare ValueError/TypeError, a float one truncated
+                                 "1.2.3.4:1_000", "1.2.3.4: 12", "1.2.3.4:+5", "1.2.3.4:\u0661\u0662",
+                                 ("1.2.3.4",), ("1.2.3.4", 1, 2), ("1.2.3.4", None), ("1.2.3.4", 1.7),
+                                 ("1.2.3.4", "12"), ("1.2.3.4", True), (None, 5), b"1.2.3.4:5", 5])
 def test_pack_host_rejects(bad):
     with pytest.raises(InvalidArgumentError):
         _record.pack_host(bad)
+    with pytest.raises(InvalidArgumentError):
+        Message("T", b"x", born_host=bad)
 
 
 @given(st.lists(st.sampled_from(["TAGS", "TAGSX", "XTAGS", "TAG", "KEYS", "\x01", "\x02", "A", "b c", "值"]),

@@ -11,7 +11,7 @@ import pytest
 
 from rmqstore import GetMessageStatus as S
 from rmqstore import InvalidArgumentError, Message, MessageStore, StoreConfig, _cq
-from rmqstore.errors import OutOfRangeError
+from rmqstore.errors import OutOfRangeError, StoreError
 
 import reference_codec as ref
 from conftest import SMALL_INDEX
@@ -203,6 +203,29 @@ def test_commits_the_file_could_not_hold_are_refused(tmp_path):
     with MessageStore(root, _cfg()) as s:
         assert [s.committed_offset("g", "T", q) for q in (0, 1, 2)] == [7, -1, -1]
         assert s.committed_offset("b", "T@a", 0) == s.committed_offset("a@b", "T", 0) == -1
+
+
+def test_commits_naming_no_possible_group_or_topic_are_refused(tmp_path):
+    """A group outside RocketMQ's rule (Validators.checkGroup: "g g", "g\n", NUL, more
+    than 255 characters) or a topic no store can hold ("a/b", over 255 bytes) was stored
+    in consumerOffset.json; now InvalidArgumentError (InvalidTopicError for the topic).
+    Without strict_topic_names any group of up to 255 characters is taken, and a topic
+    outside the rule (a foreign store's) always is."""
+    root = tmp_path / "s"
+    with MessageStore(root, _cfg()) as s:
+        for bad in [("g g", "T"), ("g\n", "T"), ("g\x00", "T"), ("g" * 256, "T"), ("g", "a/b"), ("g", "T" * 256),
+                    ("g", "..")]:
+            with pytest.raises(StoreError, match="group|topic") as e:
+                s.commit_offset(*bad, 0, 1)
+            assert isinstance(e.value, ValueError)
+        s.commit_offset("g" * 255, "\u503c", 0, 3)
+    with MessageStore(root, _cfg(strict_topic_names=False)) as s:
+        s.commit_offset("g g", "T", 0, 2)
+        with pytest.raises(InvalidArgumentError):
+            s.commit_offset("g" * 256, "T", 0, 1)
+    with MessageStore(root, _cfg()) as s:
+        assert (s.committed_offset("g" * 255, "\u503c", 0), s.committed_offset("g g", "T", 0)) == (3, 2)
+        assert s.committed_offset("g\n", "T", 0) == -1
 
 @pytest.mark.parametrize("per_file", [100, 5])
 def test_offset_by_time(tmp_path, per_file):

@@ -6,13 +6,14 @@ import stat
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 
 pytest.importorskip("grpc")
 pytest.importorskip("rocketmq")
 
-from rmqstore import MessageStore, StoreConfig  # noqa: E402
+from rmqstore import CorruptStoreError, MessageStore, StoreConfig  # noqa: E402
 from rmqstore.endpoint.state import PopState  # noqa: E402
 
 from endpoint_client import consumer, message, producer, receive_all  # noqa: E402
@@ -81,6 +82,22 @@ def _state_with_entries(root):
     st.append([["r", "G", "T", 0, 5, 1000, 1, 7, 0], ["n", "G", "T", 0, 6]], durable=False)
     st.append([["r", "G", "T", 1, 2, 2000, 1, 8, 1], ["a", "G", "T", 0, 5], ["n", "G", "T", 1, 9]], durable=True)
     return st
+
+
+def test_state_snapshot_nested_too_deeply_is_corrupt(tmp_path):
+    """A popState.json nested past json's recursion limit was a RecursionError out of
+    PopState (the endpoint could not start with a clear error): CorruptStoreError now; a
+    log record nested so deeply ends the replay as a torn one does."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "popState.json").write_text("[" * 100_000)
+    with pytest.raises(CorruptStoreError, match="nested too deeply"):
+        PopState(str(tmp_path))
+    (tmp_path / "config" / "popState.json").unlink()
+    text = b"[" * 100_000
+    (tmp_path / "config" / "popState.log").write_bytes(b"%x " % zlib.crc32(text) + text + b"\n")
+    st = PopState(str(tmp_path))
+    assert st.queues == {}
+    st.close()
 
 
 def test_state_replays_log_and_stops_at_a_torn_tail(tmp_path):

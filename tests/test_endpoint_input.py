@@ -121,6 +121,32 @@ def test_bad_filter_expressions(strict):
     assert [r.message.body for r in got if r.HasField("message")] == [b"seed"]
 
 
+def test_what_the_store_refuses_in_a_request_is_the_clients_error(strict):
+    """A user property, tag or message id holding a \x01/\x02 separator (or an empty
+    property name) is refused by the store: INTERNAL_SERVER_ERROR before, BAD_REQUEST
+    now. A consumer group outside RocketMQ's rule ("G G", over 255 characters) is
+    ILLEGAL_CONSUMER_GROUP before anything is handed out (commit_offset refused it after
+    the messages were made invisible). Nothing stored is lost."""
+    store, _addr, s = strict
+    for change in (lambda m: m.user_properties.update({"a\x01": "b"}), lambda m: m.user_properties.update({"": "b"}),
+                   lambda m: m.user_properties.update({"a": "b\x02c"}),
+                   lambda m: setattr(m.system_properties, "tag", "a\x01b"),
+                   lambda m: setattr(m.system_properties, "message_id", "01\x02AB")):
+        req = _send_request("Known", b"x")
+        change(req.messages[0])
+        res = s.SendMessage(req, timeout=10)
+        assert res.status.code == Code.BAD_REQUEST and "separator" in res.status.message
+    for group in ("G G", "G\n", "G" * 256):
+        req = service_pb2.ReceiveMessageRequest(batch_size=8)
+        req.group.name, req.message_queue.topic.name = group, "Known"
+        (res,) = list(s.ReceiveMessage(req, timeout=10))
+        assert res.status.code == Code.ILLEGAL_CONSUMER_GROUP, group
+    got = _receive(s, "*")
+    assert [r.message.body for r in got if r.HasField("message")] == [b"seed"]
+    assert store.max_offset("Known", 0) + store.max_offset("Known", 1) + store.max_offset("Known", 2) \
+        + store.max_offset("Known", 3) == 1
+
+
 def test_stale_receipts_and_unsupported_calls(strict):
     _store, _addr, s = strict
     req = service_pb2.AckMessageRequest()

@@ -10,7 +10,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
-    from rmqstore import _append, _arrow, _columns, _cq, _index, _message, _read, _record, _verify
+    from rmqstore import _append, _arrow, _columns, _cq, _gate, _index, _message, _read, _record, _verify
     from rmqstore._segment import MappedSegment, fault_point, inject_fault
     from rmqstore.errors import StoreError
     from rmqstore.segments import SegmentQueue
@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent("""
     calls = [
         (_read.decode_record, (seg, 0, seg.wrote_pos)), (_read.get_message, (segs, 0)),
         (_read.gather_messages, (segs, cq, 0, 1, 4, 4, 1 << 20, seg.wrote_pos, 1 << 16, None, None)),
-        (_read.scan_messages, (seg, 0, seg.wrote_pos, True, 8, 1 << 20)), (_read.Flatten, ([[1]],)),
+        (_read.scan_messages, (seg, 0, seg.wrote_pos, True, 8, 1 << 20)), (_read.Flatten, ([[1]], _gate.Gate("s", f))),
         (_read.decode_bytes, (seg.read(0, seg.wrote_pos),)), (_read.scan_segment, (seg, 0, seg.wrote_pos, True)),
         (_read.scan_dispatch, (seg, 0, seg.wrote_pos)),
         (_verify.segment_columns, (seg, seg.wrote_pos, 1, {}, [], True)),

@@ -270,3 +270,38 @@ def test_partitioned_writer_splits_buffers_and_reopens(tmp_path, monkeypatch):
         cols = [c for c in batch.arrow_schema().names if c != "topic"]
         assert got.select(cols).sort_by("phy_offset").to_pylist() == want.select(cols).sort_by("phy_offset").to_pylist()
         assert sorted(got.column("topic").to_pylist()) == sorted(want.column("topic").to_pylist())
+
+
+@pytest.mark.parametrize("options", [
+    {"splitBytes": "abc"}, {"splitBytes": "1e3"}, {"splitBytes": "1_0"}, {"splitBytes": " 12"}, {"splitBytes": "0"},
+    {"batchBytes": "-1"}, {"batchBytes": str(1 << 70)}, {"minPartitions": "0"}, {"minPartitions": "x"},
+    {"checkCrc": "yes"}, {"checkCrc": "1"}, {"since": "--5"}, {"until": "-"}, {"paths": "[not json"},
+    {"paths": '{"a": 1}'}, {"paths": "[1, 2]"}, {"paths": "[" * 100_000}, {"maxBytesPerTrigger": "-1"},
+    {"maxBytesPerTrigger": "lots"},
+], ids=lambda o: repr(o)[:40])
+def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
+    """Source options int() or json.loads refused with a bare ValueError ("abc", "1e3",
+    "--5", a malformed paths list), or took loosely ("1_0", " 12"), or that were silently
+    false (checkCrc "yes"): InvalidArgumentError naming the option, before any Spark job."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark.source import Scan, _StreamReader
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, **SMALL_INDEX)) as st:
+        st.put(Message("T", b"x"))
+    given = {"path": str(tmp_path / "s"), **options}
+    with pytest.raises(InvalidArgumentError, match=next(iter(options))):
+        _StreamReader(Scan(given), given)
+    good = {"path": str(tmp_path / "s"), "splitBytes": "4096", "checkCrc": "TRUE", "since": "-5"}
+    scan = Scan(good)
+    assert (scan.split_bytes, scan.check_crc, scan.since) == (4096, True, -5)
+
+
+@pytest.mark.parametrize("value", ["1_000", " 1000", "1000 ", "\u0661\u0660\u0660\u0660", "1e3", "lots"])
+def test_writer_int_options_are_plain_integers(value):
+    """The writer's StoreConfig options took what int() takes ("1_000", " 1000", other
+    scripts' digits); only ASCII digits (and a sign) now, InvalidArgumentError naming the
+    option; the range is StoreConfig's."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark.writer import store_config
+    with pytest.raises(InvalidArgumentError, match="indexSlots"):
+        store_config({"indexSlots": value})
+    assert store_config({"indexSlots": "1000", "INDEXENTRIES": 4000}).index_entries == 4000

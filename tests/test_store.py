@@ -213,7 +213,7 @@ def test_message_too_large(tmp_path, small_config):
 
 
 @pytest.mark.parametrize("topic", ["", ".", "..", "../escape", "a/b", "/abs", "a\x00b", "a\\b", "has space",
-                                   "x" * 128, "é" * 64, "ü"])
+                                   "x" * 128, "é" * 64, "ü", "T\n"])   # "T\n": the broker rule matched it (re $)
 def test_invalid_topic_refused(tmp_path, topic):
     root = tmp_path / "s"
     with MessageStore(root, _cfg()) as store:

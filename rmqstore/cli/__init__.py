@@ -37,9 +37,9 @@ def _help_text(text: str) -> str:
 
 def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Options shared by subcommands: (--json only, --json + options of a store to open)."""
-    j = argparse.ArgumentParser(add_help=False)
+    j = Parser(add_help=False)
     j.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p = argparse.ArgumentParser(add_help=False, parents=[j])
+    p = Parser(add_help=False, parents=[j])
     p.add_argument("--index-slots", type=positive_int, metavar="N",
                    help="index hash slots of a foreign store (default RocketMQ's 5000000)")
     p.add_argument("--index-entries", type=positive_int, metavar="N",

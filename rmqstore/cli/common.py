@@ -25,22 +25,62 @@ class UsageError(Exception):
     """Bad command-line arguments: reported as one line and exit status 2."""
 
 
+class _StoreOnce(argparse.Action):
+    """argparse's ``store``, except that an option given twice is a usage error (argparse
+    keeps the last value silently: ``--topic A --topic B`` read B)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault(_GIVEN, set())
+        if option_string is not None and self.dest in given:
+            parser.error(f"argument {'/'.join(self.option_strings)}: given more than once")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+_GIVEN = "_options_given"   # the namespace attribute _StoreOnce keeps while parsing
+
+
 class Parser(argparse.ArgumentParser):
     """argparse whose usage errors are UsageError(``... (see PROG --help)``), which the
-    command reports as its other errors (one line; JSON too with --json)."""
+    command reports as its other errors (one line; JSON too with --json), and whose
+    options take one value once (see _StoreOnce)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        ns.__dict__.pop(_GIVEN, None)
+        return ns, extras
 
     def error(self, message):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def nonneg_int(text):
+I64_MAX = (1 << 63) - 1
+
+
+def nonneg_int(text, limit=I64_MAX):
+    """An int in 0..``limit`` written in ASCII (decimal, or 0x / 0o / 0b): no spaces,
+    underscores or other scripts' digits, which int() would take."""
     try:
+        if not text.isascii() or "_" in text or text != text.strip():
+            raise ValueError(text)
         v = int(text, 0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    if v > limit:
+        raise argparse.ArgumentTypeError(f"must be at most {limit}, got {v}")
     return v
+
+
+def queue_id(text):
+    """A queue id: an int in 0..2^31-1."""
+    return nonneg_int(text, 0x7FFFFFFF)
 
 
 def positive_int(text):

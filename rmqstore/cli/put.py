@@ -2,7 +2,6 @@
 all or nothing per chunk of lines."""
 import base64
 import binascii
-import json
 import os
 import shutil
 import sys
@@ -10,6 +9,7 @@ import sys
 from rmqstore._message import Message, queue_id_arg
 from rmqstore.cli.common import CommandError, byte_size, positive_int, print_line, require_store, store_config
 from rmqstore.errors import StoreError
+from rmqstore.files import parse_json
 from rmqstore.store import MessageStore
 from rmqstore.topics import validate_topic
 
@@ -47,7 +47,7 @@ def _body(d):
 
 def parse_put_line(line):
     """A JSON object -> (Message, queue id or None). Raises ValueError with the reason."""
-    d = json.loads(line)
+    d = parse_json(line, unique_keys=True)
     if not isinstance(d, dict):
         raise ValueError("expected a JSON object")
     unknown = set(d) - _PUT_FIELDS - _ASSIGNED_FIELDS

@@ -19,6 +19,7 @@ from rmqstore.cli.common import (
     print_line,
     print_table,
     progress,
+    queue_id,
 )
 from rmqstore.errors import StoreError
 
@@ -186,7 +187,7 @@ def register(sub, json_only, store_opts):
     add("stats", cmd_stats, "segments, offsets, topics and queues, index files, checkpoint, shutdown state")
     p = add("get", cmd_get, "messages of one queue from an offset (RocketMQ getMessage)", body=True)
     p.add_argument("--topic", required=True)
-    p.add_argument("--queue", type=nonneg_int, required=True, metavar="Q")
+    p.add_argument("--queue", type=queue_id, required=True, metavar="Q")
     p.add_argument("--offset", type=nonneg_int, required=True, metavar="N", help="queue offset")
     p.add_argument("--count", type=positive_int, default=32, metavar="K", help="at most K messages (32)")
     p.add_argument("--tags", metavar="EXPR", help="tag expression, e.g. 'TagA || TagB' (default all)")

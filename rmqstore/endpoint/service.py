@@ -18,8 +18,9 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 from rmqstore.endpoint.codec import RequestError, to_proto, to_store
 from rmqstore.endpoint.pop import Pop, check_filter
 from rmqstore.endpoint.routes import Routes
-from rmqstore.errors import MessageTooLargeError, StoreError
+from rmqstore.errors import InvalidArgumentError, InvalidTopicError, MessageTooLargeError, StoreError
 from rmqstore.store import MessageStore
+from rmqstore.topics import validate_group
 
 log = logging.getLogger("rmqstore.endpoint")
 Code = definition_pb2.Code
@@ -32,6 +33,17 @@ def _ms(d: Any) -> int:
     return int(d.seconds) * 1000 + int(d.nanos) // 1_000_000
 
 
+def _store_error_code(e: StoreError) -> int:
+    """The status of a store error: what the store refused in a client's request (a
+    property with a separator inside, a message too large) is the client's error; the
+    rest the server's."""
+    if isinstance(e, MessageTooLargeError):
+        return Code.MESSAGE_BODY_TOO_LARGE
+    if isinstance(e, InvalidTopicError):
+        return Code.ILLEGAL_TOPIC
+    return Code.BAD_REQUEST if isinstance(e, InvalidArgumentError) else Code.INTERNAL_SERVER_ERROR
+
+
 def _answer(response: type) -> Callable[[F], F]:
     """Turn RequestError / StoreError / anything else raised by a unary call into a status."""
     def wrap(method: F) -> F:
@@ -41,10 +53,8 @@ def _answer(response: type) -> Callable[[F], F]:
                 return method(self, request, context)
             except RequestError as e:
                 code, text = e.code, str(e)
-            except MessageTooLargeError as e:
-                code, text = Code.MESSAGE_BODY_TOO_LARGE, str(e)
             except StoreError as e:
-                code, text = Code.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"
+                code, text = _store_error_code(e), f"{type(e).__name__}: {e}"
             except Exception as e:   # noqa: BLE001 - one failed call must not stop the endpoint
                 log.exception("%s failed", method.__name__)
                 code, text = Code.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"
@@ -159,6 +169,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             group, topic = request.group.name, request.message_queue.topic.name
             if not group or "@" in group:   # '@' separates topic and group in consumerOffset.json
                 raise RequestError(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group {group!r} is empty or holds '@'")
+            try:   # a group commit_offset refuses (the messages were handed out, the answer failed)
+                validate_group(group, self.store.config.strict_topic_names)
+            except InvalidArgumentError as e:
+                raise RequestError(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group: {e}") from None
             expr = request.filter_expression
             if expr.type not in (definition_pb2.FilterType.TAG, definition_pb2.FilterType.FILTER_TYPE_UNSPECIFIED):
                 raise RequestError(Code.UNSUPPORTED, "only TAG filter expressions are supported")
@@ -178,7 +192,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             yield _status(service_pb2.ReceiveMessageResponse(), e.code, str(e))
             return
         except StoreError as e:
-            yield _status(service_pb2.ReceiveMessageResponse(), Code.INTERNAL_SERVER_ERROR, str(e))
+            yield _status(service_pb2.ReceiveMessageResponse(), _store_error_code(e), str(e))
             return
         if not got:
             yield _status(service_pb2.ReceiveMessageResponse(), Code.MESSAGE_NOT_FOUND, "no new message")

@@ -47,7 +47,7 @@ import zlib
 from typing import Any
 
 from rmqstore.errors import CorruptStoreError
-from rmqstore.files import fsync, make_dirs, open_file, read_file, write_atomic
+from rmqstore.files import fsync, make_dirs, open_file, parse_json, read_file, write_atomic
 
 QueueKey = tuple[str, str, int]
 _COMPACT_BYTES = 4 << 20
@@ -83,7 +83,7 @@ class PopState:
     # -- loading --------------------------------------------------------------------------
     def _load(self) -> None:
         try:
-            snap = json.loads(read_file(self.snapshot_path))
+            snap = parse_json(read_file(self.snapshot_path))
         except FileNotFoundError:
             snap = {"version": 1, "seq": 0, "queues": []}
         except (ValueError, UnicodeDecodeError) as e:
@@ -113,7 +113,7 @@ class PopState:
         try:
             if int(crc, 16) != zlib.crc32(text):
                 return None
-            rec = json.loads(text)
+            rec = parse_json(text)
         except ValueError:
             return None
         return rec if isinstance(rec, list) and len(rec) >= 5 else None

@@ -133,10 +133,49 @@ def enclosing_store(path):
 
 def _paths(options):
     if "paths" in options:
-        return json.loads(options["paths"])
+        try:
+            paths = json.loads(options["paths"])
+        except (ValueError, RecursionError):   # (json's RecursionError: nested too deeply)
+            paths = None
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise InvalidArgumentError(f"rocketmq source: option paths must be a JSON list of str, "
+                                       f"not {options['paths']!r}")
+        return paths
     if "path" in options:
         return [p for p in options["path"].split(",") if p]
     raise InvalidArgumentError("rocketmq source: give a store path to load()")
+
+
+def _int_option(options, name, default, lo):
+    """Option ``name`` (a string, as Spark passes them) as an int in lo..2^62 written in
+    ASCII digits; ``default`` when absent. InvalidArgumentError names the option (int()
+    raised a bare ValueError, or took "1_0" and " 12")."""
+    text = options.get(name)
+    if text is None:
+        return default
+    text = str(text)
+    if not (text.isascii() and text.isdigit() and lo <= int(text) <= 1 << 62):
+        raise InvalidArgumentError(f"rocketmq source: option {name} must be an integer in {lo}..{1 << 62}, "
+                                   f"not {text!r}")
+    return int(text)
+
+
+def _bool_option(options, name):
+    """Option ``name`` as true or false (any case; absent: false), not anything else."""
+    text = str(options.get(name, "false")).lower()
+    if text not in ("true", "false"):
+        raise InvalidArgumentError(f"rocketmq source: option {name} must be true or false, not {text!r}")
+    return text == "true"
+
+
+def _time_option(options, name):
+    """Option ``name`` as epoch ms (see _epoch_ms), None when absent."""
+    if name not in options:
+        return None
+    try:
+        return _epoch_ms(options[name])
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"rocketmq source: option {name}: {e}") from None
 
 
 def _epoch_ms(value):
@@ -144,7 +183,8 @@ def _epoch_ms(value):
     if isinstance(value, (int, float)) and math.isfinite(value):
         return int(value)
     if isinstance(value, str):
-        if value.lstrip("-").isascii() and value.lstrip("-").isdigit():
+        digits = value[1:] if value.startswith("-") else value
+        if digits.isascii() and digits.isdigit():   # (lstrip took "--5" to int(), a bare ValueError)
             return int(value)
         try:
             value = datetime.fromisoformat(value)
@@ -166,14 +206,14 @@ class Scan:
         self.mode = options.get("mode", "fail")
         if self.mode not in batch.MODES:
             raise InvalidArgumentError(f"rocketmq source: mode must be one of {batch.MODES}, not {self.mode!r}")
-        self.check_crc = options.get("checkCrc", "false").lower() == "true"
-        self.split_bytes = max(1, int(options.get("splitBytes", 32 << 20)))
-        self.min_partitions = int(options.get("minPartitions", 1))
-        self.batch_bytes = int(options.get("batchBytes", 4 << 20))
+        self.check_crc = _bool_option(options, "checkCrc")
+        self.split_bytes = _int_option(options, "splitBytes", 32 << 20, 1)
+        self.min_partitions = _int_option(options, "minPartitions", 1, 1)
+        self.batch_bytes = _int_option(options, "batchBytes", 4 << 20, 1)
         topics = options.get("topic")
         self.topics = set(topics.split(",")) if topics else None
-        self.since = _epoch_ms(options["since"]) if "since" in options else None   # inclusive
-        self.until = _epoch_ms(options["until"]) if "until" in options else None   # exclusive
+        self.since = _time_option(options, "since")   # inclusive
+        self.until = _time_option(options, "until")   # exclusive
         self.key = options.get("key")
         self.uniq_key = options.get("uniqKey")
 
@@ -310,9 +350,7 @@ class _StreamReader(DataSourceStreamReader):
         self.starting = options.get("startingOffsets", "earliest")
         if self.starting not in ("earliest", "latest"):
             raise InvalidArgumentError("startingOffsets must be 'earliest' or 'latest'")
-        self.max_bytes = int(options.get("maxBytesPerTrigger", 0))
-        if self.max_bytes < 0:
-            raise InvalidArgumentError(f"maxBytesPerTrigger must be positive, not {self.max_bytes}")
+        self.max_bytes = _int_option(options, "maxBytesPerTrigger", 0, 0)
 
     def getDefaultReadLimit(self):
         return ReadMaxBytes(self.max_bytes) if self.max_bytes else ReadAllAvailable()

@@ -54,17 +54,18 @@ def store_config(options):
     for key, value in options.items():
         name = fields.get(key.lower())
         if name is not None:
-            kind = type(getattr(defaults, name))
+            kind, value = type(getattr(defaults, name)), str(value)   # Spark passes every value as a string
             if kind is bool:
                 if value.lower() not in ("true", "false"):
                     raise InvalidArgumentError(f"rocketmq writer: option {key} must be true or false, not {value!r}")
                 changes[name] = value.lower() == "true"
+            elif kind is int:   # ASCII digits: int() also took "1_0", " 12" and other scripts' digits
+                digits = value[1:] if value.startswith("-") else value
+                if not (digits.isascii() and digits.isdigit()):
+                    raise InvalidArgumentError(f"rocketmq writer: option {key}={value!r} is not an integer")
+                changes[name] = int(value)
             else:
-                try:
-                    changes[name] = kind(value)
-                except ValueError:
-                    raise InvalidArgumentError(f"rocketmq writer: option {key}={value!r} is not {kind.__name__}") \
-                        from None
+                changes[name] = value
     return defaults.with_(**changes)
 
 
