@@ -345,6 +345,22 @@ def test_missing_middle_segment_is_refused(base_store, tmp_path):
         MessageStore(dst, StoreConfig(**CFG))
 
 
+
+@pytest.mark.parametrize("kind", ["commitlog", "consumequeue/CorA/1"])
+@pytest.mark.parametrize("read_only", [False, True], ids=["writer", "read-only"])
+def test_a_segment_named_near_the_largest_offset_is_refused(base_store, tmp_path, kind, read_only):
+    """A segment (commitlog or consume queue) renamed so that it starts less than its size
+    below 2^63: its end overflows int64. Opening was a bare OverflowError from the C
+    position code (the CLI printed a traceback); it is now a CorruptStoreError naming it."""
+    dst = tmp_path / "s"
+    shutil.copytree(base_store, dst)
+    segs = _segments(dst, kind)
+    for f in segs[:-1]:
+        os.unlink(f)
+    os.rename(segs[-1], os.path.join(os.path.dirname(segs[-1]), f"{(1 << 63) - 100:020d}"))
+    with pytest.raises(rmqstore.CorruptStoreError, match=f"starts at {(1 << 63) - 100}, its end is past"):
+        MessageStore(dst, StoreConfig(**CFG), read_only=read_only)
+
 # -- decoder fuzzing -------------------------------------------------------------------------
 
 VALID = encode_record("FuzzTopic", b"hello fuzz body", {"TAGS": "a", "KEYS": "k1 k2", "UNIQ_KEY": "U"},
