@@ -10,7 +10,7 @@ import os
 import stat
 
 from rmqstore._segment import FAULT_FSYNC, FAULT_OPEN, fault_point
-from rmqstore.errors import StoreLockedError, StoreNotFoundError, raise_errno, raise_not_regular
+from rmqstore.errors import CorruptStoreError, StoreLockedError, StoreNotFoundError, raise_errno, raise_not_regular
 
 
 def make_dirs(path, mode):
@@ -126,11 +126,18 @@ def lock_writer(store, mode):
     return fd
 
 
-def read_file(path, limit=-1):
-    """Up to ``limit`` bytes (all when -1) of ``path``, refusing a symlink; FileNotFoundError
-    when it does not exist."""
+MAX_WHOLE_FILE = 256 << 20   # a file read whole (consumer offsets, pop state): 10x a big broker's
+
+
+def read_file(path, limit=MAX_WHOLE_FILE):
+    """The store file ``path`` whole, refusing a symlink; FileNotFoundError when it does not
+    exist. A file of more than ``limit`` bytes (an extended or sparse one would take all
+    memory) is a CorruptStoreError."""
     with open_reader(path) as f:
-        return f.read(limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise CorruptStoreError(f"{path}: more than {limit} bytes, too large for what it should hold")
+    return data
 
 
 def remove_stale(path):
