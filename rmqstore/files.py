@@ -70,13 +70,16 @@ def refuse_symlink(path):
 
 
 def file_size(path):
-    """Size of the store file ``path`` itself (lstat); a symlink is refused."""
+    """Size of the store file ``path`` itself (lstat); a symlink, directory, FIFO or device
+    is refused (StoreIOError), as open_file refuses it."""
     try:
         st = os.lstat(path)
     except OSError as e:
         raise_errno(e.errno, path, "stat")
     if stat.S_ISLNK(st.st_mode):
         raise_errno(errno.ELOOP, path, "open")
+    if not stat.S_ISREG(st.st_mode):
+        raise_not_regular(path, "open")
     return st.st_size
 
 
