@@ -24,6 +24,7 @@ from rmqstore import _record
 from rmqstore._segment import MappedSegment
 from rmqstore.arguments import checked, positive
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError
+from rmqstore.files import file_size
 from rmqstore.segments import list_segment_files
 
 MODES = ("fail", "skip")
@@ -33,8 +34,10 @@ _HEADER = re.compile(re.escape((_record.MAGIC_V1 & 0xFFFFFFFF).to_bytes(4, "big"
 
 @checked()
 def segment_files(store_path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
-    """(path, base offset, size in bytes) of every commitlog segment of a store, in order."""
-    return [(p, base, os.path.getsize(p))
+    """(path, base offset, size in bytes) of every commitlog segment of a store, in order;
+    a segment that is a symlink, FIFO, directory or device is a StoreIOError, as when the
+    store opens."""
+    return [(p, base, file_size(p))
             for base, p in list_segment_files(os.path.join(str(store_path), "commitlog"))]
 
 

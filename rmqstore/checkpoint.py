@@ -2,7 +2,7 @@
 import logging
 import struct
 
-from rmqstore.files import read_file, write_atomic
+from rmqstore.files import open_reader, write_atomic
 
 log = logging.getLogger(__name__)
 PAGE = 4096
@@ -42,7 +42,8 @@ class Checkpoint:
         hold the three, cannot be trusted, so it reads as 0, which makes recovery check
         everything from the first segment."""
         try:
-            data = read_file(self.path, PAGE)
+            with open_reader(self.path) as f:
+                data = f.read(PAGE)   # the page; anything after it is not read
         except FileNotFoundError:
             return self
         if len(data) < 24:   # cut short: no time in it can be trusted (RocketMQ maps it as zeros)

@@ -19,6 +19,7 @@ from rmqstore.topics import is_safe_dirname
 log = logging.getLogger(__name__)
 MAX_QUEUE_ID = (1 << 31) - 1
 ENTRY = _cq.ENTRY_SIZE
+MAX_LOGIC_OFFSET = (1 << 63) - 1   # of a consume queue's bytes (queue offset x 20)
 HOLE_SIZE = 0x7FFFFFFF   # RocketMQ fillPreBlank entries: (0, Integer.MAX_VALUE, 0)
 
 
@@ -128,13 +129,18 @@ class ConsumeQueue:
     # -- writing --------------------------------------------------------------------------
     def put(self, phy_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
         """Append the entry for ``queue_offset``; an entry already present is skipped
-        (re-dispatch after recovery), a gap is filled with RocketMQ's blank entries."""
+        (re-dispatch after recovery), a gap is filled with RocketMQ's blank entries. A
+        first offset whose file would end past int64 (a corrupt QUEUEOFFSET) starts at 0."""
         expect = queue_offset * ENTRY
         cur = self.segments.max_offset
         if expect < cur:
             return False
         seg = self.segments.last
         if seg is None:
+            if expect > MAX_LOGIC_OFFSET - self.file_size:   # no file can start there (int64)
+                log.error("%s: first queue offset %d is past the largest one; starting at 0", self.directory,
+                          queue_offset)
+                expect = 0
             seg = self.segments.roll(expect - expect % self.file_size)
             self.min_logic_offset = expect
             cur = seg.base_offset

@@ -87,18 +87,19 @@ class Dispatcher:
         seg = cl.segments.find(start)
         if seg is None:
             return False
-        pos = start - seg.base_offset
-        rows, raw, end, status = _read.scan_dispatch(seg, pos, seg.wrote_pos, self.batch_records)
+        pos, limit = start - seg.base_offset, seg.wrote_pos   # bytes before limit are all written
+        rows, raw, end, status = _read.scan_dispatch(seg, pos, limit, self.batch_records)
         if len(rows):
             batch = DispatchBatch(rows, raw, self._topic_numbers, self._topic_names)
             for consumer in self.consumers:
                 consumer(batch)
         if status is Status.BLANK or (status is Status.END and end >= seg.size):
             nxt = seg.base_offset + seg.size
-        elif status is Status.END:
+        elif status is Status.END and (end >= limit or len(rows) == self.batch_records):
             nxt = seg.base_offset + end
-        else:
-            self.error = CorruptRecordError(f"commitlog offset {seg.base_offset + end}: {status}")
+        else:   # a bad record, or zeros before the written end (a hole): waiting would never end
+            why = "data ends (zeros) before the written end" if status is Status.END else status
+            self.error = CorruptRecordError(f"commitlog offset {seg.base_offset + end}: {why}")
             log.error("dispatch stopped: %s", self.error)
             nxt = seg.base_offset + end
         with self._cond:

@@ -11,7 +11,7 @@ import os
 import stat
 
 from rmqstore._segment import FAULT_FSYNC, FAULT_OPEN, fault_point
-from rmqstore.errors import StoreLockedError, StoreNotFoundError, raise_errno, raise_not_regular
+from rmqstore.errors import CorruptStoreError, StoreLockedError, StoreNotFoundError, raise_errno, raise_not_regular
 
 
 def make_dirs(path, mode):
@@ -71,13 +71,16 @@ def refuse_symlink(path):
 
 
 def file_size(path):
-    """Size of the store file ``path`` itself (lstat); a symlink is refused."""
+    """Size of the store file ``path`` itself (lstat); a symlink, directory, FIFO or device
+    is refused (StoreIOError), as open_file refuses it."""
     try:
         st = os.lstat(path)
     except OSError as e:
         raise_errno(e.errno, path, "stat")
     if stat.S_ISLNK(st.st_mode):
         raise_errno(errno.ELOOP, path, "open")
+    if not stat.S_ISREG(st.st_mode):
+        raise_not_regular(path, "open")
     return st.st_size
 
 
@@ -127,11 +130,18 @@ def lock_writer(store, mode):
     return fd
 
 
-def read_file(path, limit=-1):
-    """Up to ``limit`` bytes (all when -1) of ``path``, refusing a symlink; FileNotFoundError
-    when it does not exist."""
+MAX_WHOLE_FILE = 256 << 20   # a file read whole (consumer offsets, pop state): 10x a big broker's
+
+
+def read_file(path, limit=MAX_WHOLE_FILE):
+    """The store file ``path`` whole, refusing a symlink; FileNotFoundError when it does not
+    exist. A file of more than ``limit`` bytes (an extended or sparse one would take all
+    memory) is a CorruptStoreError."""
     with open_reader(path) as f:
-        return f.read(limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise CorruptStoreError(f"{path}: more than {limit} bytes, too large for what it should hold")
+    return data
 
 
 def remove_stale(path):

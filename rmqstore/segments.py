@@ -112,6 +112,8 @@ class SegmentQueue(SegmentList):
             return None
         if size != self.file_size:
             raise CorruptStoreError(f"{path}: {size} bytes, expected {self.file_size}")
+        if offset > _MAX_OFFSET - self.file_size:   # its end would overflow every int64 position
+            raise CorruptStoreError(f"{path}: starts at {offset}, its end is past the largest offset {_MAX_OFFSET}")
         if segs and offset != segs[-1].base_offset + self.file_size:
             raise CorruptStoreError(
                 f"{path}: starts at {offset}, expected {segs[-1].base_offset + self.file_size}"

@@ -345,6 +345,46 @@ def test_missing_middle_segment_is_refused(base_store, tmp_path):
         MessageStore(dst, StoreConfig(**CFG))
 
 
+
+@pytest.mark.parametrize("kind", ["commitlog", "consumequeue/CorA/1"])
+@pytest.mark.parametrize("read_only", [False, True], ids=["writer", "read-only"])
+def test_a_segment_named_near_the_largest_offset_is_refused(base_store, tmp_path, kind, read_only):
+    """A segment (commitlog or consume queue) renamed so that it starts less than its size
+    below 2^63: its end overflows int64. Opening was a bare OverflowError from the C
+    position code (the CLI printed a traceback); it is now a CorruptStoreError naming it."""
+    dst = tmp_path / "s"
+    shutil.copytree(base_store, dst)
+    segs = _segments(dst, kind)
+    for f in segs[:-1]:
+        os.unlink(f)
+    os.rename(segs[-1], os.path.join(os.path.dirname(segs[-1]), f"{(1 << 63) - 100:020d}"))
+    with pytest.raises(rmqstore.CorruptStoreError, match=f"starts at {(1 << 63) - 100}, its end is past"):
+        MessageStore(dst, StoreConfig(**CFG), read_only=read_only)
+
+
+def test_an_extended_consumer_offsets_file_is_refused_in_bounded_memory(base_store, tmp_path):
+    """config/consumerOffset.json extended (sparse) to 8 GiB: it was read whole, a
+    MemoryError (or the machine's memory) in a process capped at 1 GiB; now a
+    CorruptStoreError naming it, from the writer and read-only opens alike."""
+    dst = tmp_path / "s"
+    shutil.copytree(base_store, dst)
+    os.truncate(dst / "config" / "consumerOffset.json", 8 << 30)
+    code = f"""
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from rmqstore import CorruptStoreError, MessageStore, StoreConfig
+for ro in (True, False):
+    try:
+        MessageStore({str(dst)!r}, StoreConfig(**{CFG!r}), read_only=ro)
+    except CorruptStoreError as e:
+        assert "consumerOffset.json: more than" in str(e), e
+    else:
+        raise AssertionError("opened")
+"""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(rmqstore.__file__)))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+
 # -- decoder fuzzing -------------------------------------------------------------------------
 
 VALID = encode_record("FuzzTopic", b"hello fuzz body", {"TAGS": "a", "KEYS": "k1 k2", "UNIQ_KEY": "U"},

@@ -14,7 +14,7 @@ from conftest import SMALL_INDEX
 
 TOPIC = "TopicXYZW1"          # 10 bytes, as long as "../../../x"
 CFG = StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=100, warm_mapped_file=False, **SMALL_INDEX)
-BODY_AT, PHY_AT = 88, 28
+BODY_AT, PHY_AT, QOFF_AT = 88, 28, 20
 
 
 def _write(root, n=6, topic=TOPIC):
@@ -96,3 +96,18 @@ def test_wrong_physical_offset_field(tmp_path):
                 seen.append(m.msg_id)
         assert e.value.offset == bad.phy_offset
         assert seen == [r.msg_id for r in rs[:3]]
+
+
+@pytest.mark.parametrize("queue_offset", [1 << 62, (1 << 63) - 1])
+def test_first_queue_offset_past_int64_starts_the_queue_at_zero(tmp_path, queue_offset):
+    """The first record of a queue (consume queues lost, dispatched again) whose QUEUEOFFSET
+    field times 20 passes int64: the writer's open was a bare OverflowError from making a
+    consume-queue file there. The queue now starts at 0, as a skipping offset is appended
+    where the queue is (logged), and the rest of the queue follows."""
+    root = tmp_path / "s"
+    rs = _write(root)
+    _patch(root, rs[0].phy_offset + QOFF_AT, struct.pack(">q", queue_offset))
+    shutil.rmtree(root / "consumequeue")
+    with MessageStore(root, CFG) as s:
+        s.wait_dispatched()
+        assert [int(e["phy_offset"]) for e in s.consume_queue_entries(TOPIC, 0)] == [r.phy_offset for r in rs]

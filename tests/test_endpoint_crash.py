@@ -1,5 +1,6 @@
 """Consumption state across crashes: SIGKILL of ``rmqstore serve`` mid-consumption, and the
 on-disk state (config/popState.json + popState.log) replayed, torn tails included."""
+import json
 import os
 import signal
 import stat
@@ -14,6 +15,7 @@ pytest.importorskip("grpc")
 pytest.importorskip("rocketmq")
 
 from rmqstore import CorruptStoreError, MessageStore, StoreConfig  # noqa: E402
+from rmqstore.endpoint.codec import DELIVER_MS, deliver_at  # noqa: E402
 from rmqstore.endpoint.state import PopState  # noqa: E402
 
 from endpoint_client import consumer, message, producer, receive_all  # noqa: E402
@@ -125,3 +127,41 @@ def test_state_replay_over_its_own_snapshot_is_idempotent(tmp_path):
     assert {k: (q.next, q.pending) for k, q in st2.queues.items()} == {
         ("G", "T", 0): (6, {}), ("G", "T", 1): (9, {2: [2000, 1, 8, 1]})}
     st2.close()
+
+
+def _logged(rec):
+    text = json.dumps(rec).encode()
+    return b"%08x %s\n" % (zlib.crc32(text), text)
+
+
+@pytest.mark.parametrize("name,data", [
+    ("popState.json", b'{"version": 1, "seq": 1e400, "queues": []}'),
+    ("popState.json", b'{"version": 1, "seq": 1, "queues": [["G", "T", "0", 0, []]]}'),
+    ("popState.json", b'{"version": 1, "seq": 1, "queues": [["G", "T", 0, 0, [[1, 2, 3]]]]}'),
+    ("popState.json", b"[" * 100000 + b"]" * 100000),
+    ("popState.log", _logged(["r", "G", "T", 0, 5])),
+    ("popState.log", _logged(["n", "G", "T", -1, 5])),
+    ("popState.log", _logged(["a", "G", "T", 0, "x"])),
+    ("popState.log", _logged(["r", "G", "T", 0, 5, 1e400, 1, 1, 0])),
+    ("popState.log", _logged(["n", "G", "T", 0, 1 << 70])),
+], ids=["seq-inf", "queue-str", "pending-short", "nested", "r-short", "queue-neg", "offset-str", "until-inf",
+        "next-huge"])
+def test_state_files_that_lie_are_corrupt_store_errors(tmp_path, name, data):
+    """A snapshot or a log line (with a good CRC) whose JSON is not the format: each was a
+    bare OverflowError, IndexError, ValueError or RecursionError from the endpoint's start
+    (or a value past int64 kept for later); now a CorruptStoreError naming the file."""
+    _state_with_entries(tmp_path).close()
+    path = tmp_path / "config" / name
+    path.write_bytes(data if name.endswith("json") else path.read_bytes() + data)
+    with pytest.raises(CorruptStoreError, match=name):
+        PopState(str(tmp_path))
+
+
+def test_a_delivery_time_past_int64_is_not_a_delay():
+    """A __STARTDELIVERTIME property of 30 digits (from disk) went into the pop state as a
+    number no int64 holds; it is read as no delay."""
+    class M:
+        properties = {DELIVER_MS: "9" * 30}
+    assert deliver_at(M) == 0
+    M.properties = {DELIVER_MS: "1700000000000"}
+    assert deliver_at(M) == 1700000000000

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from rmqstore import Message, MessageStore, StoreConfig
+from rmqstore import CorruptRecordError, Message, MessageStore, StoreConfig
 from rmqstore._segment import MappedSegment
 
 from conftest import CRASHED_498, SMALL_INDEX, copy_store, load_jsonl_gz, tree_state
@@ -293,3 +293,22 @@ def test_a_checkpoint_cut_short_reads_as_zeros(tmp_path, length, clean):
     with MessageStore(tmp_path, cfg, read_only=True) as s:
         assert s.verify().ok
     assert os.path.getsize(tmp_path / "checkpoint") == 4096
+
+
+def test_zeros_inside_an_earlier_segment_stop_dispatch_with_an_error(tmp_path):
+    """The first of four segments zero-filled after a clean shutdown (recovery checks the
+    last three): dispatch from there finds the data ending before the written end. It
+    used to wait there for ever, so rebuild() returned as if done with the queues empty and
+    verify() or wait_dispatched() never returned; it is now the dispatcher's
+    CorruptRecordError, like a bad record, naming the offset."""
+    cfg = _cfg(commitlog_file_size=4096)
+    res, _ = _write(tmp_path, 120, cfg)
+    assert res[-1].phy_offset >= 3 * 4096
+    with open(_segment_file(tmp_path, 0, cfg)[0], "r+b") as f:
+        f.write(b"\0" * 4096)
+    with MessageStore(tmp_path, cfg) as s:
+        assert s.clean_shutdown and s.max_phy_offset == res[-1].phy_offset + res[-1].size
+        with pytest.raises(CorruptRecordError, match="commitlog offset 0: data ends"):
+            s.rebuild()
+        with pytest.raises(CorruptRecordError, match="commitlog offset 0"):
+            s.wait_dispatched(timeout=5)

@@ -108,3 +108,23 @@ def test_spark_command_reports_the_cause_in_one_line(stores, tmp_path):
     assert json.loads(p.stdout)["error"] == "InvalidArgumentError: not a time (epoch ms or ISO-8601): 'yesterday'"
     assert [ln for ln in p.stderr.splitlines() if ln.startswith("rmqstore: error: ")] == \
         ["rmqstore: error: InvalidArgumentError: not a time (epoch ms or ISO-8601): 'yesterday'"]
+
+
+@pytest.mark.slow
+def test_spark_export_of_a_corrupt_record_fails_in_one_line(stores, tmp_path):
+    """spark export meeting a record with a bad magic code (--mode fail): the command's
+    error was one line, but Spark's own log (the executor's ERROR and the task manager's
+    WARN) put two Python tracebacks and the JVM's stack on stderr before it."""
+    import subprocess
+    import sys
+
+    from test_cli import ENV
+    a, _ = stores
+    with open(os.path.join(a, "commitlog", f"{0:020d}"), "r+b") as f:
+        f.seek(4)
+        f.write(b"\x12\x34\x56\x78")
+    p = subprocess.run([sys.executable, "-m", "rmqstore", "spark", "--master", "local[1]", "export", a, "--out",
+                        str(tmp_path / "pq")], capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert [ln for ln in p.stderr.splitlines() if "rmqstore: error: " in ln] == \
+        [f"rmqstore: error: CorruptRecordError: {a}/commitlog/{0:020d}: commitlog offset 0: bad magic code"]

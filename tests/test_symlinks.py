@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rmqstore import Message, MessageStore, StoreConfig, StoreError
+from rmqstore import Message, MessageStore, StoreConfig, StoreError, StoreIOError, batch
 
 from conftest import SMALL_INDEX
 
@@ -137,7 +137,7 @@ def test_every_created_file_is_0600_under_a_lax_umask(tmp_path):
 # what escaped that is no StoreError; a FIFO used to block open() forever.
 OPENER = r"""
 import sys
-from rmqstore import Message, MessageStore, StoreConfig, StoreError
+from rmqstore import Message, MessageStore, StoreConfig, StoreError, StoreIOError, batch
 cfg = StoreConfig(commitlog_file_size=int(sys.argv[2]), consume_queue_entries=100, warm_mapped_file=False)
 for ro in (True, False):
     try:
@@ -203,3 +203,22 @@ def test_digest_and_diff_read_no_planted_segment(tmp_path, plant):
         p = subprocess.run([sys.executable, "-m", "rmqstore", *map(str, cmd)], capture_output=True, text=True,
                            timeout=120)
         assert p.returncode == 1 and p.stderr.startswith("rmqstore: error: ") and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("plant", ["fifo", "dir", "symlink"])
+def test_the_batch_decoder_lists_no_planted_segment(tmp_path, plant):
+    """batch.segment_files, the Spark source's and jobs' listing, took a FIFO or directory
+    segment for an empty one (size 0: skipped, so spark export succeeded without its
+    records) and sized a symlink by its target; it now refuses them as the store's open
+    does, with a StoreIOError naming the file."""
+    _store(tmp_path / "s")
+    seg = tmp_path / "s" / f"commitlog/{SEG:020d}"
+    if plant == "fifo":
+        os.mkfifo(seg)
+    elif plant == "dir":
+        os.mkdir(seg)
+    else:
+        (tmp_path / "target").write_bytes(b"\0" * SEG)
+        os.symlink(tmp_path / "target", seg)
+    with pytest.raises(StoreIOError, match=f"{SEG:020d}"):
+        batch.segment_files(tmp_path / "s")

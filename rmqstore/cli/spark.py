@@ -99,6 +99,8 @@ def cmd_spark(args):
     jobs, session = _jobs()
     from pyspark.errors import PySparkException  # there once _jobs found the [spark] extra
     spark = session(args.master)
+    # a failed task's ERROR/WARN logs carry the JVM and Python tracebacks; the cause is reported below
+    spark.sparkContext.setLogLevel("FATAL")
     try:
         return args.job(args, jobs, spark)
     except PySparkException as e:

@@ -98,12 +98,14 @@ def message_type(props: dict[str, str]) -> int:
 
 
 def deliver_at(m: MessageExt) -> int:
-    """The delivery time (ms) of a delayed message, 0 for any other."""
+    """The delivery time (ms) of a delayed message, 0 for any other (and for a time that is
+    not a number in 0..2^63-1: the property comes from disk, untrusted)."""
     v = m.properties.get(DELIVER_MS)
     try:
-        return int(v) if v else 0
+        due = int(v) if v else 0
     except ValueError:
         return 0
+    return due if 0 <= due < 1 << 63 else 0
 
 
 def to_proto(m: MessageExt, out: definition_pb2.Message, receipt: str, attempt: int, invisible_ms: int) -> None:

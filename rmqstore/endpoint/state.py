@@ -53,6 +53,19 @@ QueueKey = tuple[str, str, int]
 _COMPACT_BYTES = 4 << 20
 
 
+def _int(v: Any) -> int:
+    """``v`` if it is a 64-bit integer (what the state holds), else ValueError."""
+    if type(v) is not int or not -(1 << 63) <= v < 1 << 63:
+        raise ValueError(f"{v!r} is not a 64-bit integer")
+    return v
+
+
+def _queue_id(v: Any) -> int:
+    if type(v) is not int or not 0 <= v < 1 << 31:
+        raise ValueError(f"{v!r} is not a queue id")
+    return v
+
+
 class QueueState:
     """``next`` and ``pending`` of one (group, topic, queue)."""
 
@@ -82,30 +95,33 @@ class PopState:
 
     # -- loading --------------------------------------------------------------------------
     def _load(self) -> None:
+        """The snapshot, then the log replayed over it. A file whose JSON is not the format
+        (a value of the wrong type or out of range, a record too short) is a
+        CorruptStoreError naming it; a torn or CRC-failing log line ends the replay."""
+        path = self.snapshot_path
         try:
-            snap = parse_json(read_file(self.snapshot_path))
-        except FileNotFoundError:
-            snap = {"version": 1, "seq": 0, "queues": []}
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptStoreError(f"{self.snapshot_path}: {e}") from None
-        try:
-            self._seq = int(snap["seq"])
+            try:
+                snap = parse_json(read_file(path))
+            except FileNotFoundError:
+                snap = {"version": 1, "seq": 0, "queues": []}
+            self._seq = _int(snap["seq"])
             for g, t, q, nxt, pending in snap["queues"]:
-                qs = self.queue((str(g), str(t), int(q)))
-                qs.next = int(nxt)
+                qs = self.queue((str(g), str(t), _queue_id(q)))
+                qs.next = _int(nxt)
                 for off, until, att, seq, fifo in pending:
-                    qs.pending[int(off)] = [int(until), int(att), int(seq), int(fifo)]
-        except (KeyError, TypeError, ValueError) as e:
-            raise CorruptStoreError(f"{self.snapshot_path}: not a consumption-state snapshot ({e})") from None
-        try:
-            data = read_file(self.log_path)
-        except FileNotFoundError:
-            data = b""
-        for line in data.split(b"\n")[:-1]:   # the last piece is empty or a torn line
-            rec = self._parse(line)
-            if rec is None:
-                break
-            self._apply(rec)
+                    qs.pending[_int(off)] = [_int(until), _int(att), _int(seq), _int(fifo)]
+            path = self.log_path
+            try:
+                data = read_file(path)
+            except FileNotFoundError:
+                data = b""
+            for line in data.split(b"\n")[:-1]:   # the last piece is empty or a torn line
+                rec = self._parse(line)
+                if rec is None:
+                    break
+                self._apply(rec)
+        except (KeyError, IndexError, TypeError, ValueError, RecursionError) as e:
+            raise CorruptStoreError(f"{path}: not consumption state ({type(e).__name__}: {e})") from None
 
     @staticmethod
     def _parse(line: bytes) -> list[Any] | None:
@@ -119,15 +135,15 @@ class PopState:
         return rec if isinstance(rec, list) and len(rec) >= 5 else None
 
     def _apply(self, rec: list[Any]) -> None:
-        op, g, t, q = rec[0], str(rec[1]), str(rec[2]), int(rec[3])
+        op, g, t, q = rec[0], str(rec[1]), str(rec[2]), _queue_id(rec[3])
         qs = self.queue((g, t, q))
         if op == "r":
-            qs.pending[int(rec[4])] = [int(rec[5]), int(rec[6]), int(rec[7]), int(rec[8])]
-            self._seq = max(self._seq, int(rec[7]))
+            qs.pending[_int(rec[4])] = [_int(rec[5]), _int(rec[6]), _int(rec[7]), _int(rec[8])]
+            self._seq = max(self._seq, _int(rec[7]))
         elif op == "a":
-            qs.pending.pop(int(rec[4]), None)
+            qs.pending.pop(_int(rec[4]), None)
         elif op == "n":
-            qs.next = max(qs.next, int(rec[4]))
+            qs.next = max(qs.next, _int(rec[4]))
 
     def _compact(self) -> None:
         """Write the whole state as a new snapshot, then start an empty log."""
