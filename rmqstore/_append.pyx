@@ -6,10 +6,10 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject
-from cpython.unicode cimport PyUnicode_Check, PyUnicode_GET_LENGTH
+from cpython.unicode cimport PyUnicode_Check
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
@@ -66,15 +66,22 @@ cdef inline bint has_separator(const char *p, Py_ssize_t n) noexcept:
     return False
 
 
+cdef enum:
+    PROPS_SMALL = 512       # properties laid out on the stack up to this size, past it on the heap
+
+
 cdef bytes properties_bytes(dict props, bint *delayed=NULL):
     """The properties string a record stores (4.9 layout: name\\x01value pairs joined by
     \\x02, no trailing separator; None values left out), checked: names and values str,
     valid Unicode, no empty name, no separator inside; at most PROPS_MAX bytes. One pass over
-    the dict, laid out on the stack, with no Python code run in between: a dict another
-    thread changes cannot make the record disagree with its length. ``delayed``: set to
-    whether a DELAY property is there (None too)."""
-    cdef char buf[PROPS_MAX]
-    cdef Py_ssize_t kl, vl, n = 0, need, at = 0
+    the dict with borrowed references, so no Python code may run in it (a str subclass's
+    __eq__ could change the dict): names are compared by their UTF-8 bytes. A dict another
+    thread changes cannot make the record disagree with its length. ``delayed``: set when
+    a DELAY property has a value."""
+    cdef char small[PROPS_SMALL]
+    cdef char *buf = small
+    cdef char *grown
+    cdef Py_ssize_t kl, vl, n = 0, need, at = 0, cap = PROPS_SMALL
     cdef const char *kp
     cdef const char *vp
     cdef char *out
@@ -82,9 +89,6 @@ cdef bytes properties_bytes(dict props, bint *delayed=NULL):
     cdef PyObject *v
     try:
         while PyDict_Next(props, &at, &k, &v):     # borrowed: no Python code runs in this loop
-            if delayed != NULL and PyUnicode_Check(<object>k) and PyUnicode_GET_LENGTH(<object>k) == 5 \
-                    and <object>k == "DELAY":
-                delayed[0] = True
             if v == <PyObject *>None:
                 continue
             if not PyUnicode_Check(<object>k) or not PyUnicode_Check(<object>v):   # a subclass by its value
@@ -93,8 +97,16 @@ cdef bytes properties_bytes(dict props, bint *delayed=NULL):
             vp = utf8_of(v, &vl)
             if kl == 0 or has_separator(kp, kl) or has_separator(vp, vl):
                 raise InvalidArgumentError(f"property {<object>k!r}: empty name or a \\x01/\\x02 separator inside")
+            if delayed != NULL and kl == 5 and memcmp(kp, b"DELAY", 5) == 0:
+                delayed[0] = True
             need = (1 if n else 0) + kl + 1 + vl
-            if n + need <= PROPS_MAX:
+            if n + need > cap and n + need <= PROPS_MAX:
+                grown = <char *>malloc(PROPS_MAX)
+                if grown == NULL:
+                    raise MemoryError()
+                memcpy(grown, buf, n)
+                buf, cap = grown, PROPS_MAX
+            if n + need <= cap:
                 out = buf + n
                 if n:
                     out[0] = 2
@@ -103,11 +115,14 @@ cdef bytes properties_bytes(dict props, bint *delayed=NULL):
                 out[kl] = 1
                 memcpy(out + kl + 1, vp, vl)
             n += need       # past PROPS_MAX: only counted, to name the size below
+        if n > PROPS_MAX:
+            raise MessageTooLargeError(f"properties of {n} bytes exceed {PROPS_MAX}")
+        return PyBytes_FromStringAndSize(buf, n)
     except UnicodeEncodeError:
         raise InvalidArgumentError(f"property {<object>k!r}: not valid Unicode text (a lone surrogate?)") from None
-    if n > PROPS_MAX:
-        raise MessageTooLargeError(f"properties of {n} bytes exceed {PROPS_MAX}")
-    return PyBytes_FromStringAndSize(buf, n)
+    finally:
+        if buf != small:
+            free(buf)
 
 
 cdef int64_t record_size(bytes born, str topic, Py_ssize_t plen, bytes store_host, int version, int64_t max_size,
@@ -540,6 +555,7 @@ cdef inline int64_t now_ms() noexcept nogil:
 
 cdef enum:
     DENSE_QUEUES = 1024     # queue ids below this keep their next offset in a C array
+cdef int64_t NOT_SET = -0x7FFFFFFFFFFFFFFF - 1     # in that array: no offset set for the queue
 
 
 @cython.final
@@ -549,9 +565,9 @@ cdef class _TopicState:
     (a dict of ints cost a put 370 instructions), the rest in a dict."""
     cdef int32_t next_qid
     cdef bint checked                   # the name passed check_topic
-    cdef int64_t *dense                 # next offset per queue id below ndense; -1: none set
+    cdef int64_t *dense                 # next offset per queue id below ndense, or NOT_SET
     cdef int32_t ndense
-    cdef dict sparse                    # other queue ids -> next offset
+    cdef dict sparse                    # other queue ids (a corrupt record's may be negative) -> next offset
 
     def __cinit__(self):
         self.sparse = {}
@@ -559,15 +575,17 @@ cdef class _TopicState:
     def __dealloc__(self):
         free(self.dense)
 
-    cdef inline int64_t next_offset(self, int64_t qid) except -1:
+    cdef inline int64_t next_offset(self, int64_t qid) except? -1:
         if 0 <= qid < self.ndense:
-            return max(self.dense[qid], 0)
+            return 0 if self.dense[qid] == NOT_SET else self.dense[qid]
         return 0 if 0 <= qid < DENSE_QUEUES else self.sparse.get(qid, 0)
 
     cdef int set_next(self, int64_t qid, int64_t offset) except -1:
         cdef int32_t n, i
         cdef int64_t *grown
-        if not 0 <= qid < DENSE_QUEUES:     # a corrupt record's queue id may be negative
+        if offset == NOT_SET:
+            raise InvalidArgumentError(f"queue {qid}: next offset {offset} is out of range")
+        if not 0 <= qid < DENSE_QUEUES:
             self.sparse[qid] = offset
             return 0
         if qid >= self.ndense:
@@ -576,7 +594,7 @@ cdef class _TopicState:
             if grown == NULL:
                 raise MemoryError()
             for i in range(self.ndense, n):
-                grown[i] = -1
+                grown[i] = NOT_SET
             self.dense, self.ndense = grown, n
         self.dense[qid] = offset
         return 0
@@ -584,7 +602,7 @@ cdef class _TopicState:
     cdef dict offsets(self):
         """Queue id -> next offset, of the queues set."""
         cdef int32_t q
-        out = {q: self.dense[q] for q in range(self.ndense) if self.dense[q] >= 0}
+        out = {q: self.dense[q] for q in range(self.ndense) if self.dense[q] != NOT_SET}
         out.update(self.sparse)
         return out
 

@@ -287,3 +287,58 @@ def test_properties_are_laid_out_and_checked_byte_by_byte(tmp_path):
                 stored.append(props)
     recs = list(ref.iter_commitlog(str(tmp_path / "s")))
     assert [r["properties_raw"] for r in recs] == [ref.encode_properties(p) for p in stored]
+
+
+def _child_ok(tmp_path, code):
+    """Run ``code`` (which prints "ok" last) in a child process: a crash fails the test only."""
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(tmp_path / "s")], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), (p.returncode, p.stdout, p.stderr[-2000:])
+
+
+def test_a_property_name_whose_eq_changes_the_dict_is_stored_as_given(tmp_path):
+    """The properties are laid out from borrowed references, so no Python code may run
+    meanwhile: a str subclass name is compared by its bytes, never by its __eq__ (which
+    emptied the dict under the loop: the record held a name read from freed memory)."""
+    _child_ok(tmp_path, """
+        import gc, sys
+        from rmqstore import Message, MessageStore, StoreConfig
+
+        class Evil(str):
+            __hash__ = str.__hash__
+
+            def __eq__(self, other):
+                M.properties.clear()
+                M.properties.update({f"x{i}": "y" * 50 for i in range(100)})
+                gc.collect()
+                return False
+
+        with MessageStore(sys.argv[1], StoreConfig(warm_mapped_file=False)) as s:
+            M = Message("T", b"b")
+            M.properties = {Evil("ABCDE"): "v" * 1000, "k2": "w"}   # five characters, as DELAY
+            r = s.put(M)
+            assert len(M.properties) == 2, "__eq__ ran"
+            assert s.get_by_offset(r.phy_offset).properties == {"ABCDE": "v" * 1000, "k2": "w"}
+        print("ok")
+    """)
+
+
+def test_put_from_a_thread_with_the_smallest_stack(tmp_path):
+    """Laying out properties takes a few hundred bytes of stack (a 32 KiB buffer crashed a
+    thread started with threading.stack_size(32768), the least Python allows); larger
+    properties go to the heap."""
+    _child_ok(tmp_path, """
+        import sys, threading
+        from rmqstore import Message, MessageStore, StoreConfig
+        threading.stack_size(32768)
+        out = []
+        with MessageStore(sys.argv[1], StoreConfig(warm_mapped_file=False)) as s:
+            def work():
+                for n in (1, 600, 32000):
+                    out.append(s.put(Message("T", b"x", properties={"p": "v" * n})))
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+            assert [s.get_by_offset(r.phy_offset).properties["p"] for r in out] == ["v", "v" * 600, "v" * 32000]
+        print("ok")
+    """)

@@ -503,6 +503,25 @@ def test_bad_message_input_is_refused_and_nothing_lost(tmp_path):
         assert store.get_by_offset(ok.phy_offset).properties == {"k": "v"}
 
 
+def test_next_queue_offsets_hold_any_value(tmp_path):
+    """Whatever next offset recovery sets is kept and used, negative ones too (-1 on a
+    queue above 1023 was taken for an error with none set: SIGSEGV; -5 below it came back
+    as 0). Run in a child process: a crash fails the test, not the run."""
+    code = textwrap.dedent("""
+        import sys
+        from rmqstore import Message, MessageStore, StoreConfig
+        with MessageStore(sys.argv[1], StoreConfig(warm_mapped_file=False)) as s:
+            table = {("T", 2000): -1, ("T", 5): -5, ("T", 6): 0}
+            s.commitlog.queue_offsets = table
+            assert s.commitlog.queue_offsets == table, s.commitlog.queue_offsets
+            got = [s.put(Message("T", b"x"), queue_id=q).queue_offset for q in (2000, 5, 6)]
+            assert got == [-1, -5, 0], got
+        print("ok")
+    """)
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), (p.returncode, p.stdout, p.stderr[-2000:])
+
+
 def test_next_queue_offsets_hold_any_queue_id(tmp_path):
     """The appender's next offset per queue (ids 0..1023 kept in a C array, others in a
     dict) takes back what recovery gives it, for any id a consume-queue directory or a
