@@ -14,6 +14,12 @@ from conftest import CLEAN_498, CRASHED_498, copy_store, load_jsonl_gz, load_man
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def default_sigint():
+    """A child's preexec_fn: SIGINT as a terminal's Ctrl-C delivers it, also when the test run
+    itself was started with SIGINT ignored (a shell's background job), which children inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 SUBCOMMANDS = ["stats", "get", "msg", "at", "query", "dump", "tail", "put", "recover", "digest", "diff", "bench",
                "spark"]
 
@@ -324,7 +330,8 @@ def test_ctrl_c_exits_130(small_store):
     end = run_json("stats", small_store)["commitlog"]["maxOffset"]
     tail = subprocess.Popen([sys.executable, "-m", "rmqstore", "tail", str(small_store), "--from", str(end),
                              "--interval", "0.05"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=default_sigint)
     # tail prints nothing until a message arrives; a put proves it is polling
     put(small_store, {"topic": "T1", "body": "wake"})
     line = tail.stdout.readline()

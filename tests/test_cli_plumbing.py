@@ -3,12 +3,11 @@ full standard streams, terminals that cannot show the text, message data holding
 control characters. Each case runs the command in a subprocess."""
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
-from test_cli import ENV, ROOT, put, run
+from test_cli import ENV, ROOT, default_sigint, put, run
 
 from conftest import tree_state
 
@@ -31,7 +30,7 @@ sys.exit(main())
 def _run(args, *, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, close=()):
     """The command (through the console script's entry module) with descriptors ``close`` closed."""
     def setup():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        default_sigint()
         for fd in close:
             os.close(fd)
     p = subprocess.run([sys.executable, "-c", "import sys; from rmqstore_command import main; sys.exit(main())",
@@ -48,7 +47,7 @@ def test_console_script_is_the_entry_module():
 
 def test_ctrl_c_while_importing_exits_130(tmp_path):
     p = subprocess.run([sys.executable, "-c", _INTERRUPTED_IMPORT, "stats", str(tmp_path)], capture_output=True,
-                       text=True, env=ENV, timeout=120)
+                       text=True, env=ENV, timeout=120, preexec_fn=default_sigint)
     assert (p.returncode, p.stderr) == (130, "rmqstore: interrupted\n")
 
 
