@@ -105,9 +105,9 @@ def test_spark_command_reports_the_cause_in_one_line(stores, tmp_path):
     p = subprocess.run([sys.executable, "-m", "rmqstore", "spark", "--master", "local[1]", "query", a, "--begin",
                         "yesterday", "--json"], capture_output=True, text=True, env=ENV, timeout=300)
     assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert json.loads(p.stdout)["error"] == "InvalidArgumentError: not a time (epoch ms or ISO-8601): 'yesterday'"
-    assert [ln for ln in p.stderr.splitlines() if ln.startswith("rmqstore: error: ")] == \
-        ["rmqstore: error: InvalidArgumentError: not a time (epoch ms or ISO-8601): 'yesterday'"]
+    why = "InvalidArgumentError: rocketmq source: option since: not a time (epoch ms or ISO-8601): 'yesterday'"
+    assert json.loads(p.stdout)["error"] == why
+    assert [ln for ln in p.stderr.splitlines() if ln.startswith("rmqstore: error: ")] == [f"rmqstore: error: {why}"]
 
 
 @pytest.mark.slow
