@@ -277,7 +277,7 @@ def test_partitioned_writer_splits_buffers_and_reopens(tmp_path, monkeypatch):
     {"batchBytes": "-1"}, {"batchBytes": str(1 << 70)}, {"minPartitions": "0"}, {"minPartitions": "x"},
     {"checkCrc": "yes"}, {"checkCrc": "1"}, {"since": "--5"}, {"until": "-"}, {"paths": "[not json"},
     {"paths": '{"a": 1}'}, {"paths": "[1, 2]"}, {"paths": "[" * 100_000}, {"maxBytesPerTrigger": "-1"},
-    {"maxBytesPerTrigger": "lots"},
+    {"maxBytesPerTrigger": "lots"}, {"splitBytes": "9" * 5000}, {"since": "9" * 5000},
 ], ids=lambda o: repr(o)[:40])
 def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     """Source options int() or json.loads refused with a bare ValueError ("abc", "1e3",
@@ -295,7 +295,8 @@ def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     assert (scan.split_bytes, scan.check_crc, scan.since) == (4096, True, -5)
 
 
-@pytest.mark.parametrize("value", ["1_000", " 1000", "1000 ", "\u0661\u0660\u0660\u0660", "1e3", "lots"])
+@pytest.mark.parametrize("value", ["1_000", " 1000", "1000 ", "\u0661\u0660\u0660\u0660", "1e3", "lots", "9" * 5000],
+                         ids=lambda v: repr(v)[:20])
 def test_writer_int_options_are_plain_integers(value):
     """The writer's StoreConfig options took what int() takes ("1_000", " 1000", other
     scripts' digits); only ASCII digits (and a sign) now, InvalidArgumentError naming the
@@ -305,3 +306,19 @@ def test_writer_int_options_are_plain_integers(value):
     with pytest.raises(InvalidArgumentError, match="indexSlots"):
         store_config({"indexSlots": value})
     assert store_config({"indexSlots": "1000", "INDEXENTRIES": 4000}).index_entries == 4000
+
+
+def test_pushed_time_filters_keep_a_bound_of_zero(tmp_path):
+    """``until`` (or ``since``) 0 is a bound like any other: a pushed filter narrows it, never
+    widens it (``self.until or ...`` took 0 for no bound: rows after time 0 came back)."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.datasource import GreaterThanOrEqual, LessThan
+
+    from rmqstore.spark.source import Scan, plan
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, **SMALL_INDEX)) as st:
+        st.put(Message("T", b"x"))
+    scan = Scan({"path": str(tmp_path / "s"), "until": "0", "since": "0"})
+    scan.push([LessThan(("store_timestamp",), 10 ** 18), GreaterThanOrEqual(("store_timestamp",), -(10 ** 18))])
+    assert (scan.since, scan.until) == (0, 0)
+    assert [rb.num_rows for part in plan(scan.stores) for path, base, start, end in part.pieces
+            for rb in scan.read(part.store, path, base, start, end)] == []

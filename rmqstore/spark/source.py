@@ -28,7 +28,6 @@ commitlog bytes a micro-batch takes, shared among the stores with a backlog.
 import errno
 import functools
 import glob
-import json
 import logging
 import math
 import os
@@ -52,6 +51,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from rmqstore import batch
 from rmqstore.errors import InvalidArgumentError, StoreIOError
+from rmqstore.files import parse_json
 
 log = logging.getLogger(__name__)
 NAME = "rocketmq"
@@ -134,8 +134,8 @@ def enclosing_store(path):
 def _paths(options):
     if "paths" in options:
         try:
-            paths = json.loads(options["paths"])
-        except (ValueError, RecursionError):   # (json's RecursionError: nested too deeply)
+            paths = parse_json(options["paths"])
+        except ValueError:
             paths = None
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise InvalidArgumentError(f"rocketmq source: option paths must be a JSON list of str, "
@@ -154,7 +154,7 @@ def _int_option(options, name, default, lo):
     if text is None:
         return default
     text = str(text)
-    if not (text.isascii() and text.isdigit() and lo <= int(text) <= 1 << 62):
+    if not (text.isascii() and text.isdigit() and len(text) <= 19 and lo <= int(text) <= 1 << 62):
         raise InvalidArgumentError(f"rocketmq source: option {name} must be an integer in {lo}..{1 << 62}, "
                                    f"not {text!r}")
     return int(text)
@@ -185,6 +185,8 @@ def _epoch_ms(value):
     if isinstance(value, str):
         digits = value[1:] if value.startswith("-") else value
         if digits.isascii() and digits.isdigit():   # (lstrip took "--5" to int(), a bare ValueError)
+            if len(digits) > 19:   # past int64 (and int() refuses 4300 digits with a bare ValueError)
+                raise InvalidArgumentError(f"not a time (epoch ms or ISO-8601): {value[:40]!r}...")
             return int(value)
         try:
             value = datetime.fromisoformat(value)
@@ -231,9 +233,9 @@ class Scan:
                 lo = {EqualTo: us, GreaterThan: us + 1, GreaterThanOrEqual: us}.get(type(f))
                 hi = {EqualTo: us + 1, LessThan: us, LessThanOrEqual: us + 1}.get(type(f))
                 if lo is not None:   # store times are whole ms: round the µs bound up
-                    self.since = max(self.since or -(1 << 62), -(-lo // 1000))
+                    self.since = -(-lo // 1000) if self.since is None else max(self.since, -(-lo // 1000))
                 if hi is not None:
-                    self.until = min(self.until or (1 << 62), -(-hi // 1000))
+                    self.until = -(-hi // 1000) if self.until is None else min(self.until, -(-hi // 1000))
             else:
                 rest.append(f)
         return rest

@@ -61,7 +61,7 @@ def store_config(options):
                 changes[name] = value.lower() == "true"
             elif kind is int:   # ASCII digits: int() also took "1_0", " 12" and other scripts' digits
                 digits = value[1:] if value.startswith("-") else value
-                if not (digits.isascii() and digits.isdigit()):
+                if not (digits.isascii() and digits.isdigit() and len(digits) <= 19):
                     raise InvalidArgumentError(f"rocketmq writer: option {key}={value!r} is not an integer")
                 changes[name] = int(value)
             else:
