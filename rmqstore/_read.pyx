@@ -426,7 +426,8 @@ cdef Py_ssize_t crc_run(const char *q, int64_t size, Py_ssize_t n) noexcept nogi
 cdef class Flatten:
     """An iterator over the items of the lists ``chunks`` yields (a scan's batches), with
     no Python frame per item; once ``gate`` (the store's) is closing, StoreClosedError,
-    also for the items of a batch already read."""
+    also for the items of a batch already read. Once used up it stays so (StopIteration),
+    closed store or not, as the iterator protocol wants."""
     cdef object chunks
     cdef list batch
     cdef Py_ssize_t i
@@ -445,10 +446,16 @@ cdef class Flatten:
         raise InvalidArgumentTypeError("a scan iterator cannot be pickled or copied; scan again from an offset")
 
     def __next__(self):
+        if self.chunks is None:
+            raise StopIteration
         if self.gate.closing:
             raise StoreClosedError(f"{self.gate.path}: store is closed")
         while self.i >= PyList_GET_SIZE(self.batch):
-            self.batch = next(self.chunks)
+            try:
+                self.batch = next(self.chunks)
+            except StopIteration:
+                self.chunks = None
+                raise
             self.i = 0
         self.i += 1
         return self.batch[self.i - 1]

@@ -384,7 +384,11 @@ def test_scan_iterator_after_close_and_pickled(tmp_path):
         with pytest.raises(StoreClosedError):
             next(it)
     with MessageStore(tmp_path / "s", StoreConfig(warm_mapped_file=False, **SMALL_INDEX)) as s:
-        assert [m.body for m in s.scan()] == [b"m%d" % i for i in range(20)]
+        done = s.scan()
+        assert [m.body for m in done] == [b"m%d" % i for i in range(20)]
+    for _ in range(2):    # used up before the close: stays used up (the iterator protocol)
+        with pytest.raises(StopIteration):
+            next(done)
 
 
 def test_get_message_status_of_an_unknown_value():
