@@ -139,6 +139,15 @@ def checked(skip: int = 0) -> Callable[[F], F]:
     return wrap
 
 
+def decimal_int(text: str) -> int | None:
+    """``text`` as an int when it is a decimal integer in ASCII (an optional '-', at most 19
+    digits), else None: what a text option (Spark's, always strings) may hold. int() also
+    takes "1_0", " 12" and other scripts' digits, and refuses 4300 digits with a bare
+    ValueError."""
+    digits = text[1:] if text.startswith("-") else text
+    return int(text) if digits.isascii() and digits.isdigit() and len(digits) <= 19 else None
+
+
 def positive(name: str, v: int) -> int:
     """``v`` (an int already checked) if it is above 0."""
     if v <= 0:

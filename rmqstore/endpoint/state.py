@@ -53,17 +53,15 @@ QueueKey = tuple[str, str, int]
 _COMPACT_BYTES = 4 << 20
 
 
-def _int(v: Any) -> int:
-    """``v`` if it is a 64-bit integer (what the state holds), else ValueError."""
-    if type(v) is not int or not -(1 << 63) <= v < 1 << 63:
-        raise ValueError(f"{v!r} is not a 64-bit integer")
+def _int(v: Any, lo: int = -(1 << 63), hi: int = 1 << 63, what: str = "a 64-bit integer") -> int:
+    """``v`` if it is an int in [lo, hi) (what the state holds), else ValueError."""
+    if type(v) is not int or not lo <= v < hi:
+        raise ValueError(f"{v!r} is not {what}")
     return v
 
 
 def _queue_id(v: Any) -> int:
-    if type(v) is not int or not 0 <= v < 1 << 31:
-        raise ValueError(f"{v!r} is not a queue id")
-    return v
+    return _int(v, 0, 1 << 31, "a queue id")
 
 
 class QueueState:

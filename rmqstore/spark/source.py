@@ -50,6 +50,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from rmqstore import batch
+from rmqstore.arguments import decimal_int
 from rmqstore.errors import InvalidArgumentError, StoreIOError
 from rmqstore.files import parse_json
 
@@ -153,11 +154,11 @@ def _int_option(options, name, default, lo):
     text = options.get(name)
     if text is None:
         return default
-    text = str(text)
-    if not (text.isascii() and text.isdigit() and len(text) <= 19 and lo <= int(text) <= 1 << 62):
+    v = decimal_int(str(text))
+    if v is None or not lo <= v <= 1 << 62:
         raise InvalidArgumentError(f"rocketmq source: option {name} must be an integer in {lo}..{1 << 62}, "
-                                   f"not {text!r}")
-    return int(text)
+                                   f"not {str(text)!r}")
+    return v
 
 
 def _bool_option(options, name):
@@ -183,11 +184,9 @@ def _epoch_ms(value):
     if isinstance(value, (int, float)) and math.isfinite(value):
         return int(value)
     if isinstance(value, str):
-        digits = value[1:] if value.startswith("-") else value
-        if digits.isascii() and digits.isdigit():   # (lstrip took "--5" to int(), a bare ValueError)
-            if len(digits) > 19:   # past int64 (and int() refuses 4300 digits with a bare ValueError)
-                raise InvalidArgumentError(f"not a time (epoch ms or ISO-8601): {value[:40]!r}...")
-            return int(value)
+        ms = decimal_int(value)
+        if ms is not None:
+            return ms
         try:
             value = datetime.fromisoformat(value)
         except ValueError:

@@ -31,6 +31,7 @@ import uuid
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from rmqstore import MessageStore, StoreConfig
+from rmqstore.arguments import decimal_int
 from rmqstore.errors import InvalidArgumentError
 from rmqstore.spark.source import enclosing_store
 
@@ -59,11 +60,10 @@ def store_config(options):
                 if value.lower() not in ("true", "false"):
                     raise InvalidArgumentError(f"rocketmq writer: option {key} must be true or false, not {value!r}")
                 changes[name] = value.lower() == "true"
-            elif kind is int:   # ASCII digits: int() also took "1_0", " 12" and other scripts' digits
-                digits = value[1:] if value.startswith("-") else value
-                if not (digits.isascii() and digits.isdigit() and len(digits) <= 19):
+            elif kind is int:
+                changes[name] = decimal_int(value)
+                if changes[name] is None:
                     raise InvalidArgumentError(f"rocketmq writer: option {key}={value!r} is not an integer")
-                changes[name] = int(value)
             else:
                 changes[name] = value
     return defaults.with_(**changes)
