@@ -38,6 +38,7 @@ static int map_fd(rmq_map_t *m, int no_readahead) {
     void *p = mmap(NULL, (size_t)m->size, prot, MAP_SHARED, m->fd, 0);
     if (p == MAP_FAILED) return -errno;
     m->base = (char *)p;
+    m->guard = rmq_guard_add(m->base, (size_t)m->size, &m->truncated);
     if (no_readahead) (void)madvise(p, (size_t)m->size, MADV_RANDOM);
     return 0;
 }
@@ -56,6 +57,7 @@ int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flag
     int oflags = ro ? O_RDONLY : O_RDWR;
     int created = 0, rc;
     m->fd = -1; m->base = NULL; m->size = 0; m->reserved = 0; m->readonly = ro; m->dense = 0;
+    m->truncated = 0; m->guard = NULL;
     if (size < 0) return -EINVAL;
     if ((rc = RMQ_FAULT(RMQ_OP_OPEN, path, -1))) return -rc;
     /* O_NOFOLLOW: a store file that is a symlink fails with ELOOP, never written through;
@@ -130,6 +132,7 @@ int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len) {
     if (m->readonly) return 0;
     int rc = page_range(m, off, len, &s, &n);
     if (rc) return rc;
+    if (m->truncated) return RMQ_EFAULTED;
     if (n == 0) return 0;
     if ((rc = RMQ_FAULT(RMQ_OP_MSYNC, NULL, m->fd))) return -rc;
     return msync(s, n, MS_SYNC) ? -errno : 0;
@@ -137,6 +140,7 @@ int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len) {
 
 int rmq_map_write(rmq_map_t *m, int64_t off, const char *buf, int64_t len) {
     if (m->readonly || off < 0 || len < 0 || len > m->size - off) return -EINVAL;
+    if (m->truncated) return RMQ_EFAULTED;
     int rc = RMQ_FAULT(RMQ_OP_PWRITE, NULL, m->fd);
     if (rc) return -rc;
     while (len > 0) {
@@ -184,6 +188,8 @@ int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t len, int write) {
 
 int rmq_map_close(rmq_map_t *m) {
     int rc = 0;
+    rmq_guard_remove(m->guard);
+    m->guard = NULL;
     if (m->base && munmap(m->base, (size_t)m->size)) rc = -errno;
     m->base = NULL;
     m->size = 0;

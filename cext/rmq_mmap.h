@@ -4,12 +4,14 @@
 #define RMQ_MMAP_H
 #include <stdint.h>
 #include <stddef.h>
+#include "rmq_guard.h"
 
 #define RMQ_CREATE   1   /* create the file at `size` if it does not exist */
 #define RMQ_READONLY 2   /* PROT_READ mapping of an O_RDONLY descriptor */
 #define RMQ_NO_READAHEAD 4  /* a file created here: a fault maps its own page, no read-around (map_fd) */
 #define RMQ_ESIZE    (-100000)  /* file exists with a size other than the one asked for */
 #define RMQ_ENOTREG  (-100001)  /* a directory, FIFO, socket or device where a file is due */
+#define RMQ_EFAULTED (-100002)  /* the mapping met a SIGBUS (rmq_guard.h): written data is lost */
 
 #define RMQ_ADV_NORMAL     0
 #define RMQ_ADV_SEQUENTIAL 1
@@ -23,6 +25,8 @@ typedef struct {
     int64_t reserved; /* [0, reserved) known to have its blocks (set by open; callers move it) */
     int readonly;
     int dense;        /* on tmpfs: kept wholly allocated, holes are never punched */
+    volatile sig_atomic_t truncated;  /* SIGBUS faults met in the mapping (rmq_guard.h) */
+    rmq_guard_slot *guard;
 } rmq_map_t;
 
 /* size > 0: the file must be exactly `size` bytes (created so with RMQ_CREATE: sparse,
@@ -36,11 +40,14 @@ int rmq_map_reserve(rmq_map_t *m, int64_t off, int64_t len);
 /* Zero [off, off+len) by punching a hole (its whole blocks are freed), or by writing
  * zeros over reserved blocks where the file system cannot punch holes or on tmpfs. */
 int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t len);
+/* RMQ_EFAULTED once the mapping met a SIGBUS (its file was truncated under it, or a page
+ * could not be read): what was written there is gone, so nothing may be reported durable. */
 int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len);
 /* Write `len` bytes at file offset `off` with pwrite instead of through the mapping, which
  * sees them (one page cache). A page of a hole or of preallocated blocks written through
  * the mapping is first faulted in filled with zeros; pwrite of whole pages skips that fill,
- * which costs more than the copy itself. 0 or -errno (-EINVAL: not within the file). */
+ * which costs more than the copy itself. 0 or -errno (-EINVAL: not within the file), or
+ * RMQ_EFAULTED once the mapping met a SIGBUS. */
 int rmq_map_write(rmq_map_t *m, int64_t off, const char *buf, int64_t len);
 /* Fault pages of [off, off+len) in: write 0 read-only, 1 for writing (pages nobody else
  * uses yet), 2 for writing pages a writer may be using (never touches their bytes). */

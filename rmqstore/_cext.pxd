@@ -18,6 +18,7 @@ cdef extern from "rmq_mmap.h" nogil:
     int RMQ_NO_READAHEAD
     int RMQ_ESIZE
     int RMQ_ENOTREG
+    int RMQ_EFAULTED
     ctypedef struct rmq_map_t:
         int fd
         char *base
@@ -25,6 +26,7 @@ cdef extern from "rmq_mmap.h" nogil:
         int64_t reserved
         int readonly
         int dense
+        int truncated
     int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flags, int mode, rmq_map_t *m)
     int rmq_map_reserve(rmq_map_t *m, int64_t off, int64_t length)
     int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t length)

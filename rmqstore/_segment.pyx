@@ -10,7 +10,7 @@ import os
 from rmqstore._cext cimport *
 from rmqstore._layout cimport PF_READ, PF_WRITE, PF_AHEAD
 from rmqstore.errors import (raise_errno, raise_not_regular, StoreClosedError, CorruptStoreError, InvalidArgumentError,
-                             OutOfRangeError, StoreReadOnlyError, ViewExportedError)
+                             OutOfRangeError, StoreIOError, StoreReadOnlyError, ViewExportedError)
 
 # prefault() modes (_layout.PrefaultMode).
 PREFAULT_READ = PF_READ
@@ -21,13 +21,17 @@ PREFAULT_AHEAD = PF_AHEAD
 cdef int check(int rc, object path, str op) except -1:
     """The one place a C-layer status becomes an exception: 0 passes, RMQ_ESIZE (a file
     whose size is not the configured one) is a CorruptStoreError, RMQ_ENOTREG a StoreIOError
-    (not a regular file), -errno goes through errors.raise_errno's errno table."""
+    (not a regular file), RMQ_EFAULTED a StoreIOError (EIO: the file changed under its
+    mapping), -errno goes through errors.raise_errno's errno table."""
     if rc == 0:
         return 0
     if rc == RMQ_ESIZE:
         raise CorruptStoreError(f"{path}: file size differs from the configured size")
     if rc == RMQ_ENOTREG:
         raise_not_regular(path, op)
+    if rc == RMQ_EFAULTED:
+        raise StoreIOError(errno.EIO, f"{op}: the file changed under its mapping (truncated by another process, "
+                                      f"or a page could not be read back); what was written there is lost", str(path))
     raise_errno(-rc, path, op)
 
 
@@ -43,8 +47,9 @@ cdef class MappedSegment:
     Positions: ``wrote_pos`` (bytes appended, published after the copy) >= ``flushed_pos``
     (bytes known durable). Only the store's single writer moves ``wrote_pos``; readers
     read below it without locks. Every access is checked against the mapped size, which
-    is what ``fstat`` reported at open time, so a short file can never be touched (no
-    SIGBUS). ``hold()``/``release()`` pin the mapping across GIL-free work; ``close()``
+    is what ``fstat`` reported at open time, so a short file can never be touched; a file
+    another process truncates while it is mapped reads as zeros past its new end and can
+    no longer be flushed (cext/rmq_guard.h: no SIGBUS either way). ``hold()``/``release()`` pin the mapping across GIL-free work; ``close()``
     waits for the last pin and is refused while a zero-copy view is exported.
     """
 
