@@ -350,18 +350,17 @@ class ConsumeQueueTable:
     def load(self) -> ConsumeQueueTable:
         """Open every topic/queue directory found on disk (any topic name a store holds)."""
         for topic in sorted(list_dir(self.root)):
-            tdir = os.path.join(self.root, topic)
-            if not is_safe_dirname(topic) or not os.path.isdir(tdir):
+            if not is_safe_dirname(topic):
                 continue
-            for qname in sorted(list_dir(tdir)):
+            for qname in sorted(list_dir(os.path.join(self.root, topic))):   # a file there: StoreIOError
                 qid = number_name(qname, MAX_QUEUE_ID)
-                if qid is None or not os.path.isdir(os.path.join(tdir, qname)):
+                if qid is None:
                     continue
                 cq = ConsumeQueue(self.root, topic, qid, self.entries_per_file, self.readonly,
                                   self.file_mode, self.dir_mode, self.reserve_ahead)
                 try:
                     cq.load()
-                except CorruptStoreError:
+                except BaseException:
                     cq.close()
                     raise
                 self.queues[(topic, qid)] = cq

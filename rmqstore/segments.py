@@ -29,15 +29,15 @@ def detect_file_size(directories, configured):
     """The segment size of the files in ``directories`` (one segment queue each): the
     ``configured`` one when any file has it, else the size most of them have (the first
     one's on a tie), so that one damaged file is the one a size check then names; None
-    when there are none. A file removed since the listing is passed over."""
+    when there are none. A file removed since the listing, or one that is no regular file
+    (loading names it), is passed over."""
     sizes = []
     for directory in directories:
         for _, path in list_segment_files(directory):
             try:
                 sizes.append(file_size(path))
-            except OSError as e:
-                if e.errno != errno.ENOENT:
-                    raise
+            except OSError:
+                pass
     if not sizes:
         return None
     return configured if configured in sizes else max(sizes, key=sizes.count)

@@ -1,13 +1,16 @@
 """store.rebuild(): consume queues and index files rebuilt from the commitlog equal, byte
 for byte, what incremental dispatch wrote (ours) and what RocketMQ 4.9.8 wrote (fixture);
 the store keeps working afterwards. Recovery reports progress."""
+import json
 import os
+import shutil
 
 import pytest
+from test_cli import run
 
-from rmqstore import Message, MessageStore, StoreConfig, StoreReadOnlyError
+from rmqstore import CorruptStoreError, DerivedFileError, Message, MessageStore, StoreConfig, StoreReadOnlyError
 
-from conftest import CLEAN_498, copy_store
+from conftest import CLEAN_498, copy_store, tree_state
 
 
 def _cfg():
@@ -112,3 +115,101 @@ def test_recovery_reports_progress(own):
     with MessageStore(own, _cfg(), progress=seen.append) as s:
         assert len(seen) == s.recovery.segments_scanned == len(s.commitlog.segments.segments)
         assert set(seen) == {8192}
+
+
+def _index_file(root):
+    return "index/" + min(os.listdir(root / "index"))
+
+
+def _replace(p, make):
+    p.unlink()
+    make(p)
+
+
+def _dir_to_file(p):
+    shutil.rmtree(p)
+    p.write_bytes(b"x")
+
+
+CQ = "consumequeue/T0/0/00000000000000000000"
+DAMAGE = {   # what a crash, a disk or an operator can leave of a derived file or directory
+    "cq cut short": (CQ, lambda p: os.truncate(p, 50)),
+    "cq empty": (CQ, lambda p: os.truncate(p, 0)),
+    "cq grown": (CQ, lambda p: os.truncate(p, 1000)),
+    "cq a directory": (CQ, lambda p: _replace(p, os.mkdir)),
+    "cq a FIFO": (CQ, lambda p: _replace(p, os.mkfifo)),
+    "cq a symlink": (CQ, lambda p: _replace(p, lambda q: q.symlink_to("/etc/hostname"))),
+    "cq file missing": ("consumequeue/T0/0/00000000000000000200", os.unlink),   # a gap
+    "queue dir a file": ("consumequeue/T0/0", _dir_to_file),
+    "topic dir a file": ("consumequeue/T0", _dir_to_file),
+    "consumequeue a file": ("consumequeue", _dir_to_file),
+    "index cut short": ("<index>", lambda p: os.truncate(p, 30)),
+    "index grown": ("<index>", lambda p: os.truncate(p, p.stat().st_size + 7)),
+    "index a directory": ("<index>", lambda p: _replace(p, os.mkdir)),
+    "index a symlink": ("<index>", lambda p: _replace(p, lambda q: q.symlink_to("/etc/hostname"))),
+    "index dir a file": ("index", _dir_to_file),
+}
+
+
+def _contents(s):
+    """Every queue's messages and a key query's answer, as a store serves them."""
+    queues = {(t, q): [(m.phy_offset, m.body) for m in s.get_messages(t, q, 0, 1000).messages]
+              for t in ("T0", "T1", "T2") for q in range(3)}
+    return queues, sorted(m.phy_offset for m in s.query_by_key("T1", "hot"))
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_damaged_derived_file_is_named_and_rebuild_regenerates_it(own, kind):
+    """A consume-queue or index file an open cannot use made every open fail, rebuild
+    included (it opened the store first), so nothing could repair it. A plain open still
+    refuses it, with a DerivedFileError naming the file and the repair; MessageStore(path,
+    rebuild=True) and ``rmqstore rebuild --yes`` regenerate both from the commitlog, which
+    keeps every byte."""
+    with MessageStore(own, _cfg(), read_only=True) as s:
+        want = _contents(s)
+    commitlog = _files(own, "commitlog")
+    rel, damage = DAMAGE[kind]
+    path = own / (_index_file(own) if rel == "<index>" else rel)
+    damage(path)
+    named = str(path.parent if kind == "cq file missing" else path)
+    for ro in (False, True):
+        with pytest.raises(DerivedFileError, match="rmqstore rebuild") as e:
+            MessageStore(own, _cfg(), read_only=ro)
+        assert named in str(e.value)
+    if rel == "<index>":
+        with MessageStore(own, _cfg(), rebuild=True) as s:
+            assert _contents(s) == want
+    else:
+        plan = json.loads(run("rebuild", own, "--json").stdout)
+        assert plan["dryRun"] and named in plan["damaged"]
+        run("rebuild", own, "--yes", "--cq-entries", "10")   # when no file is left to measure
+    with MessageStore(own, _cfg(), read_only=True) as s:
+        assert _contents(s) == want and s.verify().ok
+    assert _files(own, "commitlog") == commitlog
+    assert os.path.exists("/etc/hostname")
+
+
+def test_rebuild_read_only_reads_only_the_commitlog(own):
+    """rebuild=True read-only (the dry run's view) changes nothing and reads no derived file."""
+    os.truncate(own / "consumequeue/T0/0/00000000000000000000", 10)
+    before = tree_state(own)
+    with MessageStore(own, _cfg(), read_only=True, rebuild=True) as s:
+        assert s.topics() == [] and s.query_by_key("T1", "hot") == [] and len(list(s.scan())) > 200
+    assert tree_state(own) == before
+
+
+@pytest.mark.parametrize("rel,content", [("checkpoint", None), ("config/consumerOffset.json", b"{garbage"),
+                                         ("config/consumerOffset.json", None)])
+def test_damaged_checkpoint_or_offsets_error_says_how_to_repair(own, rel, content):
+    """A checkpoint or consumer-offset file that cannot be read was a bare error; it now
+    says what the file is for and how to repair it (neither is derived from the commitlog
+    as consume queues are, so rebuild does not remake them)."""
+    p = own / rel
+    p.unlink(missing_ok=True)
+    p.parent.mkdir(exist_ok=True)
+    if content is None:
+        p.mkdir()
+    else:
+        p.write_bytes(content)
+    with pytest.raises(CorruptStoreError, match="remove it" if rel == "checkpoint" else "backup"):
+        MessageStore(own, _cfg())
