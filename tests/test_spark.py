@@ -205,6 +205,23 @@ def test_verify_reports_corruption(spark, clean_498, tmp_path):
 
 
 @pytest.mark.spark
+def test_a_hole_in_an_earlier_segment_fails_export_and_verify(spark, tmp_path):
+    """A zeroed first segment (of eight) was skipped in silence by spark export, the
+    source and spark verify (ok, 40 records fewer); export and the source now raise,
+    verify reports the hole."""
+    from test_corruption import _holed_store
+
+    from rmqstore.spark import jobs
+    at = _holed_store(tmp_path / "s", "whole")
+    reports, _ = jobs.verify(spark, [str(tmp_path / "s")])
+    assert not reports[str(tmp_path / "s")]["ok"] and reports[str(tmp_path / "s")]["corrupt_offsets"] == [at]
+    with pytest.raises(Exception, match="zeros"):
+        jobs.export(spark, [str(tmp_path / "s")], tmp_path / "pq")
+    with pytest.raises(Exception, match="zeros"):
+        spark.read.format("rocketmq").load(str(tmp_path / "s")).count()
+
+
+@pytest.mark.spark
 def test_stream_picks_up_appended_messages(spark, tmp_path):
     from rmqstore import Message, MessageStore, StoreConfig
     store = tmp_path / "live"
