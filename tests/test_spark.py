@@ -161,7 +161,9 @@ def test_rebuild_byte_identical_to_incremental_dispatch(spark, tmp_path):
     from rmqstore.spark import jobs
     store = tmp_path / "s"
     cfg = _write_store(store, 400, topics=("TopicA", "TopicB", "TopicC"))
-    result, summary = jobs.rebuild(spark, str(store), str(tmp_path / "out"), cfg)
+    damaged = shutil.copytree(store, tmp_path / "damaged")   # its own index, which it read first, cut short
+    os.truncate(os.path.join(damaged, "index", min(os.listdir(store / "index"))), 10)
+    result, summary = jobs.rebuild(spark, str(damaged), str(tmp_path / "out"), cfg)
     assert summary["messages"] == 400 and len(result) == 3 * cfg.default_queue_nums
     assert (summary["index_files"], summary["index_entries"]) == (2, 400 + 40)   # k<i> and "hot": 255 a file
     for sub, at_least in (("consumequeue", 13), ("index", 2)):
