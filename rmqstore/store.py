@@ -69,7 +69,7 @@ def _detect_cq_entries(root: str, configured: int) -> int | None:
         dirs = [os.path.join(base, t, q) for t in sorted(os.listdir(base)) if os.path.isdir(os.path.join(base, t))
                 for q in sorted(os.listdir(os.path.join(base, t)))]
         size = detect_file_size([d for d in dirs if os.path.isdir(d)], 20 * configured)
-    except OSError:
+    except (OSError, CorruptStoreError):   # loading them names what is wrong
         return None
     return size // 20 if size and size % 20 == 0 else None
 

@@ -213,3 +213,41 @@ def test_damaged_checkpoint_or_offsets_error_says_how_to_repair(own, rel, conten
         p.write_bytes(content)
     with pytest.raises(CorruptStoreError, match="remove it" if rel == "checkpoint" else "backup"):
         MessageStore(own, _cfg())
+
+
+@pytest.mark.parametrize("name", ["01", "0001", "+1", "-0", "-1", "\u0661"])
+def test_a_queue_directory_spelled_another_way_is_refused_and_rebuilt(own, name):
+    """Directories ``0001`` and ``1`` both loaded as queue 1, the second one's files
+    mapped over the first's (RocketMQ's Integer.parseInt reads them alike). A directory
+    name RocketMQ reads as a queue id in another spelling than its decimal one is now a
+    DerivedFileError naming both, and rebuild makes the queues again from the commitlog."""
+    with MessageStore(own, _cfg(), read_only=True) as s:
+        want = _contents(s)
+    shutil.copytree(own / "consumequeue/T1/1", own / "consumequeue/T1" / name)
+    with pytest.raises(DerivedFileError, match="rmqstore rebuild") as e:
+        MessageStore(own, _cfg())
+    assert str(own / "consumequeue/T1" / name) in str(e.value)
+    if name != "-1":
+        assert str(own / "consumequeue/T1" / str(int(name))) in str(e.value)
+    with MessageStore(own, _cfg(), rebuild=True) as s:
+        assert _contents(s) == want and s.queue_ids("T1") == [1]
+
+
+@pytest.mark.parametrize("name", ["abc", " 1", "1 ", "2147483648", "99999999999999999999"])
+def test_names_that_are_no_queue_id_are_ignored_as_rocketmq_ignores_them(own, name):
+    shutil.copytree(own / "consumequeue/T1/1", own / "consumequeue/T1" / name)
+    with MessageStore(own, _cfg()) as s:
+        assert s.queue_ids("T1") == [1]
+
+
+@pytest.mark.parametrize("sub", ["commitlog", "consumequeue/T1/1"])
+@pytest.mark.parametrize("name", ["0", "123", "0" * 21, "9" * 20, "\u0661" * 20])
+def test_a_segment_named_other_digits_is_refused(own, sub, name):
+    """A file of decimal digits that is no 20-digit offset (RocketMQ's Long.parseLong reads
+    it as one) was passed over: a renamed commitlog segment's records left out unseen.
+    It is a CorruptStoreError naming it (a DerivedFileError in a consume queue)."""
+    (own / sub / name).write_bytes(b"\0" * 200)
+    with pytest.raises(CorruptStoreError, match="not a segment name") as e:
+        MessageStore(own, _cfg(), read_only=True)
+    assert str(own / sub / name) in str(e.value)
+    assert isinstance(e.value, DerivedFileError) == (sub != "commitlog")
