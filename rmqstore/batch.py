@@ -92,9 +92,10 @@ class DecodeStats:
 
     __slots__ = ("records", "bytes", "corrupt", "skipped_bytes", "corrupt_offsets")
 
-    def __init__(self):
+    @checked(skip=1)
+    def __init__(self) -> None:
         self.records = self.bytes = self.corrupt = self.skipped_bytes = 0
-        self.corrupt_offsets = []
+        self.corrupt_offsets: list[int] = []
 
     def as_dict(self):
         return {k: getattr(self, k) for k in self.__slots__}
