@@ -101,7 +101,8 @@ class MessageStore:
             progress: called with a byte count as recovery (and a rebuild's dispatch) proceeds.
             rebuild: do not read ``consumequeue/`` and ``index/``, whatever state they are
                 in: a writer removes them after recovery and dispatches the whole commitlog
-                again (as rebuild() does; CorruptRecordError where a bad record stops it);
+                again (as rebuild() does; CorruptRecordError where a bad record stops it,
+                or where recovery would cut commitlog data, which a rebuild never does);
                 read-only, they are left alone and the store has none (a dry run's view).
 
         Raises:
@@ -209,7 +210,8 @@ class MessageStore:
     def _recover(self, progress: Progress | None = None, rebuild: bool = False) -> None:
         cfg = self.config
         self.recovery = rep = recover_commitlog(self.commitlog, self.clean_shutdown, self.checkpoint,
-                                                cfg.check_crc_on_recover, cfg.message_index_enable, progress)
+                                                cfg.check_crc_on_recover, cfg.message_index_enable, progress,
+                                                keep=rebuild)
         if rebuild and not self.read_only:
             remove_logics(self.path)
         end = self.commitlog.max_offset

@@ -8,7 +8,15 @@ import shutil
 import pytest
 from test_cli import run
 
-from rmqstore import CorruptStoreError, DerivedFileError, Message, MessageStore, StoreConfig, StoreReadOnlyError
+from rmqstore import (
+    CorruptRecordError,
+    CorruptStoreError,
+    DerivedFileError,
+    Message,
+    MessageStore,
+    StoreConfig,
+    StoreReadOnlyError,
+)
 
 from conftest import CLEAN_498, copy_store, tree_state
 
@@ -251,3 +259,23 @@ def test_a_segment_named_other_digits_is_refused(own, sub, name):
         MessageStore(own, _cfg(), read_only=True)
     assert str(own / sub / name) in str(e.value)
     assert isinstance(e.value, DerivedFileError) == (sub != "commitlog")
+
+
+def test_rebuild_never_cuts_the_commitlog(tmp_path):
+    """A record damaged in one of the last three segments (recovery checks those after a
+    clean shutdown) made a rebuild's open cut the commitlog there, deleting every later
+    record with the derived files it was to regenerate. MessageStore(path, rebuild=True)
+    and rmqstore rebuild --yes now refuse, changing nothing; recover --yes makes the cut."""
+    root = tmp_path / "s"
+    with MessageStore(root, _cfg()) as s:
+        offsets = [s.put(Message("T", b"x" * 100)).phy_offset for _ in range(300)]
+    victim = offsets[-20]
+    seg = victim - victim % 8192
+    with open(root / "commitlog" / f"{seg:020d}", "r+b") as f:
+        f.seek(victim - seg + 4)
+        f.write(b"\0\0\0\0")   # its magic code
+    before = tree_state(root)
+    with pytest.raises(CorruptRecordError, match="recover") as e:
+        MessageStore(root, _cfg(), rebuild=True)
+    assert e.value.offset == victim and tree_state(root) == before
+    assert "recover" in run("rebuild", root, "--yes", expect=1).stderr and tree_state(root) == before
