@@ -5,6 +5,7 @@ from rmqstore.consumer import GetMessageResult, GetMessageStatus
 from rmqstore.errors import (
                              CorruptRecordError,
                              CorruptStoreError,
+                             DerivedFileError,
                              DiskFullError,
                              ForeignProcessError,
                              FrozenObjectError,
@@ -30,7 +31,7 @@ __all__ = [
     "MessageStore", "StoreConfig", "Message", "MessageExt", "PutResult", "GetMessageResult",
     "GetMessageStatus", "StoreError", "StoreClosedError", "StoreLockedError", "StoreReadOnlyError",
     "InvalidTopicError", "InvalidArgumentError", "InvalidArgumentTypeError", "MessageTooLargeError",
-    "CorruptStoreError", "CorruptRecordError", "MessageNotFoundError", "NotRecordStartError", "ReentrantCallError",
-    "StoreIOError", "DiskFullError",
+    "CorruptStoreError", "DerivedFileError", "CorruptRecordError", "MessageNotFoundError", "NotRecordStartError",
+    "ReentrantCallError", "StoreIOError", "DiskFullError",
     "StoreNotFoundError", "ForeignProcessError", "FrozenObjectError",
 ]

@@ -8,7 +8,7 @@ from rmqstore._gate import MISSING, misfit
 from rmqstore._layout cimport CqEntry
 from rmqstore._segment cimport MappedSegment, queue_end, queue_find
 from rmqstore._read import gather_messages
-from rmqstore.consumer import GetMessageResult, GetMessageStatus, TagFilter
+from rmqstore.consumer import GetMessageResult, GetMessageStatus, TagFilter, fill_result
 from rmqstore.errors import InvalidArgumentError
 from rmqstore.topics import is_safe_dirname
 
@@ -20,6 +20,17 @@ cdef object ALL = TagFilter(None)       # no expression: every message
 cdef object FOUND = GetMessageStatus.FOUND
 cdef object NO_MATCHED = GetMessageStatus.NO_MATCHED_MESSAGE
 cdef object REMOVING = GetMessageStatus.MESSAGE_WAS_REMOVING
+cdef object NEW = object.__new__
+cdef object FILL = fill_result
+
+
+cdef inline object result(status, long long next_offset, long long lo, long long hi, list msgs=None,
+                          list problems=None):
+    """A GetMessageResult of arguments known to be right, without the checks its __init__
+    makes (a Python frame and a check per field) for results built by hand."""
+    r = NEW(GetMessageResult)
+    FILL(r, status, next_offset, lo, hi, [] if msgs is None else msgs, [] if problems is None else problems)
+    return r
 
 
 cdef class QueueReader:
@@ -67,25 +78,25 @@ cdef class QueueReader:
             # RocketMQ's findConsumeQueue creates any queue asked for, so an unknown
             # topic/queue answers NO_MESSAGE_IN_QUEUE; one that cannot exist does not.
             if queue_id < 0 or not is_safe_dirname(topic):
-                return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+                return result(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+            return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
         files = cq.segments
         lo, hi = cq.min_logic_offset // ENTRY, queue_end(files) // ENTRY
         if hi == 0:
-            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+            return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
         if offset < lo:
-            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+            return result(GetMessageStatus.OFFSET_TOO_SMALL, lo, lo, hi)
         if offset == hi:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+            return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
         if offset > hi:
             # 4.9.8 and 5.3.3 both answer nextBeginOffset = maxOffset here (manifests)
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
+            return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
         off = offset        # within [lo, hi): fits
         seg = queue_find(files, off * ENTRY)     # the file holding the entry, and its entries from there
         avail = 0 if seg is None else max(0, seg.wrote_pos - (off * ENTRY - seg.base_offset)) // ENTRY
         if avail == 0:
             per_file = self.per_file
-            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, off - off % per_file + per_file, lo, hi)
+            return result(GetMessageStatus.OFFSET_FOUND_NULL, off - off % per_file + per_file, lo, hi)
         # RocketMQ looks at up to 800 entries (16000 bytes) of the file. Without a tag filter
         # the first max_count usually decide the answer: read those, and the 800 only when the
         # walk used them all without filling the batch (holes, records gone).
@@ -100,7 +111,7 @@ cdef class QueueReader:
         for k, _, _, why in problems:
             if why:
                 log.warning("%s/%d offset %d: %s", topic, queue_id, off + k, why)
-        return GetMessageResult(FOUND if msgs else REMOVING if removing else NO_MATCHED, off + used, lo, hi, msgs,
+        return result(FOUND if msgs else REMOVING if removing else NO_MATCHED, off + used, lo, hi, msgs,
                                 [(off + k, phy, size) for k, phy, size, _ in problems])
 
     cdef tuple gather(self, seg, pos, long long count, long long max_count, flt):

@@ -24,10 +24,11 @@ from rmqstore import _record
 from rmqstore._segment import MappedSegment
 from rmqstore.arguments import checked, positive
 from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError
-from rmqstore.files import file_size
+from rmqstore.files import file_size, open_reader
 from rmqstore.segments import list_segment_files
 
 MODES = ("fail", "skip")
+HOLE = "data ends (zeros) before records that follow"
 _HEADER = re.compile(re.escape((_record.MAGIC_V1 & 0xFFFFFFFF).to_bytes(4, "big")) + b"|"
                      + re.escape((_record.MAGIC_V2 & 0xFFFFFFFF).to_bytes(4, "big")))
 
@@ -52,15 +53,49 @@ def _sync(seg, pos, limit):
     return None
 
 
+def _hole(seg, path, at, limit, search=True):
+    """Whether the zeros at ``at`` of ``seg`` are a hole, not the end of data: a record
+    header follows in the range (before ``limit``; ``search`` False: not looked for, a
+    walk of a live store's last segment would do it on every call) or, the range reaching
+    the segment's end, a later segment of the directory holds data (a segment ends with a
+    BLANK record). ``at`` is read again last: a live writer's record or BLANK landing
+    meanwhile is no hole. Run once per range, where its data ends."""
+    if seg.read(at, 4) != bytes(4):
+        return False
+    if not ((search and _sync(seg, at + 1, limit) is not None)
+            or (limit >= seg.size and _later_data(path, seg.base_offset))):
+        return False
+    return seg.read(at, 4) == bytes(4)
+
+
+def _refuse_hole(seg, path, at, limit, status, search=True):
+    """CorruptRecordError when a walk of ``seg`` that stopped at ``at`` with ``status``
+    met zeros that are a hole (see ``_hole``), not the end of data."""
+    if status == "end" and at < limit and _hole(seg, path, at, limit, search):
+        raise CorruptRecordError(f"{path}: commitlog offset {seg.base_offset + at}: {HOLE}", seg.base_offset + at)
+
+
+def _later_data(path, base_offset):
+    """Whether a segment file after the one at ``base_offset`` in ``path``'s directory starts
+    with a record (not zeros: a writer's next segment made ahead)."""
+    for base, p in list_segment_files(os.path.dirname(path)):
+        if base > base_offset:
+            with open_reader(p) as f:
+                if f.read(4).strip(b"\0"):
+                    return True
+    return False
+
+
 class DecodeStats:
     """What one or more ``iter_columns`` calls read: records, record bytes, corrupt regions
     skipped and their bytes, and the commitlog offset of each corrupt record met."""
 
     __slots__ = ("records", "bytes", "corrupt", "skipped_bytes", "corrupt_offsets")
 
-    def __init__(self):
+    @checked(skip=1)
+    def __init__(self) -> None:
         self.records = self.bytes = self.corrupt = self.skipped_bytes = 0
-        self.corrupt_offsets = []
+        self.corrupt_offsets: list[int] = []
 
     def as_dict(self):
         return {k: getattr(self, k) for k in self.__slots__}
@@ -146,7 +181,9 @@ def _decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, al
                 yield out
             stop, at = info["stop"], info["end_pos"]
             total = int.from_bytes(seg.read(at, 4), "big", signed=True) if at + 4 <= size else 0
-            if stop == "blank" or (stop == "end" and (window == limit or total == 0)):
+            if stop == "end" and total == 0 and at < limit and _hole(seg, path, at, limit):
+                stop = HOLE
+            elif stop == "blank" or (stop == "end" and (window == limit or total == 0)):
                 return
             if window < limit and (stop == "end" or at > pos):
                 pos, need = at, 0   # the window ended on or cut a record: go on from there
@@ -192,6 +229,7 @@ def count_records(store_path: str | os.PathLike[str]) -> tuple[int, int]:
         seg = MappedSegment(path, base, 0, readonly=True)
         try:
             end, count, status = _read.scan_segment(seg, 0, size, False)
+            _refuse_hole(seg, path, end, size, status)
         finally:
             seg.close()
         records, nbytes = records + count, nbytes + end
@@ -219,6 +257,7 @@ def advance(store_path: str | os.PathLike[str], start: int, max_bytes: int) -> i
             if count == 0 and pos == start and status not in ("end", "blank") and rel + 4 <= size:
                 total = int.from_bytes(seg.read(rel, 4), "big", signed=True)   # one record over budget
                 end, count, status = _read.scan_segment(seg, rel, min(size, rel + max(total, 0)), False)
+            _refuse_hole(seg, path, end, size, status, False)
         finally:
             seg.close()
         budget -= end - rel

@@ -2,6 +2,7 @@
 import logging
 import struct
 
+from rmqstore.errors import CorruptStoreError, StoreIOError
 from rmqstore.files import open_reader, write_atomic
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ class Checkpoint:
                 data = f.read(PAGE)   # the page; anything after it is not read
         except FileNotFoundError:
             return self
+        except StoreIOError as e:   # a directory, FIFO or link in its place
+            raise CorruptStoreError(f"{e}; the checkpoint only tells recovery where to start: remove it and "
+                                    "recovery checks the commitlog from its first segment") from e
         if len(data) < 24:   # cut short: no time in it can be trusted (RocketMQ maps it as zeros)
             log.warning("%s: %d bytes, not a %d-byte page: recovering from the start", self.path, len(data), PAGE)
             self.short, data = len(data), b""

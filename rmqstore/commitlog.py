@@ -207,7 +207,10 @@ class CommitLog:
                                              f"{r.phy_offset}", pos)
                 yield [r]
                 pos += r.store_size
-            else:   # BLANK record or end of this segment's data
+            elif r[0] == "end":   # zeros before the end of data (pos < end): a hole, not the end
+                raise CorruptRecordError(f"{seg.path}: commitlog offset {pos}: data ends (zeros) before the "
+                                         f"end of data at {self.max_offset}", pos)
+            else:   # a BLANK record: the rest of the segment is unused
                 pos = seg.base_offset + seg.size
 
     def flush(self, least_pages=0):

@@ -12,7 +12,7 @@ import numpy as np
 from rmqstore import _cq
 from rmqstore.config import StoreConfig
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError
-from rmqstore.files import list_dir, number_name
+from rmqstore.files import list_dir
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import is_safe_dirname
 
@@ -328,6 +328,29 @@ class ConsumeQueue:
         self.segments.close()
 
 
+def _queue_id(tdir: str, name: str, names: list[str]) -> int | None:
+    """The queue id directory ``name`` of ``tdir`` holds: ``name`` is its decimal spelling
+    (``"0"``, ``"12"``), or None when it names no queue. A name that RocketMQ's
+    Integer.parseInt reads as a queue in another spelling (``"01"``, ``"+1"``, ``"-1"``,
+    other scripts' digits) is a CorruptStoreError: RocketMQ would load the queue's
+    canonical directory in its place, and two names for one queue must not shadow each
+    other. Other names (not a Java int) are ignored, as RocketMQ ignores them."""
+    digits = name[1:] if name[:1] in "+-" else name
+    if not digits.isdecimal():
+        return None
+    value = -int(digits) if name[0] == "-" else int(digits)
+    if name == str(value) and 0 <= value <= MAX_QUEUE_ID:
+        return value
+    if not -(1 << 31) <= value <= MAX_QUEUE_ID:
+        return None   # Integer.parseInt refuses it too
+    if value < 0:
+        raise CorruptStoreError(f"{os.path.join(tdir, name)}: RocketMQ reads this directory name as queue {value}, "
+                                f"which no queue id can be")
+    also = " (a directory of that name is there too)" if str(value) in names else ""
+    raise CorruptStoreError(f"{os.path.join(tdir, name)}: RocketMQ reads this directory name as queue {value}, "
+                            f"whose directory is {os.path.join(tdir, str(value))}{also}")
+
+
 class ConsumeQueueTable:
     """Every consume queue of a store, created on first dispatch of a topic/queue."""
 
@@ -350,18 +373,19 @@ class ConsumeQueueTable:
     def load(self) -> ConsumeQueueTable:
         """Open every topic/queue directory found on disk (any topic name a store holds)."""
         for topic in sorted(list_dir(self.root)):
-            tdir = os.path.join(self.root, topic)
-            if not is_safe_dirname(topic) or not os.path.isdir(tdir):
+            if not is_safe_dirname(topic):
                 continue
-            for qname in sorted(list_dir(tdir)):
-                qid = number_name(qname, MAX_QUEUE_ID)
-                if qid is None or not os.path.isdir(os.path.join(tdir, qname)):
+            tdir = os.path.join(self.root, topic)
+            names = list_dir(tdir)   # a file there: StoreIOError
+            for qname in sorted(names):
+                qid = _queue_id(tdir, qname, names)
+                if qid is None:
                     continue
                 cq = ConsumeQueue(self.root, topic, qid, self.entries_per_file, self.readonly,
                                   self.file_mode, self.dir_mode, self.reserve_ahead)
                 try:
                     cq.load()
-                except CorruptStoreError:
+                except BaseException:
                     cq.close()
                     raise
                 self.queues[(topic, qid)] = cq

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Callable
 
+from rmqstore._message import MessageExt
 from rmqstore._record import java_hash
-from rmqstore.errors import InvalidArgumentError
+from rmqstore.arguments import checked
+from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 class GetMessageStatus(str, Enum):
@@ -32,7 +34,11 @@ class GetMessageResult:
     """What get_messages found: ``status`` (RocketMQ's GetMessageStatus), ``messages``
     (MessageExt, in queue order), ``next_offset`` (where the next call starts),
     ``min_offset``/``max_offset`` of the queue, and ``problems``: (queue offset, commitlog
-    offset, size) of entries that could not be followed to a record."""
+    offset, size) of entries that could not be followed to a record.
+
+    Built by hand, every argument is checked (InvalidArgumentError, InvalidArgumentTypeError
+    for a wrong type or a call that does not fit); get_messages builds its results in C
+    with ``fill_result``, the dataclass's own __init__, which checks nothing."""
 
     status: GetMessageStatus
     next_offset: int
@@ -40,6 +46,39 @@ class GetMessageResult:
     max_offset: int
     messages: list[Any] = field(default_factory=list)
     problems: list[tuple[int, int, int]] = field(default_factory=list)   # CQ entries that could not be followed
+
+
+fill_result = GetMessageResult.__init__
+
+
+def _checked_init(self: GetMessageResult, status: GetMessageStatus, next_offset: int, min_offset: int,
+                  max_offset: int, messages: list[Any] | None = None,
+                  problems: list[tuple[int, int, int]] | None = None) -> None:
+    """A result built by hand, every argument checked.
+
+    Args:
+        status: a GetMessageStatus (or its name); next_offset, min_offset, max_offset:
+            int64 queue offsets; messages: a list of MessageExt (None: []); problems: a
+            list of (queue offset, commitlog offset, size) int tuples (None: [])."""
+    if not isinstance(status, str):
+        raise InvalidArgumentTypeError(f"status must be a GetMessageStatus, not {type(status).__name__}")
+    fill_result(self, GetMessageStatus(status), next_offset, min_offset, max_offset,
+                _list_of("messages", messages, lambda m: isinstance(m, MessageExt), "MessageExt"),
+                _list_of("problems", problems, lambda p: type(p) is tuple and len(p) == 3 and
+                         all(type(v) is int for v in p), "(int, int, int) tuples"))
+
+
+_checked_init.__name__, _checked_init.__qualname__ = "__init__", "GetMessageResult.__init__"
+setattr(GetMessageResult, "__init__", checked(skip=1)(_checked_init))   # noqa: B010 - mypy refuses a method assigned
+
+
+def _list_of(name: str, v: Any, ok: Callable[[Any], bool], what: str) -> list[Any]:
+    """``v`` (None: []) when it is a list whose every element passes ``ok``."""
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(ok(x) for x in v):
+        raise InvalidArgumentTypeError(f"{name} must be a list of {what}, not {type(v).__name__} {v!r:.80}")
+    return v
 
 
 class TagFilter:

@@ -60,6 +60,13 @@ class CorruptStoreError(StoreError):
     """A store file whose structure is not what the format allows."""
 
 
+class DerivedFileError(CorruptStoreError):
+    """A consume-queue or index file an open cannot use (wrong size, a gap, a directory or
+    link where a file is due). They are derived from the commitlog: ``rmqstore rebuild``
+    (``MessageStore(path, rebuild=True)``) regenerates them; the error's cause is the
+    original one."""
+
+
 class CorruptRecordError(CorruptStoreError, ValueError):
     """A commitlog record that fails validation; ``offset`` is where it starts."""
 

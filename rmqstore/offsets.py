@@ -3,11 +3,13 @@ import json
 import os
 import threading
 
-from rmqstore.errors import CorruptStoreError, InvalidArgumentError
+from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreError
 from rmqstore.files import make_dirs, parse_json, read_file, write_atomic
 from rmqstore.topics import validate_group, validate_topic
 
 _MAX_QUEUE_ID = (1 << 31) - 1
+_REPAIR = ("consumer offsets are not in the commitlog: restore the file from a backup (a broker keeps "
+           "consumerOffset.json.bak beside it), or move it away to open the store with none committed")
 _MAX_OFFSET = (1 << 63) - 1
 
 
@@ -28,14 +30,16 @@ class ConsumerOffsets:
         ids 0..2^31-1 and offsets -1..2^63-1 is a CorruptStoreError."""
         try:
             data = parse_json(read_file(self.path))
+            table = data.get("offsetTable", {}) if isinstance(data, dict) else None
+            if not isinstance(table, dict):
+                raise CorruptStoreError(f"{self.path}: no offsetTable object")
+            self.table = {k: self._queue_offsets(k, v) for k, v in table.items()}
         except FileNotFoundError:
             return self
         except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptStoreError(f"{self.path}: {e}") from None
-        table = data.get("offsetTable", {}) if isinstance(data, dict) else None
-        if not isinstance(table, dict):
-            raise CorruptStoreError(f"{self.path}: no offsetTable object")
-        self.table = {k: self._queue_offsets(k, v) for k, v in table.items()}
+            raise CorruptStoreError(f"{self.path}: {e}; {_REPAIR}") from None
+        except StoreError as e:   # the checks above, or a directory, FIFO or link in its place
+            raise CorruptStoreError(f"{e}; {_REPAIR}") from e
         return self
 
     def _queue_offsets(self, key, queues):

@@ -76,8 +76,10 @@ def _start_index(segments, clean, checkpoint, index_enabled):
     return 0
 
 
-def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, progress=None):
-    """Find the end of valid data, truncate after it; returns a RecoveryReport."""
+def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, progress=None, keep=False):
+    """Find the end of valid data, truncate after it; returns a RecoveryReport. ``keep``:
+    CorruptRecordError instead when that would discard data (a rebuild, which regenerates
+    derived files, never cuts the commitlog; ``rmqstore recover`` does)."""
     t0 = time.monotonic()
     rep = RecoveryReport(clean_shutdown=clean)
     segs = commitlog.segments.segments
@@ -109,6 +111,11 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
                 log.warning("recovery: %s; truncating", rep.stop_reason)
         break
     rep.end_offset = end
+    if keep and not commitlog.readonly and commitlog.segments.bytes_after(end):
+        raise CorruptRecordError(f"{commitlog.segments.directory}: recovery would cut the commitlog at offset {end} "
+                                 f"({rep.stop_reason}), {commitlog.segments.bytes_after(end)} bytes of data after "
+                                 "it; a rebuild never cuts it: 'rmqstore recover STORE' shows the cut, --yes makes "
+                                 "it", end)
     if not commitlog.readonly:
         rep.commitlog_bytes_truncated = commitlog.segments.truncate(end)
         if not clean:

@@ -19,25 +19,34 @@ def segment_name(offset):
 
 
 def list_segment_files(directory):
-    """(offset, path) of every 20-digit file in ``directory``, in offset order; a symlinked
-    directory is refused."""
-    found = ((number_name(n, _MAX_OFFSET), n) for n in list_dir(directory) if len(n) == 20)
-    return sorted((offset, os.path.join(directory, n)) for offset, n in found if offset is not None)
+    """(offset, path) of every segment file in ``directory`` (named by its start offset in
+    20 ASCII digits), in offset order; a symlinked directory is refused. Another name of
+    decimal digits ('123', 21 digits, one past int64, other scripts' digits), which
+    RocketMQ would read as some offset, is a CorruptStoreError; other names are ignored."""
+    found = []
+    for n in list_dir(directory):
+        if n.isdecimal():
+            offset = number_name(n, _MAX_OFFSET) if len(n) == 20 else None
+            if offset is None:
+                raise CorruptStoreError(f"{os.path.join(directory, n)}: not a segment name (the start offset in 20 "
+                                        f"digits, at most {_MAX_OFFSET})")
+            found.append((offset, os.path.join(directory, n)))
+    return sorted(found)
 
 
 def detect_file_size(directories, configured):
     """The segment size of the files in ``directories`` (one segment queue each): the
     ``configured`` one when any file has it, else the size most of them have (the first
     one's on a tie), so that one damaged file is the one a size check then names; None
-    when there are none. A file removed since the listing is passed over."""
+    when there are none. A file removed since the listing, or one that is no regular file
+    (loading names it), is passed over."""
     sizes = []
     for directory in directories:
         for _, path in list_segment_files(directory):
             try:
                 sizes.append(file_size(path))
-            except OSError as e:
-                if e.errno != errno.ENOENT:
-                    raise
+            except OSError:
+                pass
     if not sizes:
         return None
     return configured if configured in sizes else max(sizes, key=sizes.count)

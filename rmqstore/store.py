@@ -41,7 +41,7 @@ from rmqstore.errors import (
 from rmqstore.files import create_new, lock_writer, store_dir
 from rmqstore.flush import FlushService
 from rmqstore.index import IndexService
-from rmqstore.maintenance.rebuild import dispatch_all, fresh_logics
+from rmqstore.maintenance.rebuild import damaged_logics, dispatch_all, fresh_logics, keep_index_geometry, remove_logics
 from rmqstore.maintenance.retention import RetentionReport, clean_expired
 from rmqstore.maintenance.verify import VerifyReport
 from rmqstore.maintenance.verify import verify as verify_components
@@ -69,7 +69,7 @@ def _detect_cq_entries(root: str, configured: int) -> int | None:
         dirs = [os.path.join(base, t, q) for t in sorted(os.listdir(base)) if os.path.isdir(os.path.join(base, t))
                 for q in sorted(os.listdir(os.path.join(base, t)))]
         size = detect_file_size([d for d in dirs if os.path.isdir(d)], 20 * configured)
-    except OSError:
+    except (OSError, CorruptStoreError):   # loading them names what is wrong
         return None
     return size // 20 if size and size % 20 == 0 else None
 
@@ -89,7 +89,7 @@ class MessageStore:
 
     @checked(skip=1)
     def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None, read_only: bool = False,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, rebuild: bool = False) -> None:
         """Open (or, writing, create) the store at ``path`` and recover it.
 
         Args:
@@ -98,12 +98,18 @@ class MessageStore:
                 existing store are taken from its files).
             read_only: open without the writer lock and change no byte; any number of
                 read-only handles may be open, also beside a live writer.
-            progress: called with a byte count as recovery proceeds (CLI progress bars).
+            progress: called with a byte count as recovery (and a rebuild's dispatch) proceeds.
+            rebuild: do not read ``consumequeue/`` and ``index/``, whatever state they are
+                in: a writer removes them after recovery and dispatches the whole commitlog
+                again (as rebuild() does; CorruptRecordError where a bad record stops it,
+                or where recovery would cut commitlog data, which a rebuild never does);
+                read-only, they are left alone and the store has none (a dry run's view).
 
         Raises:
             InvalidArgumentError: a bad argument. StoreNotFoundError: no directory
             (read-only). StoreLockedError: another writer holds it. CorruptStoreError,
-            StoreIOError: files it cannot use."""
+            StoreIOError: files it cannot use. DerivedFileError: a consume-queue or index
+            file it cannot use (``rebuild=True`` regenerates them)."""
         self.path = os.path.abspath(str(path))
         cfg = config or StoreConfig()
         self.read_only = read_only
@@ -118,7 +124,7 @@ class MessageStore:
         if not read_only:
             self._acquire_lock(cfg)
         try:
-            self._open(cfg, progress)
+            self._open(cfg, progress, rebuild)
         except BaseException:
             self._release_lock()
             raise
@@ -134,7 +140,7 @@ class MessageStore:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def _open(self, cfg: StoreConfig, progress: Progress | None = None) -> None:
+    def _open(self, cfg: StoreConfig, progress: Progress | None = None, rebuild: bool = False) -> None:
         cl_size = detect_file_size([os.path.join(self.path, "commitlog")], cfg.commitlog_file_size)
         if cl_size and cl_size != cfg.commitlog_file_size:
             log.info("%s: using the store's commitlog segment size %d", self.path, cl_size)
@@ -142,6 +148,8 @@ class MessageStore:
                 cfg = cfg.with_(commitlog_file_size=cl_size)
             except InvalidArgumentError:
                 raise CorruptStoreError(f"{self.path}/commitlog: first segment is {cl_size} bytes") from None
+        if rebuild:
+            cfg = keep_index_geometry(self.path, cfg)
         cq_entries = _detect_cq_entries(self.path, cfg.consume_queue_entries)
         if cq_entries and cq_entries != cfg.consume_queue_entries:
             cfg = cfg.with_(consume_queue_entries=cq_entries)
@@ -158,9 +166,11 @@ class MessageStore:
         self.flusher: FlushService           # set below on a writer; _teardown copes with neither
         try:
             self.commitlog.segments.load()
-            self.consume_queues.load()
+            if not rebuild:
+                with damaged_logics(self.path):
+                    self.consume_queues.load()
             self.offsets.load()
-            self._recover(progress)
+            self._recover(progress, rebuild)
             if not self.read_only:
                 self.commitlog.segments.prepare_first()
                 create_new(self.abort_path, str(os.getpid()).encode(), cfg.file_mode)
@@ -197,10 +207,13 @@ class MessageStore:
             self.query_by_key = _index.KeyLookup(   # type: ignore[method-assign]
                 self._gate, self.index, self.commitlog.segments, checks, cfg.max_msgs_num_batch).query_by_key
 
-    def _recover(self, progress: Progress | None = None) -> None:
+    def _recover(self, progress: Progress | None = None, rebuild: bool = False) -> None:
         cfg = self.config
         self.recovery = rep = recover_commitlog(self.commitlog, self.clean_shutdown, self.checkpoint,
-                                                cfg.check_crc_on_recover, cfg.message_index_enable, progress)
+                                                cfg.check_crc_on_recover, cfg.message_index_enable, progress,
+                                                keep=rebuild)
+        if rebuild and not self.read_only:
+            remove_logics(self.path)
         end = self.commitlog.max_offset
         damaged = end   # dispatch again from where the first damaged consume queue now ends
         for cq in self.consume_queues.queues.values():   # read-only: positions only, files untouched
@@ -210,7 +223,10 @@ class MessageStore:
             if cut or cq.segments.dropped:   # entries lost to damage (or a torn write), not only a crash's tail
                 damaged = min(damaged, max(cq.max_physic_offset, 0))
         if cfg.message_index_enable:
-            self.index = IndexService(self.path, cfg, self.checkpoint, self.read_only).load(self.clean_shutdown, end)
+            self.index = IndexService(self.path, cfg, self.checkpoint, self.read_only)
+            if not (rebuild and self.read_only):
+                with damaged_logics(self.path):
+                    self.index.load(self.clean_shutdown, end)
             rep.index_entries_dropped = self.index.entries_dropped
         reput = min(self.consume_queues.max_physic_offset(), damaged)
         reput = max(reput, self.commitlog.min_offset, 0)
@@ -221,9 +237,12 @@ class MessageStore:
         self._cq_builder = ConsumeQueueBuilder(self.consume_queues, cfg.delay_levels_ms())
         self.dispatcher = new_dispatcher(self.commitlog, reput, self._cq_builder, self.index)
         if not self.read_only:
-            before = self.dispatcher.reput_from
-            self.dispatcher.catch_up()
-            rep.records_redispatched = self.dispatcher.reput_from - before
+            d = self.dispatcher
+            before = d.reput_from
+            dispatch_all(self.commitlog, self.consume_queues, d, progress if rebuild else None)
+            rep.records_redispatched = d.reput_from - before
+            if rebuild and d.error is not None:
+                raise CorruptRecordError(f"{self.path}: rebuild stopped: {d.error}") from d.error
         self.commitlog.queue_offsets = {k: cq.max_offset for k, cq in self.consume_queues.queues.items()}
 
     def _flush_logics(self, least_pages: int) -> None:

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from rmqstore import (
+    GetMessageResult,
     GetMessageStatus,
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -19,6 +20,7 @@ from rmqstore import (
     StoreClosedError,
     StoreConfig,
     StoreError,
+    batch,
 )
 
 from conftest import SMALL_INDEX
@@ -415,3 +417,32 @@ def test_immutable_objects_refuse_changes(store):
             assert isinstance(e.value, (AttributeError, dataclasses.FrozenInstanceError))
     assert (res.size, ext.topic, ext.body, store.config.flush_mode) == (ext.store_size, "T", b"frozen", "async")
     assert pickle.loads(pickle.dumps(ext)).body == b"frozen" and copy.deepcopy(store.config) == store.config
+
+
+GOOD_RESULT = (GetMessageStatus.FOUND, 1, 0, 2)
+
+
+@pytest.mark.parametrize("args,kwargs", [
+    ((), {}), (GOOD_RESULT[:3], {}), ((*GOOD_RESULT, [], [], 7), {}), (GOOD_RESULT, {"bogus": 1}),
+    (("FOUNDX", 1, 0, 2), {}), ((1, 1, 0, 2), {}), ((GetMessageStatus.FOUND, "1", 0, 2), {}),
+    ((GetMessageStatus.FOUND, 1, True, 2), {}), ((GetMessageStatus.FOUND, 1, 0, 1 << 70), {}),
+    (GOOD_RESULT, {"messages": [1]}), (GOOD_RESULT, {"messages": ()}), (GOOD_RESULT, {"problems": [(1, 2)]}),
+])
+def test_get_message_result_built_by_hand_checks_its_arguments(args, kwargs):
+    """GetMessageResult (a plain dataclass) took any field values and raised a bare
+    TypeError for a call that did not fit; both are now InvalidArgumentErrors, while
+    get_messages builds its results without the checks (it made them every call)."""
+    with pytest.raises(InvalidArgumentError):
+        GetMessageResult(*args, **kwargs)
+
+
+def test_get_message_result_built_right_is_the_one_get_messages_makes(store):
+    r = store.get_messages("T", 0, 0, 4)
+    assert GetMessageResult(r.status.value, r.next_offset, r.min_offset, r.max_offset, r.messages,
+                            r.problems) == r
+    assert GetMessageResult(status="FOUND", next_offset=1, min_offset=0, max_offset=2).messages == []
+
+
+def test_decode_stats_refuses_arguments():
+    with pytest.raises(InvalidArgumentTypeError):
+        batch.DecodeStats(1)

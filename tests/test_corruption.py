@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rmqstore
-from rmqstore import CorruptRecordError, Message, MessageExt, MessageStore, StoreConfig, _read, _record
+from rmqstore import CorruptRecordError, Message, MessageExt, MessageStore, StoreConfig, _read, _record, batch
 from rmqstore._segment import MappedSegment
 
 from reference_codec import encode_record
@@ -430,3 +430,67 @@ def test_scan_segment_random(tmp_path_factory, data, crc):
                           "field lengths do not add up to the total size", "body CRC mismatch")
     finally:
         seg.close()
+
+
+def _holed_store(root, how):
+    """Eight 8 KiB segments written and closed cleanly, then zeros put into the first one
+    (recovery checks only the last three): from a record boundary to its end, a run in its
+    middle, or all of it."""
+    cfg = StoreConfig(commitlog_file_size=8192, consume_queue_entries=10, index_slots=64, index_entries=256,
+                      warm_mapped_file=False)
+    with MessageStore(root, cfg) as s:
+        offsets = [s.put(Message("T", b"x" * 100, keys=[f"k{i}"])).phy_offset for i in range(300)]
+    at = offsets[10]
+    with open(os.path.join(root, "commitlog", "0" * 20), "r+b") as f:
+        f.seek(0 if how == "whole" else at)
+        f.write(bytes({"whole": 8192, "tail": 8192 - at, "middle": 2 * (offsets[1] - offsets[0])}[how]))
+    return 0 if how == "whole" else at
+
+
+@pytest.mark.parametrize("how", ["whole", "tail", "middle"])
+def test_a_hole_in_an_earlier_segment_is_no_silent_end(tmp_path, how):
+    """Zeros where an earlier segment's records were ended that segment for scan() and
+    the batch decoder (the Spark source's and jobs'): they went on at the next segment, so
+    the records lost were skipped in silence, though verify() flagged them. Now scan and
+    the decoder raise CorruptRecordError at the hole, mode="skip" counts it as a corrupt
+    region, and count_records / advance (the stream's step) refuse it too."""
+    root = tmp_path / "s"
+    at = _holed_store(root, how)
+    with MessageStore(root, read_only=True) as s:
+        assert not s.verify().ok
+        it = s.scan()
+        with pytest.raises(CorruptRecordError, match="zeros") as e:
+            for _ in it:
+                pass
+        assert e.value.offset == at
+    files = batch.segment_files(root)
+    with pytest.raises(CorruptRecordError, match="zeros"):
+        for path, base, size in files:
+            for _ in batch.iter_columns(path, base, 0, size):
+                pass
+    stats = batch.DecodeStats()
+    for path, base, size in files:
+        for lo in range(0, size, 3000):   # ranges cut anywhere, as the Spark jobs plan them
+            for _ in batch.iter_columns(path, base, lo, min(size, lo + 3000), mode="skip", stats=stats):
+                pass
+    assert stats.corrupt_offsets == [at]
+    with pytest.raises(CorruptRecordError, match="zeros"):
+        batch.count_records(root)
+    with pytest.raises(CorruptRecordError, match="zeros"):
+        batch.advance(root, at, 1 << 20)
+
+
+def test_the_end_of_data_is_no_hole(tmp_path):
+    """The zeros after the last record, and a writer's empty segment made ahead, end the
+    data as before."""
+    cfg = StoreConfig(commitlog_file_size=8192, warm_mapped_file=False, message_index_enable=False)
+    with MessageStore(tmp_path / "s", cfg) as s:
+        for _ in range(100):
+            s.put(Message("T", b"x" * 100))
+    last = max(int(n) for n in os.listdir(tmp_path / "s" / "commitlog"))
+    (tmp_path / "s" / "commitlog" / f"{last + 8192:020d}").write_bytes(bytes(8192))   # made ahead, empty
+    with MessageStore(tmp_path / "s", cfg, read_only=True) as s:
+        assert len(list(s.scan())) == 100
+    assert batch.count_records(tmp_path / "s")[0] == 100
+    assert sum(c["count"] for p, b, n in batch.segment_files(tmp_path / "s") for c in batch.iter_columns(p, b, 0, n)) \
+        == 100

@@ -1,13 +1,24 @@
 """store.rebuild(): consume queues and index files rebuilt from the commitlog equal, byte
 for byte, what incremental dispatch wrote (ours) and what RocketMQ 4.9.8 wrote (fixture);
 the store keeps working afterwards. Recovery reports progress."""
+import json
 import os
+import shutil
 
 import pytest
+from test_cli import run
 
-from rmqstore import Message, MessageStore, StoreConfig, StoreReadOnlyError
+from rmqstore import (
+    CorruptRecordError,
+    CorruptStoreError,
+    DerivedFileError,
+    Message,
+    MessageStore,
+    StoreConfig,
+    StoreReadOnlyError,
+)
 
-from conftest import CLEAN_498, copy_store
+from conftest import CLEAN_498, copy_store, tree_state
 
 
 def _cfg():
@@ -112,3 +123,159 @@ def test_recovery_reports_progress(own):
     with MessageStore(own, _cfg(), progress=seen.append) as s:
         assert len(seen) == s.recovery.segments_scanned == len(s.commitlog.segments.segments)
         assert set(seen) == {8192}
+
+
+def _index_file(root):
+    return "index/" + min(os.listdir(root / "index"))
+
+
+def _replace(p, make):
+    p.unlink()
+    make(p)
+
+
+def _dir_to_file(p):
+    shutil.rmtree(p)
+    p.write_bytes(b"x")
+
+
+CQ = "consumequeue/T0/0/00000000000000000000"
+DAMAGE = {   # what a crash, a disk or an operator can leave of a derived file or directory
+    "cq cut short": (CQ, lambda p: os.truncate(p, 50)),
+    "cq empty": (CQ, lambda p: os.truncate(p, 0)),
+    "cq grown": (CQ, lambda p: os.truncate(p, 1000)),
+    "cq a directory": (CQ, lambda p: _replace(p, os.mkdir)),
+    "cq a FIFO": (CQ, lambda p: _replace(p, os.mkfifo)),
+    "cq a symlink": (CQ, lambda p: _replace(p, lambda q: q.symlink_to("/etc/hostname"))),
+    "cq file missing": ("consumequeue/T0/0/00000000000000000200", os.unlink),   # a gap
+    "queue dir a file": ("consumequeue/T0/0", _dir_to_file),
+    "topic dir a file": ("consumequeue/T0", _dir_to_file),
+    "consumequeue a file": ("consumequeue", _dir_to_file),
+    "index cut short": ("<index>", lambda p: os.truncate(p, 30)),
+    "index grown": ("<index>", lambda p: os.truncate(p, p.stat().st_size + 7)),
+    "index a directory": ("<index>", lambda p: _replace(p, os.mkdir)),
+    "index a symlink": ("<index>", lambda p: _replace(p, lambda q: q.symlink_to("/etc/hostname"))),
+    "index dir a file": ("index", _dir_to_file),
+}
+
+
+def _contents(s):
+    """Every queue's messages and a key query's answer, as a store serves them."""
+    queues = {(t, q): [(m.phy_offset, m.body) for m in s.get_messages(t, q, 0, 1000).messages]
+              for t in ("T0", "T1", "T2") for q in range(3)}
+    return queues, sorted(m.phy_offset for m in s.query_by_key("T1", "hot"))
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_damaged_derived_file_is_named_and_rebuild_regenerates_it(own, kind):
+    """A consume-queue or index file an open cannot use made every open fail, rebuild
+    included (it opened the store first), so nothing could repair it. A plain open still
+    refuses it, with a DerivedFileError naming the file and the repair; MessageStore(path,
+    rebuild=True) and ``rmqstore rebuild --yes`` regenerate both from the commitlog, which
+    keeps every byte."""
+    with MessageStore(own, _cfg(), read_only=True) as s:
+        want = _contents(s)
+    commitlog = _files(own, "commitlog")
+    rel, damage = DAMAGE[kind]
+    path = own / (_index_file(own) if rel == "<index>" else rel)
+    damage(path)
+    named = str(path.parent if kind == "cq file missing" else path)
+    for ro in (False, True):
+        with pytest.raises(DerivedFileError, match="rmqstore rebuild") as e:
+            MessageStore(own, _cfg(), read_only=ro)
+        assert named in str(e.value)
+    if rel == "<index>":
+        with MessageStore(own, _cfg(), rebuild=True) as s:
+            assert _contents(s) == want
+    else:
+        plan = json.loads(run("rebuild", own, "--json").stdout)
+        assert plan["dryRun"] and named in plan["damaged"]
+        run("rebuild", own, "--yes", "--cq-entries", "10")   # when no file is left to measure
+    with MessageStore(own, _cfg(), read_only=True) as s:
+        assert _contents(s) == want and s.verify().ok
+    assert _files(own, "commitlog") == commitlog
+    assert os.path.exists("/etc/hostname")
+
+
+def test_rebuild_read_only_reads_only_the_commitlog(own):
+    """rebuild=True read-only (the dry run's view) changes nothing and reads no derived file."""
+    os.truncate(own / "consumequeue/T0/0/00000000000000000000", 10)
+    before = tree_state(own)
+    with MessageStore(own, _cfg(), read_only=True, rebuild=True) as s:
+        assert s.topics() == [] and s.query_by_key("T1", "hot") == [] and len(list(s.scan())) > 200
+    assert tree_state(own) == before
+
+
+@pytest.mark.parametrize("rel,content", [("checkpoint", None), ("config/consumerOffset.json", b"{garbage"),
+                                         ("config/consumerOffset.json", None)])
+def test_damaged_checkpoint_or_offsets_error_says_how_to_repair(own, rel, content):
+    """A checkpoint or consumer-offset file that cannot be read was a bare error; it now
+    says what the file is for and how to repair it (neither is derived from the commitlog
+    as consume queues are, so rebuild does not remake them)."""
+    p = own / rel
+    p.unlink(missing_ok=True)
+    p.parent.mkdir(exist_ok=True)
+    if content is None:
+        p.mkdir()
+    else:
+        p.write_bytes(content)
+    with pytest.raises(CorruptStoreError, match="remove it" if rel == "checkpoint" else "backup"):
+        MessageStore(own, _cfg())
+
+
+@pytest.mark.parametrize("name", ["01", "0001", "+1", "-0", "-1", "\u0661"])
+def test_a_queue_directory_spelled_another_way_is_refused_and_rebuilt(own, name):
+    """Directories ``0001`` and ``1`` both loaded as queue 1, the second one's files
+    mapped over the first's (RocketMQ's Integer.parseInt reads them alike). A directory
+    name RocketMQ reads as a queue id in another spelling than its decimal one is now a
+    DerivedFileError naming both, and rebuild makes the queues again from the commitlog."""
+    with MessageStore(own, _cfg(), read_only=True) as s:
+        want = _contents(s)
+    shutil.copytree(own / "consumequeue/T1/1", own / "consumequeue/T1" / name)
+    with pytest.raises(DerivedFileError, match="rmqstore rebuild") as e:
+        MessageStore(own, _cfg())
+    assert str(own / "consumequeue/T1" / name) in str(e.value)
+    if name != "-1":
+        assert str(own / "consumequeue/T1" / str(int(name))) in str(e.value)
+    with MessageStore(own, _cfg(), rebuild=True) as s:
+        assert _contents(s) == want and s.queue_ids("T1") == [1]
+
+
+@pytest.mark.parametrize("name", ["abc", " 1", "1 ", "2147483648", "99999999999999999999"])
+def test_names_that_are_no_queue_id_are_ignored_as_rocketmq_ignores_them(own, name):
+    shutil.copytree(own / "consumequeue/T1/1", own / "consumequeue/T1" / name)
+    with MessageStore(own, _cfg()) as s:
+        assert s.queue_ids("T1") == [1]
+
+
+@pytest.mark.parametrize("sub", ["commitlog", "consumequeue/T1/1"])
+@pytest.mark.parametrize("name", ["0", "123", "0" * 21, "9" * 20, "\u0661" * 20])
+def test_a_segment_named_other_digits_is_refused(own, sub, name):
+    """A file of decimal digits that is no 20-digit offset (RocketMQ's Long.parseLong reads
+    it as one) was passed over: a renamed commitlog segment's records left out unseen.
+    It is a CorruptStoreError naming it (a DerivedFileError in a consume queue)."""
+    (own / sub / name).write_bytes(b"\0" * 200)
+    with pytest.raises(CorruptStoreError, match="not a segment name") as e:
+        MessageStore(own, _cfg(), read_only=True)
+    assert str(own / sub / name) in str(e.value)
+    assert isinstance(e.value, DerivedFileError) == (sub != "commitlog")
+
+
+def test_rebuild_never_cuts_the_commitlog(tmp_path):
+    """A record damaged in one of the last three segments (recovery checks those after a
+    clean shutdown) made a rebuild's open cut the commitlog there, deleting every later
+    record with the derived files it was to regenerate. MessageStore(path, rebuild=True)
+    and rmqstore rebuild --yes now refuse, changing nothing; recover --yes makes the cut."""
+    root = tmp_path / "s"
+    with MessageStore(root, _cfg()) as s:
+        offsets = [s.put(Message("T", b"x" * 100)).phy_offset for _ in range(300)]
+    victim = offsets[-20]
+    seg = victim - victim % 8192
+    with open(root / "commitlog" / f"{seg:020d}", "r+b") as f:
+        f.seek(victim - seg + 4)
+        f.write(b"\0\0\0\0")   # its magic code
+    before = tree_state(root)
+    with pytest.raises(CorruptRecordError, match="recover") as e:
+        MessageStore(root, _cfg(), rebuild=True)
+    assert e.value.offset == victim and tree_state(root) == before
+    assert "recover" in run("rebuild", root, "--yes", expect=1).stderr and tree_state(root) == before

@@ -161,7 +161,9 @@ def test_rebuild_byte_identical_to_incremental_dispatch(spark, tmp_path):
     from rmqstore.spark import jobs
     store = tmp_path / "s"
     cfg = _write_store(store, 400, topics=("TopicA", "TopicB", "TopicC"))
-    result, summary = jobs.rebuild(spark, str(store), str(tmp_path / "out"), cfg)
+    damaged = shutil.copytree(store, tmp_path / "damaged")   # its own index, which it read first, cut short
+    os.truncate(os.path.join(damaged, "index", min(os.listdir(store / "index"))), 10)
+    result, summary = jobs.rebuild(spark, str(damaged), str(tmp_path / "out"), cfg)
     assert summary["messages"] == 400 and len(result) == 3 * cfg.default_queue_nums
     assert (summary["index_files"], summary["index_entries"]) == (2, 400 + 40)   # k<i> and "hot": 255 a file
     for sub, at_least in (("consumequeue", 13), ("index", 2)):
@@ -202,6 +204,23 @@ def test_verify_reports_corruption(spark, clean_498, tmp_path):
     bad = reports[str(copy)]
     assert not bad["ok"] and bad["corrupt_offsets"] == [victim] and bad["records"] == 4999
     assert summary["bad_stores"] == 1
+
+
+@pytest.mark.spark
+def test_a_hole_in_an_earlier_segment_fails_export_and_verify(spark, tmp_path):
+    """A zeroed first segment (of eight) was skipped in silence by spark export, the
+    source and spark verify (ok, 40 records fewer); export and the source now raise,
+    verify reports the hole."""
+    from test_corruption import _holed_store
+
+    from rmqstore.spark import jobs
+    at = _holed_store(tmp_path / "s", "whole")
+    reports, _ = jobs.verify(spark, [str(tmp_path / "s")])
+    assert not reports[str(tmp_path / "s")]["ok"] and reports[str(tmp_path / "s")]["corrupt_offsets"] == [at]
+    with pytest.raises(Exception, match="zeros"):
+        jobs.export(spark, [str(tmp_path / "s")], tmp_path / "pq")
+    with pytest.raises(Exception, match="zeros"):
+        spark.read.format("rocketmq").load(str(tmp_path / "s")).count()
 
 
 @pytest.mark.spark

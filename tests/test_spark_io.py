@@ -322,3 +322,28 @@ def test_pushed_time_filters_keep_a_bound_of_zero(tmp_path):
     assert (scan.since, scan.until) == (0, 0)
     assert [rb.num_rows for part in plan(scan.stores) for path, base, start, end in part.pieces
             for rb in scan.read(part.store, path, base, start, end)] == []
+
+
+@pytest.mark.spark
+def test_unknown_options_are_refused_in_any_case(spark, tmp_path):
+    """An option the source, the stream source or the writer does not take (a typo:
+    chekCrc, a StoreConfig field in snake case) was ignored silently; it is now an
+    InvalidArgumentError naming it and listing the valid ones. Names are case-insensitive
+    as Spark passes them; Spark itself passes only path or paths."""
+    src = _varied_store(tmp_path / "src", 20)
+    def read():   # a DataFrameReader keeps the options it was given
+        return spark.read.format("rocketmq")
+    with pytest.raises(Exception, match=r"unknown option\(s\) \['chekcrc'\].*checkCrc"):
+        read().option("chekCrc", "true").load(str(src)).count()
+    with pytest.raises(Exception, match=r"unknown option\(s\) \['maxbytespertrigger'\]"):
+        read().option("maxBytesPerTrigger", "10").load(str(src)).count()   # a stream's, not a batch's
+    assert read().option("CHECKCRC", "true").option("Topic", "TopicA").load([str(src)]).count() == 7
+    with pytest.raises(Exception, match=r"unknown option\(s\) \['splitbytes'\]"):
+        spark.readStream.format("rocketmq").option("splitBytes", "1000").load(str(src)) \
+            .writeStream.format("memory").queryName("bad_option").start().processAllAvailable()
+    df = read().load(str(src))
+    with pytest.raises(Exception, match=r"unknown option\(s\) \['commitlog_file_size'\].*commitlogFileSize"):
+        df.write.format("rocketmq").mode("append").option("commitlog_file_size", "65536").save(str(tmp_path / "w"))
+    df.write.format("rocketmq").mode("append").option("COMMITLOGFILESIZE", "65536").options(**WRITE_OPTIONS) \
+        .save(str(tmp_path / "w"))
+    assert spark.read.format("rocketmq").load(str(tmp_path / "w")).count() == 20

@@ -1,6 +1,7 @@
 """Maintenance subcommands: verify (read-only), clean (retention now) and rebuild (consume
 queues and index from the commitlog)."""
 import dataclasses
+import os
 import time
 
 from rmqstore.cli.common import (
@@ -19,9 +20,16 @@ from rmqstore.cli.common import (
     shown,
     store_config,
 )
+from rmqstore.errors import DerivedFileError
+from rmqstore.segments import list_segment_files
 from rmqstore.store import MessageStore
 
 _EVERY_HOUR = ";".join(f"{h:02d}" for h in range(24))
+
+
+def _commitlog_files_bytes(store):
+    """Bytes of the commitlog files (what recovery and then the rebuild's dispatch read)."""
+    return 2 * sum(os.path.getsize(p) for _, p in list_segment_files(os.path.join(store, "commitlog")))
 
 
 def _commitlog_bytes(s):
@@ -74,31 +82,38 @@ def _dry_run_note(done, verb):
     return f"dry run: nothing {done}. Run again with --yes to {verb}."
 
 
-def _rebuild_plan(s):
-    """What a rebuild of store ``s`` would remove and dispatch again."""
-    return {"dryRun": True, "consumeQueues": len(s.consume_queues.queues),
+def _rebuild_plan(args):
+    """What a rebuild would remove and dispatch again (a damaged consume-queue or index file,
+    which a rebuild replaces unread, is named; what it held is not counted)."""
+    try:
+        with open_store(args) as s:
+            return {"dryRun": True, **_logics_counts(s), "bytesToDispatch": s.max_phy_offset - s.min_phy_offset}
+    except DerivedFileError as e:
+        with MessageStore(args.store, store_config(args), read_only=True, rebuild=True) as s:
+            return {"dryRun": True, "damaged": str(e.__cause__ or e),
+                    "bytesToDispatch": s.max_phy_offset - s.min_phy_offset}
+
+
+def _logics_counts(s):
+    return {"consumeQueues": len(s.consume_queues.queues),
             "consumeQueueEntries": sum(cq.max_offset - cq.min_offset for cq in s.consume_queues.queues.values()),
-            "indexFiles": len(s.index.files) if s.index is not None else 0,
-            "bytesToDispatch": s.max_phy_offset - s.min_phy_offset}
+            "indexFiles": len(s.index.files) if s.index is not None else 0}
 
 
 def cmd_rebuild(args):
     t0 = time.monotonic()
     if not args.yes:
-        with open_store(args) as s:
-            out = _rebuild_plan(s)
+        out = _rebuild_plan(args)
         if args.json:
             return print_json(out)
         print_fields(human(out.items()), title="rebuild (dry run): would remove consumequeue/ and index/ and "
                      "dispatch the commitlog again")
         print(_dry_run_note("changed", "rebuild"))
         return None
-    with open_store(args, read_only=False) as s:
-        with progress(s.max_phy_offset - s.min_phy_offset, "rebuild") as bar:
-            n = s.rebuild(progress=bar.update)
-        out = {"dryRun": False, "bytesDispatched": n, "consumeQueues": len(s.consume_queues.queues),
-               "consumeQueueEntries": sum(cq.max_offset - cq.min_offset for cq in s.consume_queues.queues.values()),
-               "indexFiles": len(s.index.files) if s.index is not None else 0,
+    require_store(args.store)
+    with progress(_commitlog_files_bytes(args.store), "rebuild") as bar, \
+            MessageStore(args.store, store_config(args), rebuild=True, progress=bar.update) as s:
+        out = {"dryRun": False, "bytesDispatched": s.max_phy_offset - s.min_phy_offset, **_logics_counts(s),
                "indexEntries": sum(f.count - 1 for f in s.index.files) if s.index is not None else 0}
     out["seconds"] = round(time.monotonic() - t0, 3)
     if args.json:
@@ -129,7 +144,8 @@ def register(sub, json_only, store_opts):
     p.set_defaults(func=cmd_clean)
     p = sub.add_parser("rebuild", parents=[store_opts], help="rebuild consume queues and index from the commitlog",
                        description="Remove consumequeue/ and index/ and dispatch the whole commitlog again, "
-                       "writing the files incremental dispatch writes. Without --yes it is a dry run that "
+                       "writing the files incremental dispatch writes. They are not read first, so damaged "
+                       "ones (that a plain open refuses) are replaced too. Without --yes it is a dry run that "
                        "says what would be removed and dispatched, and changes nothing.")
     p.add_argument("store")
     p.add_argument("--cq-entries", dest="consume_queue_entries", type=positive_int, metavar="N",

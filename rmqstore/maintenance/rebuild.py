@@ -3,21 +3,79 @@
 ``consumequeue/`` and ``index/`` are removed and every record from the commitlog minimum
 is dispatched again, so the new files hold the bytes incremental dispatch writes. The
 index keeps the geometry (slots, entries per file) of the files it replaces.
+
+Both are derived from the commitlog, so whatever state they are in (zeroed, cut short,
+garbage, a directory or link where a file is due) a rebuild replaces them: a store whose
+open refuses one of them (a DerivedFileError) opens with
+``MessageStore(path, rebuild=True)``, which never reads them (``rmqstore rebuild --yes``).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from rmqstore.consume_queue import ConsumeQueueTable
 from rmqstore.dispatch import ConsumeQueueBuilder, Dispatcher, new_dispatcher
-from rmqstore.index import IndexService
+from rmqstore.errors import CorruptStoreError, DerivedFileError, DiskFullError, StoreIOError, raise_errno
+from rmqstore.files import file_size, list_dir
+from rmqstore.index import IndexService, detect_geometry
 
 if TYPE_CHECKING:
     from rmqstore.checkpoint import Checkpoint
     from rmqstore.commitlog import CommitLog
     from rmqstore.config import StoreConfig
+
+LOGICS = ("consumequeue", "index")
+
+
+@contextlib.contextmanager
+def damaged_logics(root: str) -> Iterator[None]:
+    """Turn a consume-queue or index file an open cannot use into a DerivedFileError
+    that says how to repair it (a full disk stays a DiskFullError)."""
+    try:
+        yield
+    except (CorruptStoreError, StoreIOError) as e:
+        if isinstance(e, (DiskFullError, DerivedFileError)):
+            raise
+        raise DerivedFileError(f"{e}; consume queues and index files are derived from the commitlog: "
+                               f"'rmqstore rebuild {root} --yes' (MessageStore(path, rebuild=True)) "
+                               "regenerates them") from e
+
+
+def keep_index_geometry(root: str, config: StoreConfig) -> StoreConfig:
+    """``config`` with the slots and entries of the newest index file whose size fits a
+    geometry (damaged ones passed over), so a rebuild keeps the store's index shape."""
+    directory = os.path.join(root, "index")
+    try:
+        names = sorted((n for n in list_dir(directory) if n.isascii() and n.isdigit()), reverse=True)
+    except StoreIOError:
+        return config
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            slots, entries = detect_geometry(path, file_size(path), config.index_slots, config.index_entries)
+        except (OSError, CorruptStoreError):
+            continue
+        return config.with_(index_slots=slots, index_entries=entries)
+    return config
+
+
+def remove_logics(root: str) -> None:
+    """Remove ``consumequeue/`` and ``index/`` whatever they hold; a file, FIFO or link in
+    their place is removed itself (a link's target is never touched). StoreIOError when
+    something cannot be removed."""
+    for name in LOGICS:
+        path = os.path.join(root, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)   # links inside are unlinked, not followed
+            elif os.path.lexists(path):
+                os.unlink(path)
+        except OSError as e:
+            raise_errno(e.errno or errno.EIO, e.filename or path, "remove for rebuild")
 
 
 def fresh_logics(root: str, config: StoreConfig, commitlog: CommitLog, checkpoint: Checkpoint,
@@ -27,15 +85,11 @@ def fresh_logics(root: str, config: StoreConfig, commitlog: CommitLog, checkpoin
     (the caller holds the write lock and has stopped dispatch). Returns the new table,
     index, CQ builder and a dispatcher at the commitlog minimum (not started): install
     them, then ``dispatch_all``."""
-    cfg = config
+    cfg = keep_index_geometry(root, config)
     if index is not None:
-        if index.files:   # keep the store's index geometry
-            f = index.files[-1]
-            cfg = cfg.with_(index_slots=f.slots, index_entries=f.entries)
         index.close()
     consume_queues.close()
-    for name in ("consumequeue", "index"):
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    remove_logics(root)
     table = ConsumeQueueTable.of_store(root, cfg)
     if index is not None:
         index = IndexService(root, cfg, checkpoint).load(True, commitlog.max_offset)

@@ -302,9 +302,11 @@ def rebuild_index(store, out_root, config=None):
     """Rebuild a store's index files into ``out_root/index/`` by replaying its commitlog
     through IndexService in order, as incremental dispatch does (sequential by nature).
     Returns (files, entries)."""
-    with MessageStore(store, config, read_only=True) as src:
+    shape = config or StoreConfig()
+    with MessageStore(store, config, read_only=True, rebuild=True) as src:   # its own CQs and index unread
         cl = src.commitlog
-        index = IndexService(out_root, src.config, Checkpoint(os.path.join(out_root, "checkpoint")))
+        cfg = src.config.with_(index_slots=shape.index_slots, index_entries=shape.index_entries)
+        index = IndexService(out_root, cfg, Checkpoint(os.path.join(out_root, "checkpoint")))
         try:
             index.load(True, cl.max_offset)
             dispatcher = Dispatcher(cl, cl.min_offset)

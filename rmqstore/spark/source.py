@@ -18,6 +18,7 @@ per Arrow batch: cache-sized batches decode fastest), ``topic`` (comma-separated
 of KEYS) and ``uniqKey``: applied in the reader, so only matches reach the JVM. With
 ``spark.sql.python.filterPushdown.enabled`` on (see ``register``), filters on ``topic``
 (=, IN) and ``store_timestamp`` (<, <=, >, >=, =) are pushed down and applied in the reader.
+An option the source does not take (names in any case) is an InvalidArgumentError.
 
 Streaming (``spark.readStream``): offsets are ``{store path: commitlog offset}``, always
 record boundaries; ``startingOffsets`` earliest (default) | latest. Each micro-batch reads
@@ -145,6 +146,24 @@ def _paths(options):
     if "path" in options:
         return [p for p in options["path"].split(",") if p]
     raise InvalidArgumentError("rocketmq source: give a store path to load()")
+
+
+# the options each side takes; Spark itself passes only ``path`` (load(p), save(p)) or
+# ``paths`` (load([...])), and every name case-insensitively (lower-cased)
+READ_OPTIONS = ("path", "paths", "columns", "mode", "checkCrc", "batchBytes", "topic", "since", "until", "key",
+                "uniqKey")
+BATCH_OPTIONS = READ_OPTIONS + ("splitBytes", "minPartitions")
+STREAM_OPTIONS = READ_OPTIONS + ("startingOffsets", "maxBytesPerTrigger")
+
+
+def check_options(options, valid, what):
+    """InvalidArgumentError naming an option of ``options`` that ``valid`` does not name
+    (in any case), and listing the valid ones: a typo (``chekCrc``) was ignored silently."""
+    known = {name.lower() for name in valid}
+    unknown = sorted(k for k in options if k.lower() not in known)
+    if unknown:
+        raise InvalidArgumentError(f"rocketmq {what}: unknown option(s) {unknown}; the options are "
+                                   f"{', '.join(valid)} (in any case)")
 
 
 def _int_option(options, name, default, lo):
@@ -404,6 +423,7 @@ class RocketMQDataSource(DataSource):
         return _spark_schema(_option_columns(self.options))
 
     def reader(self, schema):
+        check_options(self.options, BATCH_OPTIONS, "source")
         return _Reader(Scan(self.options, projection(schema, self.options)))
 
     def writer(self, schema, overwrite):
@@ -414,6 +434,7 @@ class RocketMQDataSource(DataSource):
         return StoreWriter(self.options["path"], self.options, overwrite)
 
     def streamReader(self, schema):
+        check_options(self.options, STREAM_OPTIONS, "stream source")
         return _StreamReader(Scan(self.options, projection(schema, self.options)), self.options)
 
 
@@ -421,6 +442,7 @@ class RocketMQPushdownDataSource(RocketMQDataSource):
     """The same source with filter pushdown (needs ``spark.sql.python.filterPushdown.enabled``)."""
 
     def reader(self, schema):
+        check_options(self.options, BATCH_OPTIONS, "source")
         return _PushdownReader(Scan(self.options, projection(schema, self.options)))
 
 

@@ -33,7 +33,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from rmqstore import MessageStore, StoreConfig
 from rmqstore.arguments import decimal_int
 from rmqstore.errors import InvalidArgumentError
-from rmqstore.spark.source import enclosing_store
+from rmqstore.spark.source import check_options, enclosing_store
 
 REQUIRED = ("topic", "body")
 ASSIGNED = ("store", "queue_offset", "phy_offset", "store_size", "msg_id", "body_crc", "store_timestamp",
@@ -45,12 +45,14 @@ BULK = dict(warm_mapped_file=False, flush_interval_ms=100)
 
 def store_config(options):
     """A StoreConfig from the options naming its fields in camelCase, case-insensitively
-    (others are ignored), with BULK's defaults: a task writes its store in one go, so
-    faulting pages in as it writes costs less than a background thread faulting them ahead
-    and a next segment made ahead, most often removed unused at close; and flushing every
-    100 ms sends the pages to disk while the task writes, leaving little for close to sync."""
+    (``path`` aside, another option is an InvalidArgumentError), with BULK's defaults: a
+    task writes its store in one go, so faulting pages in as it writes costs less than a
+    background thread faulting them ahead and a next segment made ahead, most often removed
+    unused at close; and flushing every 100 ms sends the pages to disk while the task
+    writes, leaving little for close to sync."""
     defaults = StoreConfig(**BULK)
     fields = {name.replace("_", ""): name for name in StoreConfig.names()}
+    check_options(options, ("path", *(_camel(n) for n in StoreConfig.names())), "writer")
     changes = {}
     for key, value in options.items():
         name = fields.get(key.lower())
@@ -67,6 +69,11 @@ def store_config(options):
             else:
                 changes[name] = value
     return defaults.with_(**changes)
+
+
+def _camel(name):
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
 
 
 def check_schema(schema, source_schema):
