@@ -71,7 +71,9 @@ cdef class MappedSegment:
         check(rc, self.path, "open/map")
 
     def __dealloc__(self):
-        if not self.unmapped:
+        # path is set right after m.fd = -1: without it __cinit__ failed first (an argument
+        # out of range, an interrupt in fsencode) and m.fd is the zeroed 0, someone else's
+        if self.path is not None and not self.unmapped:
             rmq_map_close(&self.m)
 
     @property
