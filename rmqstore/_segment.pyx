@@ -317,8 +317,10 @@ cdef class SegmentList:
     """What SegmentQueue publishes for readers and the appender, who read it per call as C
     fields (an attribute of a plain Python object cost a put 160 instructions):
     ``segments`` (a list replaced, never changed, as segments come and go), ``last`` (its
-    newest, or None), ``file_size``, and ``_end`` (read-only: where recovery found the
-    data to end; None on a writer)."""
+    newest, or None), ``file_size``, ``_end`` (read-only: where recovery found the
+    data to end; None on a writer) and ``made`` (base offset -> segment that make_room
+    created ahead of a batch, for the appender to take and publish in C: see
+    Appender._roll)."""
 
 
 cpdef int64_t queue_end(SegmentList queue) except -1:
