@@ -190,7 +190,9 @@ def write_atomic(path, data, mode):
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    dfd = open_file(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    # the directory the rename went into, through any symlink on its way (a store root
+    # reached by a link: opened O_NOFOLLOW as it stands, its first checkpoint failed)
+    dfd = open_file(os.path.realpath(os.path.dirname(path) or "."), os.O_RDONLY | os.O_DIRECTORY)
     try:
         fsync(dfd, os.path.dirname(path))
     finally:
