@@ -158,3 +158,28 @@ def test_a_file_size_limit_is_an_error_not_sigxfsz(tmp_path, case):
     if case == "pwrite":
         with MessageStore(tmp_path / "s", read_only=True) as s:
             assert s.get_by_offset(0).body == b"first"
+
+
+def test_opening_a_writer_on_a_full_disk_is_disk_full(tiny_disk):
+    """A writer opened on a full disk: writing ``abort`` failed with a bare OSError (no
+    StoreError) and left it empty, so the next open ran crash recovery. Now DiskFullError,
+    no ``abort`` left, and once space is freed the store opens clean with its messages."""
+    store = tiny_disk / "store"
+    with MessageStore(store, _cfg()) as s:
+        for i in range(20):
+            s.put(Message("T", b"m%d" % i))
+    filler = _fill(tiny_disk, 0)
+    fd = os.open(filler, os.O_WRONLY | os.O_APPEND)
+    try:   # the last partial block too
+        while os.write(fd, b"\xaa"):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with pytest.raises(DiskFullError, match="abort"):
+        MessageStore(store, _cfg())
+    assert not (store / "abort").exists()
+    filler.unlink()
+    with MessageStore(store, _cfg(), read_only=True) as s:
+        assert s.clean_shutdown and [m.body for m in s.scan()] == [b"m%d" % i for i in range(20)]
