@@ -643,7 +643,7 @@ cdef class Appender:
     ``stage_bulk``: put_columns writes batches of NOGIL_BYTES or more with pwrite
     (write_staged), for a commitlog whose pages nobody faults in ahead of the writer.
     The segment queue is used through its public face only: ``last``, ``roll()``,
-    ``make_room()``, ``made``, ``prepare_next()`` and ``file_size`` (read once: it never
+    ``make_room()``, ``premade``, ``prepare_next()`` and ``file_size`` (read once: it never
     changes).
     Thread-safe: ``put``/``put_batch`` hold the appender's own write lock, a C lock taken
     without a Python call when free (waiting for it releases the GIL). ``with appender:``
@@ -1017,13 +1017,13 @@ cdef class Appender:
 
     cdef MappedSegment _roll(self):
         """The segment after the last, for a write under way. One that _make_room made is
-        taken from ``made`` and published here with no Python code run, so no signal
+        taken from ``premade`` and published here with no Python code run, so no signal
         handler runs either: its exception (KeyboardInterrupt) cannot stop a batch half
         written, nor a roll half done. Else the segment queue's roll()."""
         cdef SegmentList q = self.published
         cdef MappedSegment seg = None
-        if q.made:
-            seg = q.made.pop(q.last.base_offset + self.seg_size, None)
+        if q.premade:
+            seg = q.premade.pop(q.last.base_offset + self.seg_size, None)
         if seg is None:
             return self.segments.roll()
         q.segments = q.segments + [seg]

@@ -318,7 +318,7 @@ cdef class SegmentList:
     fields (an attribute of a plain Python object cost a put 160 instructions):
     ``segments`` (a list replaced, never changed, as segments come and go), ``last`` (its
     newest, or None), ``file_size``, ``_end`` (read-only: where recovery found the
-    data to end; None on a writer) and ``made`` (base offset -> segment that make_room
+    data to end; None on a writer) and ``premade`` (base offset -> segment that make_room
     created ahead of a batch, for the appender to take and publish in C: see
     Appender._roll)."""
 

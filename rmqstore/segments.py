@@ -72,7 +72,7 @@ class SegmentQueue(SegmentList):
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
         self.reserve_ahead = reserve_ahead     # disk blocks allocated ahead of the writer; 0 = whole files
         self._pending = None   # (offset, Future[MappedSegment])
-        self.made = {}         # offset -> MappedSegment created ahead by make_room (a C field)
+        self.premade = {}      # offset -> MappedSegment created ahead by make_room (a C field)
         self._closed = False
         self.flushed_where = 0
         self._end = None       # read-only: where recovery found the data to end
@@ -174,7 +174,7 @@ class SegmentQueue(SegmentList):
 
     def roll(self, offset=None):
         """Append a new segment at ``offset`` (default: after the last) and return it. Each
-        step leaves the segment where the next roll finds it (``made``, the pending
+        step leaves the segment where the next roll finds it (``premade``, the pending
         preallocation, or its file, which creating opens again), so an exception a signal
         handler raises anywhere in between (KeyboardInterrupt) loses nothing and blocks no
         later roll."""
@@ -182,9 +182,9 @@ class SegmentQueue(SegmentList):
             raise StoreClosedError(f"{self.directory}: closed")
         if offset is None:
             offset = self.max_offset if not self.segments else self.segments[-1].base_offset + self.file_size
-        seg = self.made.get(offset) or self._take_pending(offset) or self._open_new(offset)
+        seg = self.premade.get(offset) or self._take_pending(offset) or self._open_new(offset)
         self._publish(self.segments + [seg])
-        self.made.pop(offset, None)
+        self.premade.pop(offset, None)
         with self._lock:
             stale, self._pending = self._pending, None
         if stale is not None and stale[0] != offset:   # made for a queue since truncated
@@ -203,7 +203,7 @@ class SegmentQueue(SegmentList):
         job is queued before it is recorded: a pending future nobody queued (an interrupt
         in between) was waited for forever by the next roll and by close(); a job queued
         but not recorded makes nothing (_warm), so it cannot race a roll for the file."""
-        if self._alloc is not None and offset not in self.made:
+        if self._alloc is not None and offset not in self.premade:
             with self._lock:
                 if not self._closed and self._pending is None:
                     made: Future = Future()
@@ -219,14 +219,14 @@ class SegmentQueue(SegmentList):
         try:
             for k, end in enumerate(ends, 1):
                 base = last.base_offset + k * self.file_size
-                seg = self.made.get(base) or self._take_pending(base)
+                seg = self.premade.get(base) or self._take_pending(base)
                 if seg is None:
-                    self.made[base] = seg = self._open_new(base)
+                    self.premade[base] = seg = self._open_new(base)
                     made.append(seg)
                 seg.reserve(end)
         except BaseException:
             for seg in made:
-                del self.made[seg.base_offset]
+                del self.premade[seg.base_offset]
                 self._delete(seg)
             raise
 
@@ -296,13 +296,13 @@ class SegmentQueue(SegmentList):
 
     def _take_pending(self, offset):
         """The segment the background preallocation made at ``offset`` (waits), moved to
-        ``made`` (where the appender can take it without Python code), or None."""
+        ``premade`` (where the appender can take it without Python code), or None."""
         pending = self._pending
         if pending is None or pending[0] != offset:
             return None
         seg = _made_or_none(pending[1])
         if seg is not None:
-            self.made[offset] = seg
+            self.premade[offset] = seg
         with self._lock:
             if self._pending is pending:
                 self._pending = None
@@ -310,7 +310,7 @@ class SegmentQueue(SegmentList):
 
     def prepare_next(self):
         """Start making the segment after the last in the background (what roll() does
-        itself), after an append took segments from ``made``."""
+        itself), after an append took segments from ``premade``."""
         self._prepare(self.last.base_offset + self.file_size)
 
     def _discard(self, future):
@@ -335,9 +335,9 @@ class SegmentQueue(SegmentList):
             self._alloc.shutdown()
         if pending is not None:
             self._discard(pending[1])
-        for seg in self.made.values():   # made for a batch that then failed: no data
+        for seg in self.premade.values():   # made for a batch that then failed: no data
             self._delete(seg)
-        self.made = {}
+        self.premade = {}
         for seg in self.segments:
             seg.close()
 
