@@ -666,7 +666,7 @@ cdef class Appender:
     cdef int32_t queue_nums
     cdef int64_t max_size
     cdef int64_t seg_size               # the segments' file size
-    cdef bint rolled                    # _roll took a segment of published.made: prepare_next due
+    cdef bint rolled                    # _roll took a segment of published.premade: prepare_next due
     cdef object deferred                # what warm raised in the middle of a write, raised at its end
 
     def __cinit__(self, segments, bytes store_host not None, int version, int64_t max_size, int32_t queue_nums,
