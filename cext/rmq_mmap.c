@@ -6,6 +6,7 @@
 #include <linux/falloc.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -51,6 +52,16 @@ static int reserve(int fd, int64_t off, int64_t len) {
     return rc == EOPNOTSUPP || rc == EINVAL ? 0 : rc;
 }
 
+/* 0, or EFBIG when RLIMIT_FSIZE forbids a file to reach `end` bytes. The kernel answers such
+ * an ftruncate or pwrite with SIGXFSZ, whose default action kills the process: CPython
+ * ignores it, a host that embeds Python (or resets the signal) may not. */
+static int fsize_allows(int64_t end) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (uint64_t)end > rl.rlim_cur)
+        return EFBIG;
+    return 0;
+}
+
 int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flags, int mode, rmq_map_t *m) {
     struct stat st;
     int ro = (flags & RMQ_READONLY) != 0;
@@ -78,6 +89,7 @@ int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flag
         /* A sparse file of its full size; the first `reserve_bytes` get their blocks now, so
          * a full disk fails here, not as SIGBUS later (rmq_map_reserve does the rest). */
         rc = RMQ_FAULT(RMQ_OP_FTRUNCATE, NULL, fd);
+        if (rc == 0) rc = fsize_allows(size);
         if (rc == 0) rc = ftruncate(fd, (off_t)size) ? errno : 0;
         if (rc == 0) rc = reserve(fd, 0, reserve_bytes);
         if (rc) { close(fd); unlink(path); return -rc; }
@@ -142,6 +154,7 @@ int rmq_map_write(rmq_map_t *m, int64_t off, const char *buf, int64_t len) {
     if (m->readonly || off < 0 || len < 0 || len > m->size - off) return -EINVAL;
     if (m->truncated) return RMQ_EFAULTED;
     int rc = RMQ_FAULT(RMQ_OP_PWRITE, NULL, m->fd);
+    if (rc == 0) rc = fsize_allows(off + len);
     if (rc) return -rc;
     while (len > 0) {
         ssize_t w = pwrite(m->fd, buf, (size_t)len, (off_t)off);

@@ -643,7 +643,8 @@ cdef class Appender:
     ``stage_bulk``: put_columns writes batches of NOGIL_BYTES or more with pwrite
     (write_staged), for a commitlog whose pages nobody faults in ahead of the writer.
     The segment queue is used through its public face only: ``last``, ``roll()``,
-    ``make_room()`` and ``file_size`` (read once: it never changes).
+    ``make_room()``, ``premade``, ``prepare_next()`` and ``file_size`` (read once: it never
+    changes).
     Thread-safe: ``put``/``put_batch`` hold the appender's own write lock, a C lock taken
     without a Python call when free (waiting for it releases the GIL). ``with appender:``
     holds it for other writers of the commitlog (retention, truncation).
@@ -665,6 +666,8 @@ cdef class Appender:
     cdef int32_t queue_nums
     cdef int64_t max_size
     cdef int64_t seg_size               # the segments' file size
+    cdef bint rolled                    # _roll took a segment of published.premade: prepare_next due
+    cdef object deferred                # what warm raised in the middle of a write, raised at its end
 
     def __cinit__(self, segments, bytes store_host not None, int version, int64_t max_size, int32_t queue_nums,
                   check_topic, delay, warm, stamp=None, bint stage_bulk=False):
@@ -710,6 +713,8 @@ cdef class Appender:
 
     cdef inline void _release(self) noexcept:
         self.holder = 0
+        if self.deferred is not None:   # a write that failed after warm's error: that one is dropped
+            self.deferred = None
         PyThread_release_lock(self._lock)
 
     def __enter__(self):
@@ -758,6 +763,7 @@ cdef class Appender:
 
     cdef PutResult _put(self, object msg, object queue_id):
         cdef _Plan plan
+        cdef PutResult res
         if not isinstance(msg, Message):
             raise InvalidArgumentTypeError(f"put takes a Message, not {type(msg).__name__}")
         if queue_id is not None:
@@ -766,7 +772,10 @@ cdef class Appender:
         try:
             plan = self._plan(<Message>msg, queue_id)
             self.seg = self._last()
-            return self._write(plan, now_ms())
+            res = self._write(plan, now_ms())
+            if self.rolled or self.deferred is not None:
+                self._finish()
+            return res
         finally:
             self._release()
 
@@ -806,6 +815,8 @@ cdef class Appender:
             self._make_room(np.array([(<_Plan>plan).size for plan in plans], np.int64))
             for plan in plans:
                 out.append(self._write(plan, ts))
+            if self.rolled or self.deferred is not None:
+                self._finish()
             return out
         finally:
             self._release()
@@ -951,7 +962,7 @@ cdef class Appender:
                         rmq_st32(seg.m.base + wpos, <int32_t>(seg.m.size - wpos))
                         rmq_st32(seg.m.base + wpos + 4, C_BLANK)
                     seg.wrote_pos = seg.m.size
-                    seg = self.seg = self.segments.roll()
+                    seg = self.seg = self._roll()
                     continue
                 if seg.m.readonly or seg.closing or seg.unmapped:
                     raise StoreClosedError(f"{seg.path}: segment not writable")
@@ -974,8 +985,10 @@ cdef class Appender:
                 seg.wrote_pos = wpos
                 seg.store_timestamp = ts
                 if seg.base_offset + wpos >= self.warm_mark:
-                    self.warm(seg)
+                    self._warm_now(seg)
                 i = j
+            if self.rolled or self.deferred is not None:
+                self._finish()
         finally:
             if next_a is not None:   # the offsets taken, also by rows written before an error
                 for k, first, nxt in zip(keys_a.tolist(), first_a.tolist(), next_a.tolist()):
@@ -1001,6 +1014,43 @@ cdef class Appender:
         ensure(self.seg, ends[0])
         if len(ends) > 1:
             self.segments.make_room(self.seg, ends[1:])
+
+    cdef MappedSegment _roll(self):
+        """The segment after the last, for a write under way. One that _make_room made is
+        taken from ``premade`` and published here with no Python code run, so no signal
+        handler runs either: its exception (KeyboardInterrupt) cannot stop a batch half
+        written, nor a roll half done. Else the segment queue's roll()."""
+        cdef SegmentList q = self.published
+        cdef MappedSegment seg = None
+        if q.premade:
+            seg = q.premade.pop(q.last.base_offset + self.seg_size, None)
+        if seg is None:
+            return self.segments.roll()
+        q.segments = q.segments + [seg]
+        q.last = seg
+        self.rolled = True
+        return seg
+
+    cdef _warm_now(self, MappedSegment seg):
+        """warm(seg) in the middle of a write: what it raises (a signal handler's
+        KeyboardInterrupt, run in its Python code) waits for the write's end (_finish), so
+        a batch is not left half written; only warmth is lost."""
+        try:
+            self.warm(seg)
+        except BaseException as e:
+            if self.deferred is None:
+                self.deferred = e
+
+    cdef _finish(self):
+        """After a write that rolled into made segments or met an error in warm: the next
+        segment starts in the background, and warm's error is raised."""
+        cdef object e = self.deferred
+        if self.rolled:
+            self.rolled = False
+            self.segments.prepare_next()
+        if e is not None:
+            self.deferred = None
+            raise e
 
     cdef MappedSegment _last(self):
         cdef MappedSegment last = self.published.last
@@ -1056,13 +1106,13 @@ cdef class Appender:
         res = encode(self.seg, msg, plan.body, plan.born, plan.topic, plan.props, qid, qoff, ts, self.store_host,
                      self.version, self.max_size, plan.size)
         if res is None:
-            self.seg = self.segments.roll()
+            self.seg = self._roll()
             res = encode(self.seg, msg, plan.body, plan.born, plan.topic, plan.props, qid, qoff, ts, self.store_host,
                          self.version, self.max_size, plan.size)
         if counted:
             st.set_next(qid, qoff + 1)
         if res.phy_offset + res.size >= self.warm_mark:
-            self.warm(self.seg)
+            self._warm_now(self.seg)
         return res
 cdef class StoreWriter:
     """MessageStore.put and put_batch as one C call each: the store's operation gate, the

@@ -53,6 +53,7 @@ cdef class SegmentList:
     cdef public MappedSegment last
     cdef public object _end
     cdef public int64_t file_size
+    cdef public dict premade
 
 
 cpdef int64_t queue_end(SegmentList queue) except -1

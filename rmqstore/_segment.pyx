@@ -76,7 +76,9 @@ cdef class MappedSegment:
         check(rc, self.path, "open/map")
 
     def __dealloc__(self):
-        if not self.unmapped:
+        # path is set right after m.fd = -1: without it __cinit__ failed first (an argument
+        # out of range, an interrupt in fsencode) and m.fd is the zeroed 0, someone else's
+        if self.path is not None and not self.unmapped:
             rmq_map_close(&self.m)
 
     @property
@@ -320,8 +322,10 @@ cdef class SegmentList:
     """What SegmentQueue publishes for readers and the appender, who read it per call as C
     fields (an attribute of a plain Python object cost a put 160 instructions):
     ``segments`` (a list replaced, never changed, as segments come and go), ``last`` (its
-    newest, or None), ``file_size``, and ``_end`` (read-only: where recovery found the
-    data to end; None on a writer)."""
+    newest, or None), ``file_size``, ``_end`` (read-only: where recovery found the
+    data to end; None on a writer) and ``premade`` (base offset -> segment that make_room
+    created ahead of a batch, for the appender to take and publish in C: see
+    Appender._roll)."""
 
 
 cpdef int64_t queue_end(SegmentList queue) except -1:

@@ -11,7 +11,14 @@ import os
 import stat
 
 from rmqstore._segment import FAULT_FSYNC, FAULT_OPEN, fault_point
-from rmqstore.errors import CorruptStoreError, StoreLockedError, StoreNotFoundError, raise_errno, raise_not_regular
+from rmqstore.errors import (
+    CorruptStoreError,
+    StoreError,
+    StoreLockedError,
+    StoreNotFoundError,
+    raise_errno,
+    raise_not_regular,
+)
 
 
 def make_dirs(path, mode):
@@ -160,13 +167,34 @@ def create_new(path, data, mode):
     """Create ``path`` holding ``data`` after removing a stale regular file there
     (remove_stale); O_EXCL and O_NOFOLLOW, so nothing planted is written through."""
     remove_stale(path)
+    _write_new(path, data, mode)
+
+
+def _write_new(path, data, mode, durable=False):
+    """Create ``path`` (O_EXCL, O_NOFOLLOW) holding all of ``data`` (a short write goes on),
+    fsynced when ``durable``. On an error the file is removed, so a full disk leaves no
+    empty or partial file behind, and the error is a StoreIOError (ENOSPC: DiskFullError):
+    it was a bare OSError, from opening a writer on a full disk among others."""
     fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    done = False
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if durable:
+            fsync(fd, path)
+        done = True
+    except OSError as e:
+        if isinstance(e, StoreError):
+            raise
+        raise_errno(e.errno or errno.EIO, path, "write")
     finally:
         os.close(fd)
-
-
+        if not done:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 def fsync(fd, path):
     """os.fsync, through the fault injection; an error becomes a StoreIOError."""
     try:
@@ -183,14 +211,14 @@ def write_atomic(path, data, mode):
     there (a symlink) is refused with StoreIOError."""
     tmp = path + ".tmp"
     remove_stale(tmp)
-    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    _write_new(tmp, data, mode, durable=True)
     try:
-        os.write(fd, data)
-        fsync(fd, tmp)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = open_file(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise_errno(e.errno or errno.EIO, path, "rename")
+    # the directory the rename went into, through any symlink on its way (a store root
+    # reached by a link: opened O_NOFOLLOW as it stands, its first checkpoint failed)
+    dfd = open_file(os.path.realpath(os.path.dirname(path) or "."), os.O_RDONLY | os.O_DIRECTORY)
     try:
         fsync(dfd, os.path.dirname(path))
     finally:

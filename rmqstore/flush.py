@@ -19,21 +19,32 @@ Durability invariants (enforced here, relied on by recovery.py):
    ``wait_flushed``: the failed pages may have been dropped from the page cache, so a
    later msync that succeeds proves nothing (the "fsyncgate" pattern). Reopening runs
    recovery, which trusts only what is on disk.
+5. Every flush first checks that the store directory is still the one opened (device and
+   inode): one removed or replaced while open (``rm -rf``, ``mv`` and a new directory)
+   fails it as an I/O error does (invariant 4). Otherwise msync on unlinked files
+   succeeded, puts were acknowledged that no file holds, and the checkpoint and consumer
+   offsets went into whatever directory now had the name.
 """
+import errno
 import logging
+import os
 import threading
 import time
 
-from rmqstore.errors import StoreReadOnlyError
+from rmqstore.errors import StoreIOError, StoreReadOnlyError
 
 log = logging.getLogger(__name__)
 
 
 class FlushService:
     """Flushes the commitlog (group commit or periodic) and, on its own interval, the
-    consume queues, index files, checkpoint and consumer offsets via ``flush_logics``."""
+    consume queues, index files, checkpoint and consumer offsets via ``flush_logics``,
+    for the store directory ``root``."""
 
-    def __init__(self, commitlog, config, checkpoint, flush_logics):
+    def __init__(self, commitlog, config, checkpoint, flush_logics, root):
+        self.root = root
+        st = os.stat(root)
+        self._root_id = (st.st_dev, st.st_ino)
         self.commitlog = commitlog
         self.config = config
         self.checkpoint = checkpoint
@@ -61,6 +72,15 @@ class FlushService:
             self.error = exc
             self.commitlog.failed = exc
 
+    def _check_root(self):
+        """StoreIOError when the store directory is gone or another one (invariant 5)."""
+        try:
+            st = os.stat(self.root)
+        except OSError as e:
+            raise StoreIOError(e.errno, "store directory gone while open", self.root) from None
+        if (st.st_dev, st.st_ino) != self._root_id:
+            raise StoreIOError(errno.ESTALE, "store directory replaced while open", self.root)
+
     def _check_failed(self):
         """Raise StoreReadOnlyError once any flush has failed (invariant 4)."""
         if self.error is not None:
@@ -71,6 +91,7 @@ class FlushService:
         turns the store read-only (invariant 4)."""
         self._check_failed()
         try:
+            self._check_root()
             self.flush_logics(least_pages)
         except OSError as e:
             self._fail(e)
@@ -88,6 +109,7 @@ class FlushService:
         ts = seg.store_timestamp if seg is not None else 0   # read before the end: invariant 3
         end = cl.max_offset
         try:
+            self._check_root()
             cl.flush(least_pages)
         except OSError as e:
             self._fail(e)

@@ -22,6 +22,20 @@ def file_name(ms):
     return time.strftime("%Y%m%d%H%M%S", time.localtime(ms // 1000)) + f"{ms % 1000:03d}"
 
 
+def name_ms(name):
+    """The latest time in ms that file_name turns into ``name`` (local time: a wall-clock
+    hour that comes twice is taken the second time); 0 for a name of another form."""
+    try:
+        fields = time.strptime(name[:14], "%Y%m%d%H%M%S")
+        ms = int(name[14:]) if len(name) == 17 else -1
+    except ValueError:
+        return 0
+    if ms < 0:
+        return 0
+    times = [int(time.mktime(fields[:8] + (dst,))) * 1000 + ms for dst in (0, 1)]
+    return max([t for t in times if file_name(t) == name] or [0])
+
+
 def detect_geometry(path, size, slots, entries):
     """(slots, entries) of an index file: the configured ones when the size fits them,
     else RocketMQ's 1:4 slots-to-entries ratio when the size fits that."""
@@ -159,6 +173,8 @@ class IndexService:
             (cfg.index_slots, cfg.index_entries)
         make_dirs(self.directory, cfg.dir_mode)
         ms = time.time_ns() // 1_000_000
+        if self.files:   # a clock set back: start past the last file's name, not from now by 1 ms steps
+            ms = max(ms, name_ms(os.path.basename(self.files[-1].seg.path)) + 1)
         while True:
             path = os.path.join(self.directory, file_name(ms))
             if not os.path.exists(path) and (not self.files or path > self.files[-1].seg.path):

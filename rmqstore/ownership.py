@@ -9,11 +9,13 @@ parent. Read-only handles change nothing on disk and keep working in the child.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import time
 import weakref
 from typing import TYPE_CHECKING
 
-from rmqstore.errors import ForeignProcessError
+from rmqstore.errors import ForeignProcessError, StoreError
 
 if TYPE_CHECKING:
     from rmqstore.store import MessageStore
@@ -44,3 +46,22 @@ def _disown_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_disown_in_child)
+
+
+EXIT_WAIT = 2.0
+
+
+def _close_at_exit() -> None:
+    for store in list(_writers):
+        give_up = time.monotonic() + EXIT_WAIT
+        while store._gate.others_running() and time.monotonic() < give_up:
+            time.sleep(0.001)
+        if store._gate.others_running():
+            continue
+        try:
+            store.close()
+        except (StoreError, OSError):
+            pass   # as a finaliser: nothing to report to, close() released what it could
+
+
+atexit.register(_close_at_exit)

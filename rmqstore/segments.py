@@ -81,7 +81,7 @@ class SegmentQueue(SegmentList):
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
         self.reserve_ahead = reserve_ahead     # disk blocks allocated ahead of the writer; 0 = whole files
         self._pending = None   # (offset, Future[MappedSegment])
-        self._made = {}        # offset -> MappedSegment created ahead by make_room
+        self.premade = {}      # offset -> MappedSegment created ahead by make_room (a C field)
         self._closed = False
         self.flushed_where = 0
         self._end = None       # read-only: where recovery found the data to end
@@ -165,7 +165,11 @@ class SegmentQueue(SegmentList):
         prefault: 4-11 ms for 16 MiB, on the first put of a store and on a writer that
         reaches a segment's end early. PREFAULT_AHEAD changes no byte, so the writer may
         already be writing there; one that overtakes it faults its own pages."""
+        with self._lock:   # _prepare records the job under it: wait for that
+            orphan = self._pending is None or self._pending[1] is not made
         try:
+            if orphan:   # not recorded (an interrupt in _prepare) or dropped (close): make nothing
+                raise StoreClosedError(f"{self.directory}: segment {offset} no longer wanted")
             seg = self._open_new(offset)
         except BaseException as e:
             made.set_exception(e)
@@ -178,22 +182,22 @@ class SegmentQueue(SegmentList):
             log.debug("%s: prefault skipped: %s", seg.path, e)
 
     def roll(self, offset=None):
-        """Append a new segment at ``offset`` (default: after the last) and return it."""
+        """Append a new segment at ``offset`` (default: after the last) and return it. Each
+        step leaves the segment where the next roll finds it (``premade``, the pending
+        preallocation, or its file, which creating opens again), so an exception a signal
+        handler raises anywhere in between (KeyboardInterrupt) loses nothing and blocks no
+        later roll."""
         if self._closed:
             raise StoreClosedError(f"{self.directory}: closed")
         if offset is None:
             offset = self.max_offset if not self.segments else self.segments[-1].base_offset + self.file_size
-        seg = self._made.pop(offset, None)
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            if pending[0] == offset and seg is None:
-                seg = _made_or_none(pending[1])   # failed in the background: try again here
-            else:
-                self._discard(pending[1])
-        if seg is None:
-            seg = self._open_new(offset)
+        seg = self.premade.get(offset) or self._take_pending(offset) or self._open_new(offset)
         self._publish(self.segments + [seg])
+        self.premade.pop(offset, None)
+        with self._lock:
+            stale, self._pending = self._pending, None
+        if stale is not None and stale[0] != offset:   # made for a queue since truncated
+            self._discard(stale[1])
         self._prepare(offset + self.file_size)
         return seg
 
@@ -204,13 +208,16 @@ class SegmentQueue(SegmentList):
             self._prepare(0)
 
     def _prepare(self, offset):
-        """Make the segment at ``offset`` in the background, for the next roll to take."""
-        if self._alloc is not None and offset not in self._made:
+        """Make the segment at ``offset`` in the background, for the next roll to take. The
+        job is queued before it is recorded: a pending future nobody queued (an interrupt
+        in between) was waited for forever by the next roll and by close(); a job queued
+        but not recorded makes nothing (_warm), so it cannot race a roll for the file."""
+        if self._alloc is not None and offset not in self.premade:
             with self._lock:
                 if not self._closed and self._pending is None:
                     made: Future = Future()
-                    self._pending = (offset, made)
                     self._alloc.submit(self._warm, offset, made)
+                    self._pending = (offset, made)
 
     def make_room(self, last, ends):
         """Create now the segments after ``last`` that an append is about to roll into, one
@@ -221,14 +228,14 @@ class SegmentQueue(SegmentList):
         try:
             for k, end in enumerate(ends, 1):
                 base = last.base_offset + k * self.file_size
-                seg = self._made.get(base) or self._pending_segment(base)
+                seg = self.premade.get(base) or self._take_pending(base)
                 if seg is None:
-                    self._made[base] = seg = self._open_new(base)
+                    self.premade[base] = seg = self._open_new(base)
                     made.append(seg)
                 seg.reserve(end)
         except BaseException:
             for seg in made:
-                del self._made[seg.base_offset]
+                del self.premade[seg.base_offset]
                 self._delete(seg)
             raise
 
@@ -296,10 +303,24 @@ class SegmentQueue(SegmentList):
         for s in segs:
             self._delete(s)
 
-    def _pending_segment(self, offset):
-        """The segment the background preallocation made at ``offset`` (waits), or None."""
+    def _take_pending(self, offset):
+        """The segment the background preallocation made at ``offset`` (waits), moved to
+        ``premade`` (where the appender can take it without Python code), or None."""
         pending = self._pending
-        return _made_or_none(pending[1]) if pending is not None and pending[0] == offset else None
+        if pending is None or pending[0] != offset:
+            return None
+        seg = _made_or_none(pending[1])
+        if seg is not None:
+            self.premade[offset] = seg
+        with self._lock:
+            if self._pending is pending:
+                self._pending = None
+        return seg
+
+    def prepare_next(self):
+        """Start making the segment after the last in the background (what roll() does
+        itself), after an append took segments from ``premade``."""
+        self._prepare(self.last.base_offset + self.file_size)
 
     def _discard(self, future):
         """Remove an unused preallocated file (it holds no data, so reopening sees none)."""
@@ -323,9 +344,9 @@ class SegmentQueue(SegmentList):
             self._alloc.shutdown()
         if pending is not None:
             self._discard(pending[1])
-        for seg in self._made.values():   # made for a batch that then failed: no data
+        for seg in self.premade.values():   # made for a batch that then failed: no data
             self._delete(seg)
-        self._made = {}
+        self.premade = {}
         for seg in self.segments:
             seg.close()
 

@@ -174,7 +174,7 @@ class MessageStore:
             if not self.read_only:
                 self.commitlog.segments.prepare_first()
                 create_new(self.abort_path, str(os.getpid()).encode(), cfg.file_mode)
-                self.flusher = FlushService(self.commitlog, cfg, self.checkpoint, self._flush_logics)
+                self.flusher = FlushService(self.commitlog, cfg, self.checkpoint, self._flush_logics, self.path)
                 self.flusher.start()
                 self.dispatcher.start()
         except BaseException:
@@ -306,7 +306,10 @@ class MessageStore:
                     self.flusher.stop()
                     self.flusher.flush_commitlog(0)
                     self.flusher.flush_logics_now(0)
-                    os.unlink(self.abort_path)
+                    try:
+                        os.unlink(self.abort_path)
+                    except FileNotFoundError:
+                        pass   # removed by someone else: what close() wanted, no error
             finally:
                 self._teardown()
 

@@ -94,3 +94,35 @@ assert s.closed
 """
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "stopped", p.stdout + p.stderr
+
+
+EXIT_OPEN = r"""
+import sys, threading
+from rmqstore import Message, MessageStore, StoreConfig
+s = MessageStore(sys.argv[1], StoreConfig(commitlog_file_size=1 << 20, index_slots=500, index_entries=2000))
+for i in range(40):
+    s.put(Message("T", b"m%d" % i), i % 2)
+s.commit_offset("g", "T", 0, 7)
+if sys.argv[2] == "blocked":   # a daemon thread stuck inside put_batch's iterable: exit does not wait for it
+    stuck = threading.Event()
+    def messages():
+        yield Message("T", b"late")
+        stuck.wait()
+    threading.Thread(target=lambda: s.put_batch(messages()), daemon=True).start()
+"""
+
+
+@pytest.mark.parametrize("case", ["idle", "blocked"])
+def test_interpreter_exit_closes_open_writers(tmp_path, case):
+    """A script that ends with its writer open: the exit closes it (abort removed, the
+    committed consumer offset written), as close() would; one a daemon thread is stuck in
+    is left as a crash would leave it, and the exit does not hang."""
+    from rmqstore import MessageStore
+    p = subprocess.run([sys.executable, "-c", EXIT_OPEN, str(tmp_path / "s"), case], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    with MessageStore(tmp_path / "s", read_only=True) as s:
+        assert s.clean_shutdown is (case == "idle")
+        if case == "idle":
+            assert s.committed_offset("g", "T", 0) == 7
+        assert sum(1 for _ in s.scan()) == 40

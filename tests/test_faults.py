@@ -244,3 +244,41 @@ if __name__ == "__main__":
     else:
         result = space_scenario(path, rest[0], int(rest[1]))
     print(json.dumps(result))
+
+
+@pytest.mark.parametrize("how", ["moved", "removed", "abort_removed"])
+def test_a_store_directory_moved_or_removed_while_open_acknowledges_nothing(tmp_path, how):
+    """The store directory renamed away (and a new one made in its place) or removed
+    while a SYNC writer has it open: msync of the files still succeeded, so puts were
+    acknowledged that no file under the name holds, and the checkpoint went into the new
+    directory. The flush now checks the directory first: puts are refused as after a
+    failed flush, the moved store reopens with every acknowledged put, and the new
+    directory gets no checkpoint or consumer offsets. Only ``abort`` removed: close()
+    returns normally (it raised FileNotFoundError)."""
+    import shutil
+
+    from rmqstore import Message, MessageStore, StoreReadOnlyError
+    root, moved = tmp_path / "s", tmp_path / "s.moved"
+    store = MessageStore(root, _config())
+    acked = [store.put(Message("T", b"m%d" % i)).phy_offset for i in range(10)]
+    if how == "abort_removed":
+        os.unlink(root / "abort")
+        store.close()
+        with MessageStore(root, _config(), read_only=True) as again:
+            assert again.clean_shutdown and sum(1 for _ in again.scan()) == 10
+        return
+    if how == "moved":
+        os.rename(root, moved)
+        os.mkdir(root)
+    else:
+        shutil.copytree(root, moved)   # what an acknowledged put must be found in
+        shutil.rmtree(root)
+    with pytest.raises(StoreReadOnlyError, match="store directory"):
+        store.put(Message("T", b"late"))
+    store.commit_offset("g", "T", 0, 3)
+    with pytest.raises(StoreReadOnlyError):
+        store.flush()
+    store.close()
+    assert not {"checkpoint", "config"} & set(os.listdir(root) if root.exists() else ())
+    with MessageStore(moved, _config(), read_only=True) as again:
+        assert [again.get_by_offset(o).body for o in acked] == [b"m%d" % i for i in range(10)]

@@ -1,8 +1,10 @@
 """Hardening: store files owner-only by default (modes configurable); a full disk on append
 gives DiskFullError with no partial record, reads keep working and writes resume when space
 returns (a 2 MiB tmpfs, mounted when the tests may mount)."""
+import errno
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -124,3 +126,60 @@ def test_full_disk_on_consume_queue_roll_resumes(tiny_disk):
         s.wait_dispatched(1)
         filler.unlink()
         assert s.wait_dispatched(10) and s.max_offset("T", 0) == 201
+
+
+FSIZE_CHILD = r"""
+import resource, signal, sys
+from rmqstore import Message, MessageStore, StoreConfig, StoreError
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)   # as a host that embeds Python may leave it
+root, case = sys.argv[1], sys.argv[2]
+cfg = StoreConfig(commitlog_file_size=4 << 20, index_slots=100, index_entries=400, warm_mapped_file=False)
+if case == "pwrite":   # the segment exists; bulk put_columns writes it with pwrite past the limit
+    with MessageStore(root, cfg) as s:
+        s.put(Message("T", b"first"))
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+try:
+    with MessageStore(root, cfg) as s:
+        s.put_columns("T", [b"c" * 1000] * 3000)
+except StoreError as e:
+    print(type(e).__name__, e.errno)
+"""
+
+
+@pytest.mark.parametrize("case", ["create", "pwrite"])
+def test_a_file_size_limit_is_an_error_not_sigxfsz(tmp_path, case):
+    """RLIMIT_FSIZE below the segment size, with SIGXFSZ at its default action: creating a
+    segment (ftruncate) or a bulk put_columns pwrite past the limit killed the process;
+    it is now a StoreIOError (EFBIG), and the store reopens with what it held."""
+    p = subprocess.run([sys.executable, "-c", FSIZE_CHILD, str(tmp_path / "s"), case], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, f"child died ({p.returncode}): {p.stderr[-2000:]}"
+    assert p.stdout.split() == ["StoreIOError", str(errno.EFBIG)], p.stdout + p.stderr[-2000:]
+    if case == "pwrite":
+        with MessageStore(tmp_path / "s", read_only=True) as s:
+            assert s.get_by_offset(0).body == b"first"
+
+
+def test_opening_a_writer_on_a_full_disk_is_disk_full(tiny_disk):
+    """A writer opened on a full disk: writing ``abort`` failed with a bare OSError (no
+    StoreError) and left it empty, so the next open ran crash recovery. Now DiskFullError,
+    no ``abort`` left, and once space is freed the store opens clean with its messages."""
+    store = tiny_disk / "store"
+    with MessageStore(store, _cfg()) as s:
+        for i in range(20):
+            s.put(Message("T", b"m%d" % i))
+    filler = _fill(tiny_disk, 0)
+    fd = os.open(filler, os.O_WRONLY | os.O_APPEND)
+    try:   # the last partial block too
+        while os.write(fd, b"\xaa"):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with pytest.raises(DiskFullError, match="abort"):
+        MessageStore(store, _cfg())
+    assert not (store / "abort").exists()
+    filler.unlink()
+    with MessageStore(store, _cfg(), read_only=True) as s:
+        assert s.clean_shutdown and [m.body for m in s.scan()] == [b"m%d" % i for i in range(20)]

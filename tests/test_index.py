@@ -344,3 +344,27 @@ def test_query_keys_matches_a_scan_oracle(tmp_path):
             assert not gc.is_tracked(msgs)
         assert any(len(x) > 1 for x in got)
     assert [m.body for m in got[3]] == [m.body for m in sorted(oracle["k3"], key=lambda m: -m.phy_offset)]
+
+
+def test_a_clock_set_back_does_not_stall_the_next_index_file(tmp_path, monkeypatch):
+    """Index files are named by creation time and must sort after the last one. With the
+    clock set back two hours the name search counted up from now 1 ms at a time, past the
+    last file's name: 7.2 million steps, half a minute with the dispatcher stalled (a day
+    back: minutes). The next file is now named just past the last one at once."""
+    import time
+
+    from rmqstore.index import name_ms
+    cfg = StoreConfig(commitlog_file_size=1 << 20, index_slots=100, index_entries=400)
+    with MessageStore(tmp_path, cfg) as s:
+        for i in range(300):
+            s.put(Message("T", b"x", keys=f"k{i}"))
+        assert s.wait_dispatched(10)
+        real = time.time_ns
+        monkeypatch.setattr(time, "time_ns", lambda: real() - 2 * 3600 * 10**9)
+        for i in range(300):   # fills the first file: the next one is made under the set-back clock
+            s.put(Message("T", b"x", keys=f"j{i}"))
+        assert s.wait_dispatched(5)
+        monkeypatch.undo()
+        names = sorted(os.listdir(tmp_path / "index"))
+        assert len(names) == 2 and len(s.query_by_key("T", "j299")) == 1
+        assert name_ms(names[1]) - name_ms(names[0]) == 1   # just past the last, not hours on

@@ -1,5 +1,8 @@
 """MappedSegment pins and errors: hold() raises once closing, a pin defers the unmap, and
 misuse raises StoreError subclasses that still match the builtin a caller may expect."""
+import subprocess
+import sys
+
 import pytest
 
 from rmqstore._segment import PREFAULT_AHEAD, PREFAULT_READ, PREFAULT_WRITE, MappedSegment
@@ -126,3 +129,22 @@ def test_prefault_in_steps_covers_the_whole_range(tmp_path, mode):
         assert _resident_kb(path) == 4 * (1280 + 4)
     finally:
         seg.close()
+
+
+@pytest.mark.parametrize("args", [(2 ** 70, 4096), (0, "4096")])
+def test_a_constructor_that_fails_first_closes_no_other_descriptor(tmp_path, args):
+    """A MappedSegment whose arguments fail to convert (before it opens anything) used to
+    close descriptor 0 as it was freed, its zeroed fd field: in a process whose stdin is
+    closed that is a store file or the writer lock. Checked in a child, on its fd 0."""
+    code = f"""
+import os, sys
+from rmqstore._segment import MappedSegment
+os.dup2(os.open(sys.argv[1], os.O_RDWR | os.O_CREAT), 0)
+try:
+    MappedSegment(sys.argv[1], *{args!r})
+except (OverflowError, TypeError):
+    pass
+os.fstat(0)
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "f")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]

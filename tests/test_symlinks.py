@@ -222,3 +222,16 @@ def test_the_batch_decoder_lists_no_planted_segment(tmp_path, plant):
         os.symlink(tmp_path / "target", seg)
     with pytest.raises(StoreIOError, match=f"{SEG:020d}"):
         batch.segment_files(tmp_path / "s")
+
+
+def test_a_store_root_reached_through_a_symlink_works(tmp_path):
+    """Operators link a store directory into place (/var/lib/store -> /data/store). The
+    root is not a planted store file: opened through the link it writes, checkpoints
+    and closes cleanly (the checkpoint's directory fsync opened the link O_NOFOLLOW, so
+    the first flush made the store read-only)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data", target_is_directory=True)
+    _use(tmp_path / "link")
+    with MessageStore(tmp_path / "link", _cfg(), read_only=True) as s:
+        assert s.clean_shutdown and s.committed_offset("g", "T", 0) == 7
+        assert sum(1 for _ in s.scan()) == 200 and s.verify().ok
