@@ -15,6 +15,7 @@
 struct rmq_guard_slot {
     _Atomic uintptr_t start;
     size_t len;
+    int prot;
     volatile sig_atomic_t *hits;
 };
 
@@ -39,6 +40,7 @@ static struct rmq_guard_slot *find(uintptr_t a) {
 
 static void pass_on(int sig, siginfo_t *info, void *ctx) {
     int sent = info->si_code <= 0;   /* kill/raise, not a fault: returning would not repeat it */
+    if (sent && prev.sa_handler == SIG_IGN && !(prev.sa_flags & SA_SIGINFO)) return;   /* ignored, as before */
     if (!(sent && chained)) {
         if (sent) chained = 1;   /* a handler that raises it again (faulthandler) gets it once */
         if ((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction) { prev.sa_sigaction(sig, info, ctx); return; }
@@ -52,8 +54,10 @@ static void on_sigbus(int sig, siginfo_t *info, void *ctx) {
     uintptr_t a = (uintptr_t)info->si_addr;
     struct rmq_guard_slot *s = info->si_code > 0 ? find(a) : NULL;
     if (s) {
+        /* mmap is no POSIX async-signal-safe function, but on Linux it is the bare system
+         * call, which is (as sysconf(_SC_PAGESIZE) only reads a cached value). */
         uintptr_t page = a - a % (uintptr_t)sysconf(_SC_PAGESIZE);
-        void *p = mmap((void *)page, (size_t)sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE,
+        void *p = mmap((void *)page, (size_t)sysconf(_SC_PAGESIZE), s->prot,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
         if (p != MAP_FAILED) {
             *s->hits += 1;
@@ -82,7 +86,7 @@ static int install(void) {
     return sigaction(SIGBUS, &sa, NULL);
 }
 
-rmq_guard_slot *rmq_guard_add(char *base, size_t len, volatile sig_atomic_t *hits) {
+rmq_guard_slot *rmq_guard_add(char *base, size_t len, int prot, volatile sig_atomic_t *hits) {
     struct rmq_guard_slot *found = NULL;
     if (base == NULL || len == 0) return NULL;
     pthread_mutex_lock(&lock);
@@ -102,6 +106,7 @@ rmq_guard_slot *rmq_guard_add(char *base, size_t len, volatile sig_atomic_t *hit
         }
         if (found) {
             found->len = len;
+            found->prot = prot;
             found->hits = hits;
             atomic_store_explicit(&found->start, (uintptr_t)base, memory_order_release);
         }

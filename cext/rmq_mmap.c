@@ -39,7 +39,7 @@ static int map_fd(rmq_map_t *m, int no_readahead) {
     void *p = mmap(NULL, (size_t)m->size, prot, MAP_SHARED, m->fd, 0);
     if (p == MAP_FAILED) return -errno;
     m->base = (char *)p;
-    m->guard = rmq_guard_add(m->base, (size_t)m->size, &m->truncated);
+    m->guard = rmq_guard_add(m->base, (size_t)m->size, prot, &m->truncated);
     if (no_readahead) (void)madvise(p, (size_t)m->size, MADV_RANDOM);
     return 0;
 }
@@ -109,12 +109,14 @@ int rmq_map_open(const char *path, int64_t size, int64_t reserve_bytes, int flag
 
 int rmq_map_reserve(rmq_map_t *m, int64_t off, int64_t len) {
     if (m->readonly || off < 0 || len < 0 || off > m->size) return -EINVAL;
+    if (m->truncated) return RMQ_EFAULTED;
     if (len > m->size - off) len = m->size - off;
     return -reserve(m->fd, off, len);
 }
 
 int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t len) {
     if (m->readonly || off < 0 || len < 0 || off > m->size || m->base == NULL) return -EINVAL;
+    if (m->truncated) return RMQ_EFAULTED;   /* zeros read there are no end of data: cut nothing */
     if (len > m->size - off) len = m->size - off;
     if (len == 0) return 0;
     if (!m->dense) {
@@ -147,7 +149,15 @@ int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len) {
     if (m->truncated) return RMQ_EFAULTED;
     if (n == 0) return 0;
     if ((rc = RMQ_FAULT(RMQ_OP_MSYNC, NULL, m->fd))) return -rc;
-    return msync(s, n, MS_SYNC) ? -errno : 0;
+    if (msync(s, n, MS_SYNC)) return -errno;
+    /* A truncation drops dirty pages past the new end without a fault here, and msync of
+     * pages that are gone succeeds: a file that is no longer its mapping's size lost them. */
+    struct stat st;
+    if (fstat(m->fd, &st) == 0 && st.st_size < m->size) {
+        m->truncated += 1;
+        return RMQ_EFAULTED;
+    }
+    return 0;
 }
 
 int rmq_map_write(rmq_map_t *m, int64_t off, const char *buf, int64_t len) {
@@ -175,6 +185,7 @@ int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t len, int write) {
     int rc = page_range(m, off, len, &s, &n);
     if (rc) return rc;
     if (n == 0) return 0;
+    if (m->truncated) return RMQ_EFAULTED;
     int populate_write = write && !m->readonly;
     int advice = populate_write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
     /* A populate holds the process's mmap lock (shared) across its whole range, and a thread

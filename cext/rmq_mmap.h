@@ -41,7 +41,10 @@ int rmq_map_reserve(rmq_map_t *m, int64_t off, int64_t len);
  * zeros over reserved blocks where the file system cannot punch holes or on tmpfs. */
 int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t len);
 /* RMQ_EFAULTED once the mapping met a SIGBUS (its file was truncated under it, or a page
- * could not be read): what was written there is gone, so nothing may be reported durable. */
+ * could not be read), or when the file is found shorter than the mapping after the msync:
+ * what was written there is gone, so nothing may be reported durable. rmq_map_reserve,
+ * rmq_map_discard and rmq_map_prefault refuse such a mapping the same way (the zeros a
+ * reader saw there are no end of data to cut at). */
 int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len);
 /* Write `len` bytes at file offset `off` with pwrite instead of through the mapping, which
  * sees them (one page cache). A page of a hole or of preallocated blocks written through

@@ -86,6 +86,12 @@ cdef class MappedSegment:
         return self.m.size
 
     @property
+    def faulted(self):
+        """Whether the file changed under the mapping (a SIGBUS met, see cext/rmq_guard.h, or
+        found shorter after a flush): zeros read from it may be no end of data."""
+        return self.m.truncated > 0
+
+    @property
     def reserved(self):
         """``[0, reserved)`` has its disk blocks allocated: what a file made here got, 0 for
         one found on disk (the first write past its data reserves from 0, a no-op on blocks

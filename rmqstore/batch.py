@@ -12,6 +12,7 @@ the columns asked for (both with the ``_arrow`` kernel; pyarrow is needed only f
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 from typing import Any, Iterator, Sequence
@@ -62,10 +63,32 @@ def _hole(seg, path, at, limit, search=True):
     meanwhile is no hole. Run once per range, where its data ends."""
     if seg.read(at, 4) != bytes(4):
         return False
-    if not ((search and _sync(seg, at + 1, limit) is not None)
-            or (limit >= seg.size and _later_data(path, seg.base_offset))):
+    if not ((limit >= seg.size and _later_data(path, seg.base_offset))
+            or (search and any(_sync(seg, a, b) is not None for a, b in _data_ranges(path, at + 1, limit)))):
         return False
     return seg.read(at, 4) == bytes(4)
+
+
+def _data_ranges(path, start, end):
+    """The parts of ``[start, end)`` of the file at ``path`` that may hold data, by
+    SEEK_DATA / SEEK_HOLE: a search for records after the end of data skips the holes (most
+    of a new 1 GiB segment) instead of reading them. The whole range where the file system
+    cannot tell."""
+    with open_reader(path) as f:
+        fd = f.fileno()
+        while start < end:
+            try:
+                a = os.lseek(fd, start, os.SEEK_DATA)
+                b = os.lseek(fd, a, os.SEEK_HOLE)
+            except OSError as e:
+                if e.errno == errno.ENXIO:   # no data after start
+                    return
+                yield start, end
+                return
+            if a >= end:
+                return
+            yield a, min(b, end)
+            start = b
 
 
 def _refuse_hole(seg, path, at, limit, status, search=True):

@@ -373,10 +373,10 @@ class ConsumeQueueTable:
     def load(self) -> ConsumeQueueTable:
         """Open every topic/queue directory found on disk (any topic name a store holds)."""
         for topic in sorted(list_dir(self.root)):
-            if not is_safe_dirname(topic):
-                continue
             tdir = os.path.join(self.root, topic)
-            names = list_dir(tdir)   # a file there: StoreIOError
+            if not is_safe_dirname(topic) or not os.path.isdir(tdir):   # a stray file (.DS_Store) is no topic,
+                continue                                                  # as RocketMQ's loadConsumeQueue skips it
+            names = list_dir(tdir)
             for qname in sorted(names):
                 qid = _queue_id(tdir, qname, names)
                 if qid is None:

@@ -195,6 +195,8 @@ def _write_new(path, data, mode, durable=False):
                 os.unlink(path)
             except OSError:
                 pass
+
+
 def fsync(fd, path):
     """os.fsync, through the fault injection; an error becomes a StoreIOError."""
     try:

@@ -22,6 +22,7 @@ Durability invariants (what recovery may assume, see flush.py, and what it resto
 6. A segment whose first record does not parse is never a starting point: recovery then
    starts earlier (at worst at the first segment) instead of failing to open.
 """
+import errno
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import numpy as np
 
 import rmqstore._read as _read
 from rmqstore import _message
-from rmqstore.errors import CorruptRecordError
+from rmqstore.errors import CorruptRecordError, StoreIOError
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     next_log = t0 + _PROGRESS_SECONDS
     for seg in segs[i:]:
         pos, count, status = _read.scan_segment(seg, 0, seg.size, check_crc)
+        if seg.faulted:   # the zeros it read are a file changed under it, not the end of data: cut nothing
+            raise StoreIOError(errno.EIO, "recovery: the file changed under its mapping (truncated by another "
+                                          "process, or a page could not be read back)", seg.path)
         rep.segments_scanned += 1
         rep.records_verified += count
         if progress is not None:

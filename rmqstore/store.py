@@ -363,7 +363,9 @@ class MessageStore:
         Raises:
             InvalidArgumentError, MessageTooLargeError: nothing was stored.
             StoreReadOnlyError: read-only, or a flush failed earlier. DiskFullError.
-            StoreClosedError."""
+            StoreClosedError. A KeyboardInterrupt that arrives while the record is written
+            is raised once it is stored (and, SYNC, before the flush wait): the message
+            may be stored though the call raised."""
         return self._writer.put(msg, queue_id)   # gated, checked and (SYNC) waited for in C
 
     def put_batch(self, msgs: Iterable[_message.Message],
@@ -379,7 +381,8 @@ class MessageStore:
             a PutResult per message, in order.
 
         Raises:
-            as put; all or nothing: a bad message anywhere, or a full disk, stores none."""
+            as put; all or nothing: a bad message anywhere, or a full disk, stores none
+            (a KeyboardInterrupt during the write is raised after the whole batch)."""
         return self._writer.put_batch(msgs, queue_id)
 
     @_gated

@@ -480,6 +480,21 @@ def test_a_hole_in_an_earlier_segment_is_no_silent_end(tmp_path, how):
         batch.advance(root, at, 1 << 20)
 
 
+def test_the_search_for_records_after_the_data_skips_holes(tmp_path):
+    """Telling a hole from the end of data searched the rest of the segment for a record:
+    all of a new 1 GiB segment's holes read, 3.3 s for a store of ten messages. It reads
+    only the parts SEEK_DATA reports (holes of a sparse file are never read)."""
+    f = tmp_path / "sparse"
+    with open(f, "wb") as fh:
+        fh.write(b"a" * 4096)
+        fh.seek(32 << 20)
+        fh.write(b"b" * 4096)
+        fh.truncate(64 << 20)
+    ranges = list(batch._data_ranges(str(f), 1, 64 << 20))
+    assert sum(b - a for a, b in ranges) <= 8192 + 2 * 4096   # blocks of the two writes, not 64 MiB
+    assert ranges[0][0] <= 4095 and any(a <= 32 << 20 < b for a, b in ranges)
+
+
 def test_the_end_of_data_is_no_hole(tmp_path):
     """The zeros after the last record, and a writer's empty segment made ahead, end the
     data as before."""

@@ -149,7 +149,6 @@ DAMAGE = {   # what a crash, a disk or an operator can leave of a derived file o
     "cq a symlink": (CQ, lambda p: _replace(p, lambda q: q.symlink_to("/etc/hostname"))),
     "cq file missing": ("consumequeue/T0/0/00000000000000000200", os.unlink),   # a gap
     "queue dir a file": ("consumequeue/T0/0", _dir_to_file),
-    "topic dir a file": ("consumequeue/T0", _dir_to_file),
     "consumequeue a file": ("consumequeue", _dir_to_file),
     "index cut short": ("<index>", lambda p: os.truncate(p, 30)),
     "index grown": ("<index>", lambda p: os.truncate(p, p.stat().st_size + 7)),
@@ -246,6 +245,18 @@ def test_names_that_are_no_queue_id_are_ignored_as_rocketmq_ignores_them(own, na
     shutil.copytree(own / "consumequeue/T1/1", own / "consumequeue/T1" / name)
     with MessageStore(own, _cfg()) as s:
         assert s.queue_ids("T1") == [1]
+
+
+@pytest.mark.parametrize("stray", ["consumequeue/.DS_Store", "consumequeue/README", "consumequeue/T1/notes.txt"])
+def test_a_stray_file_among_the_queues_is_ignored(own, stray):
+    """A file where no queue directory is due (a desktop's .DS_Store, a note) made every
+    open fail, read-only ones too; RocketMQ's loadConsumeQueue passes over it, and so do we."""
+    with MessageStore(own, _cfg(), read_only=True) as s:
+        want = _contents(s)
+    (own / stray).write_bytes(b"x")
+    for ro in (True, False):
+        with MessageStore(own, _cfg(), read_only=ro) as s:
+            assert _contents(s) == want
 
 
 @pytest.mark.parametrize("sub", ["commitlog", "consumequeue/T1/1"])

@@ -92,6 +92,35 @@ def _writes(root, mode):
     return out
 
 
+def _recovery(root):
+    """Recovery reading a page of a file that is cut while it scans (and put back after):
+    the zeros it saw are no end of data, so nothing may be cut there."""
+    from rmqstore import MessageStore, recovery
+    from rmqstore.errors import StoreIOError
+    path, _ = _store(root)
+    seg_path = _first_segment(path)
+    with open(seg_path, "rb") as f:
+        before = f.read()
+    open(os.path.join(path, "abort"), "wb").close()   # an unclean shutdown: recovery scans
+    real = recovery._read.scan_segment
+
+    def scan_cut_meanwhile(seg, *args):
+        if seg.path == seg_path and not seg.faulted:
+            os.truncate(seg_path, 32768)
+            seg.read(40000, 8)   # a page past the cut: the guard's zeros
+            with open(seg_path, "r+b") as f:
+                f.write(before)
+        return real(seg, *args)
+    recovery._read.scan_segment = scan_cut_meanwhile
+    try:
+        MessageStore(path)
+        opened = "opened"
+    except StoreIOError as e:
+        opened = type(e).__name__
+    with open(seg_path, "rb") as f:
+        return {"open": opened, "unchanged": f.read() == before}
+
+
 def _foreign(root):
     """A SIGBUS in a mapping that is not the store's: the process must still die."""
     import mmap
@@ -139,6 +168,28 @@ def test_async_flush_of_a_truncated_segment_turns_the_store_read_only(tmp_path):
     assert out["close"] == {"value": None}
 
 
+def test_recovery_cuts_nothing_where_the_file_changed_under_it(tmp_path):
+    assert result(child("recovery", tmp_path)) == {"open": "StoreIOError", "unchanged": True}
+
+
+def test_a_flush_after_a_truncation_it_did_not_fault_on_fails(tmp_path):
+    """A truncation drops dirty pages without a fault in this process, and msync of pages
+    that are gone succeeds: flush() reported durable what was lost."""
+    from rmqstore import Message, MessageStore, StoreConfig
+    from rmqstore.errors import StoreReadOnlyError
+    st = MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 20, flush_interval_ms=60_000))
+    try:
+        for _ in range(100):
+            st.put(Message("T", b"x" * 1000))
+        os.truncate(_first_segment(str(tmp_path / "s")), 0)
+        with pytest.raises(StoreReadOnlyError, match="changed under its mapping"):
+            st.flush()
+        with pytest.raises(StoreReadOnlyError):
+            st.put(Message("T", b"y"))
+    finally:
+        st.close()
+
+
 @pytest.mark.parametrize("flags", [(), ("-X", "faulthandler")])
 def test_a_sigbus_outside_the_store_still_kills(tmp_path, flags):
     p = child("foreign", tmp_path, *flags)
@@ -156,5 +207,6 @@ if __name__ == "__main__":
     case, _, arg = os.environ[ROLE].partition(":")
     root = sys.argv[1]
     run = {"reads": lambda: _reads(root, arg == "1"), "writes": lambda: _writes(root, arg),
+           "recovery": lambda: _recovery(root),
            "foreign": lambda: _foreign(root), "sent": lambda: _sent(root)}[case]
     print(json.dumps(run()))
