@@ -49,8 +49,9 @@ cdef class MappedSegment:
     read below it without locks. Every access is checked against the mapped size, which
     is what ``fstat`` reported at open time, so a short file can never be touched; a file
     another process truncates while it is mapped reads as zeros past its new end and can
-    no longer be flushed (cext/rmq_guard.h: no SIGBUS either way). ``hold()``/``release()`` pin the mapping across GIL-free work; ``close()``
-    waits for the last pin and is refused while a zero-copy view is exported.
+    no longer be flushed (cext/rmq_guard.h: no SIGBUS either way). ``hold()``/``release()``
+    pin the mapping across GIL-free work; ``close()`` waits for the last pin and is refused
+    while a zero-copy view is exported.
     """
 
     def __cinit__(self, path, int64_t base_offset, int64_t size, bint create=False,

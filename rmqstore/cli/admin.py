@@ -17,12 +17,11 @@ from rmqstore.cli.common import (
     print_json,
     print_table,
     progress,
-    require_store,
+    segment_files,
     store_config,
 )
 from rmqstore.config import StoreConfig
 from rmqstore.files import open_reader
-from rmqstore.segments import list_segment_files
 from rmqstore.store import MessageStore
 
 _CHUNK = 1 << 20
@@ -42,12 +41,6 @@ def cmd_recover(args):
 
 
 # -- digests ---------------------------------------------------------------------------------
-def segment_files(store):
-    """(offset, path, size) of the commitlog segments of ``store``."""
-    require_store(store)
-    return [(off, path, os.path.getsize(path)) for off, path in list_segment_files(os.path.join(store, "commitlog"))]
-
-
 def digest_segments(files, bar):
     """{offset: CRC32C of the file} for (offset, path, size) ``files``."""
     out = {}

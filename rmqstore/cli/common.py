@@ -12,6 +12,7 @@ from datetime import datetime
 from tqdm import tqdm
 
 from rmqstore.config import StoreConfig
+from rmqstore.segments import list_segment_files
 from rmqstore.store import MessageStore
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -136,6 +137,12 @@ def require_store(path):
         raise CommandError(f"{path}: not a directory")
     if not os.path.isdir(os.path.join(path, "commitlog")):
         raise CommandError(f"{path}: not a RocketMQ store (no commitlog/ directory)")
+
+
+def segment_files(store):
+    """(offset, path, size) of the commitlog segments of ``store``."""
+    require_store(store)
+    return [(off, path, os.path.getsize(path)) for off, path in list_segment_files(os.path.join(store, "commitlog"))]
 
 
 def open_store(args, read_only=True, create=False):

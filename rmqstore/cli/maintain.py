@@ -1,7 +1,6 @@
 """Maintenance subcommands: verify (read-only), clean (retention now) and rebuild (consume
 queues and index from the commitlog)."""
 import dataclasses
-import os
 import time
 
 from rmqstore.cli.common import (
@@ -17,11 +16,11 @@ from rmqstore.cli.common import (
     progress,
     require_store,
     seconds,
+    segment_files,
     shown,
     store_config,
 )
 from rmqstore.errors import DerivedFileError
-from rmqstore.segments import list_segment_files
 from rmqstore.store import MessageStore
 
 _EVERY_HOUR = ";".join(f"{h:02d}" for h in range(24))
@@ -29,7 +28,7 @@ _EVERY_HOUR = ";".join(f"{h:02d}" for h in range(24))
 
 def _commitlog_files_bytes(store):
     """Bytes of the commitlog files (what recovery and then the rebuild's dispatch read)."""
-    return 2 * sum(os.path.getsize(p) for _, p in list_segment_files(os.path.join(store, "commitlog")))
+    return 2 * sum(size for _, _, size in segment_files(store))
 
 
 def _commitlog_bytes(s):
