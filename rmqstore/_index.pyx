@@ -30,7 +30,7 @@ from rmqstore._segment cimport MappedSegment, SegmentList, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
 from rmqstore._message cimport build_ext, ext_in
-from rmqstore._read cimport Span, pin_span, record_at, span_prefetch, span_record, unpin_span
+from rmqstore._read cimport Span, pin_span, prefetch_at, record_at, span_prefetch, span_record, unpin_span
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError, StoreReadOnlyError
 
 cnp.import_array()
@@ -837,6 +837,8 @@ cdef list keyed_messages(list log, str topic, const char *k, Py_ssize_t klen, co
     cdef int code
     cdef Match match
     cdef MappedSegment seg
+    for i in range(n):          # its fields are read one after the other: load all their lines at once
+        prefetch_at(log, offs[i], 512)
     for i in range(n - 1, -1, -1):
         if i < n - 1 and offs[i] == offs[i + 1]:
             continue
