@@ -181,9 +181,11 @@ cdef class PutResult:
                 f"topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset})")
 
 
+# Batch reads build, and drop, 100,000s of messages at once: a freelist that large keeps their memory (24 MiB
+# at most) rather than fault fresh allocator arenas in for every batch (query_keys of 100k keys: 1.45 -> 1.63 M/s).
 @cython.no_gc
-@cython.freelist(131072)    # batch reads build (and drop) 100,000s at once: reusing their memory spares the
-cdef class MessageExt:      # page faults of fresh allocator arenas (24 MiB kept at most; query_keys 1.45 -> 1.63 M/s)
+@cython.freelist(131072)
+cdef class MessageExt:
     """A stored message, decoded from its record. Numeric fields are parsed eagerly;
     topic, body and properties are decoded from the record bytes on first access.
 
