@@ -364,7 +364,7 @@ cdef class IndexFiles:
 
     Each query pins every mapped file it reads (a closed file is skipped), walks them (a
     batch of keys with the GIL released) and returns RocketMQ's IndexService.queryOffset
-    answer."""
+    answer. It keeps up to SPARES record copies (32 MiB) for query_many to reuse."""
     cdef list segs
     cdef FileView *views
     cdef Py_ssize_t n
