@@ -101,7 +101,10 @@ class Rmqstore:
         return n, nbytes
 
     def prepare_lookup(self, keys):
-        return keys
+        """The keys made afresh, as the LMDB peer's are (it encodes them to bytes): the
+        workload's own str objects lie scattered among the messages, a cache miss a key
+        that has nothing to do with the store (about 200 ns of a 1.1 us lookup here)."""
+        return [k.encode().decode() for k in keys]
 
     def lookup(self, keys):
         """query_by_key per key: (lookups, body bytes of the messages found)."""
