@@ -93,6 +93,68 @@ def append_entries(MappedSegment seg not None, const int64_t[:] phy not None, co
     return n
 
 
+def append_runs(list segs not None, const int64_t[:] phy not None, const int32_t[:] size not None,
+                const int64_t[:] tags not None, const int64_t[:] queue_offsets not None,
+                const int64_t[:] starts not None):
+    """The consume-queue writes of a dispatch batch in one GIL-free pass. Run k is entries
+    ``[starts[k], starts[k + 1])`` of the arrays, for the queue whose last file is
+    ``segs[k]`` (None: no file yet). A run whose queue offsets go on one by one from where
+    that file ends is written there and published, as far as the file has room; returns
+    how many entries each run got, 0 for the others (``ConsumeQueue.put_run`` takes them:
+    a duplicate, a gap, a first file). One call per queue, or Python code per entry,
+    released the GIL and took it back once a queue while a putting thread waited for it."""
+    cdef Py_ssize_t k, i, nseg = len(segs), narr = min(phy.shape[0], size.shape[0], tags.shape[0],
+                                                        queue_offsets.shape[0])
+    cdef MappedSegment seg
+    cdef int64_t lo, hi, pinned = 0
+    if starts.shape[0] != nseg + 1:
+        raise InvalidArgumentError(f"{nseg} segments, {starts.shape[0]} run starts")
+    if len(set(id(x) for x in segs if x is not None)) != sum(x is not None for x in segs):
+        raise InvalidArgumentError("a segment appears twice")
+    for k in range(nseg):
+        if starts[k] < 0 or starts[k + 1] > narr or starts[k] > starts[k + 1]:
+            raise OutOfRangeError(f"entry range [{starts[k]}, {starts[k + 1]}) outside the arrays")
+    counts = np.zeros(nseg, np.int64)
+    cdef int64_t[::1] n = counts
+    cdef char **dst = <char **>malloc((nseg + 1) * sizeof(char *))
+    if dst == NULL:
+        raise MemoryError()
+    try:
+        for k in range(nseg):
+            if segs[k] is None:
+                continue
+            seg = segs[k]
+            lo, hi = starts[k], starts[k + 1]
+            if lo == hi or not 0 <= queue_offsets[lo] <= (seg.base_offset + seg.wrote_pos) // 20 \
+                    or queue_offsets[lo] * 20 != seg.base_offset + seg.wrote_pos \
+                    or queue_offsets[hi - 1] - queue_offsets[lo] != hi - lo - 1:
+                continue
+            n[k] = min(hi - lo, (seg.m.size - seg.wrote_pos) // 20)
+            seg.check_range(seg.wrote_pos, n[k] * 20)
+            ensure(seg, seg.wrote_pos + n[k] * 20)
+        for k in range(nseg):
+            if n[k]:
+                seg = segs[k]
+                pin(seg)
+                pinned = k + 1
+                dst[k] = seg.m.base + seg.wrote_pos
+        with nogil:
+            for k in range(nseg):
+                for i in range(starts[k], starts[k] + n[k]):
+                    store_entry(dst[k], phy[i], size[i], tags[i])
+                    dst[k] += 20
+        for k in range(nseg):
+            if n[k]:
+                seg = segs[k]
+                seg.wrote_pos += n[k] * 20
+    finally:
+        for k in range(pinned):
+            if n[k]:
+                unpin(<MappedSegment>segs[k])
+        free(dst)
+    return counts
+
+
 def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:] length not None,
               dict ids not None, list names not None):
     """Per-row topic number (an index into ``names``) of dispatch rows whose topics lie at
@@ -211,17 +273,18 @@ def group_entries(cnp.ndarray rows not None, const int32_t[:] topic_ids not None
     being ``[starts[k], starts[k + 1])`` of them, and ``bad`` the indexes of the rows left
     out for their topic.
 
-    One C pass holding the GIL (tens of microseconds a batch). numpy's sort, isin and
-    fancy indexing did this before, each call releasing the GIL and taking it back; the
-    dispatcher then took the GIL back before a putting thread woke up to take it, again
-    and again, keeping that thread waiting for milliseconds (a GIL convoy)."""
+    Two C passes with the GIL released. numpy's sort, isin and fancy indexing did this
+    before: a dozen calls a batch, each releasing the GIL and taking it back, with Python
+    code holding it in between."""
     cdef Py_ssize_t n = rows.shape[0], ntopics = unsafe_topic.shape[0], i, g, ngroups = 0, cap = 1, nk = 0, nbad = 0
-    cdef int64_t key
-    cdef int32_t tid, tran
-    cdef uint64_t h
     cdef const DispatchRow *rp
     cdef int64_t *so
     cdef int64_t *bo
+    cdef int64_t *ro
+    cdef int64_t *po
+    cdef int32_t *zo
+    cdef int64_t *to
+    cdef int64_t *qo
     cdef int64_t *slot_key = NULL
     cdef Py_ssize_t *slot_group = NULL
     cdef Py_ssize_t *row_group = NULL
@@ -251,30 +314,10 @@ def group_entries(cnp.ndarray rows not None, const int32_t[:] topic_ids not None
         if not (slot_key and slot_group and row_group and group_key and at and rank):
             raise MemoryError()
         memset(slot_group, 0xFF, cap * sizeof(Py_ssize_t))
-        for i in range(n):
-            tran = rp[i].sys_flag & TRANSACTION_MASK
-            tid = topic_ids[i]
-            row_group[i] = -1
-            if tran == TRAN_PREPARED or tran == TRAN_ROLLBACK:
-                continue
-            if unsafe_topic[tid]:
-                bo[nbad] = i
-                nbad += 1
-                continue
-            key = (<int64_t>tid << 32) | <uint32_t>rp[i].queue_id
-            h = (<uint64_t>key * 0x9E3779B97F4A7C15ULL) >> 32
-            g = h & (cap - 1)
-            while slot_group[g] >= 0 and slot_key[g] != key:
-                g = (g + 1) & (cap - 1)
-            if slot_group[g] < 0:
-                slot_key[g], slot_group[g] = key, ngroups
-                group_key[2 * ngroups], group_key[2 * ngroups + 1] = key, ngroups
-                at[ngroups] = 0
-                ngroups += 1
-            row_group[i] = slot_group[g]
-            at[slot_group[g]] += 1
-            nk += 1
-        qsort(group_key, ngroups, 2 * sizeof(int64_t), cmp_key)   # the keys are distinct
+        with nogil:
+            ngroups = find_groups(rp, n, topic_ids, unsafe_topic, cap, slot_key, slot_group, row_group, group_key,
+                                  at, bo, &nbad, &nk)
+            qsort(group_key, ngroups, 2 * sizeof(int64_t), cmp_key)   # the keys are distinct
         starts = np.empty(ngroups + 1, np.int64)
         so = <int64_t *>cnp.PyArray_DATA(starts)
         so[0] = 0
@@ -285,9 +328,10 @@ def group_entries(cnp.ndarray rows not None, const int32_t[:] topic_ids not None
             at[g] = so[rank[g]]    # where group g's next entry goes
         row, phy, size = np.empty(nk, np.int64), np.empty(nk, np.int64), np.empty(nk, np.int32)
         tags, qoff = np.empty(nk, np.int64), np.empty(nk, np.int64)
-        fill_groups(rp, n, row_group, at, <int64_t *>cnp.PyArray_DATA(row), <int64_t *>cnp.PyArray_DATA(phy),
-                    <int32_t *>cnp.PyArray_DATA(size), <int64_t *>cnp.PyArray_DATA(tags),
-                    <int64_t *>cnp.PyArray_DATA(qoff))
+        ro, po, zo = <int64_t *>cnp.PyArray_DATA(row), <int64_t *>cnp.PyArray_DATA(phy), <int32_t *>cnp.PyArray_DATA(size)
+        to, qo = <int64_t *>cnp.PyArray_DATA(tags), <int64_t *>cnp.PyArray_DATA(qoff)
+        with nogil:
+            fill_groups(rp, n, row_group, at, ro, po, zo, to, qo)
         return row, phy, size, tags, qoff, starts, bad[:nbad].copy()
     finally:
         free(slot_key)
@@ -296,6 +340,41 @@ def group_entries(cnp.ndarray rows not None, const int32_t[:] topic_ids not None
         free(group_key)
         free(at)
         free(rank)
+
+
+cdef Py_ssize_t find_groups(const DispatchRow *rp, Py_ssize_t n, const int32_t[:] topic_ids,
+                            const uint8_t[:] unsafe_topic, Py_ssize_t cap, int64_t *slot_key, Py_ssize_t *slot_group,
+                            Py_ssize_t *row_group, int64_t *group_key, Py_ssize_t *count, int64_t *bad,
+                            Py_ssize_t *nbad, Py_ssize_t *nk) noexcept nogil:
+    """Give each row with an entry its group (``row_group``, -1 for none), the groups
+    their (key, group) pairs in ``group_key`` and their sizes in ``count``; rows of unsafe
+    topics go to ``bad``. Returns the number of groups."""
+    cdef Py_ssize_t i, g, ngroups = 0
+    cdef int64_t key
+    cdef int32_t tid, tran
+    for i in range(n):
+        tran = rp[i].sys_flag & TRANSACTION_MASK
+        tid = topic_ids[i]
+        row_group[i] = -1
+        if tran == TRAN_PREPARED or tran == TRAN_ROLLBACK:
+            continue
+        if unsafe_topic[tid]:
+            bad[nbad[0]] = i
+            nbad[0] += 1
+            continue
+        key = (<int64_t>tid << 32) | <uint32_t>rp[i].queue_id
+        g = ((<uint64_t>key * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1)
+        while slot_group[g] >= 0 and slot_key[g] != key:
+            g = (g + 1) & (cap - 1)
+        if slot_group[g] < 0:
+            slot_key[g], slot_group[g] = key, ngroups
+            group_key[2 * ngroups], group_key[2 * ngroups + 1] = key, ngroups
+            count[ngroups] = 0
+            ngroups += 1
+        row_group[i] = slot_group[g]
+        count[slot_group[g]] += 1
+        nk[0] += 1
+    return ngroups
 
 
 cdef void fill_groups(const DispatchRow *rp, Py_ssize_t n, const Py_ssize_t *row_group, Py_ssize_t *at,

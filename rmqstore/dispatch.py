@@ -214,14 +214,24 @@ class ConsumeQueueBuilder:
             self.unsafe_topics.append(at)
         if not len(row):
             return
-        last = 0
-        for lo, hi in itertools.pairwise(starts.tolist()):
+        bounds = starts.tolist()
+        queues, last = [], 0
+        for lo, hi in itertools.pairwise(bounds):
             first, last = int(row[lo]), max(last, int(row[hi - 1]))   # a group keeps commitlog order
             topic = names[batch.topic_ids[first]]
             if topic == SCHEDULE_TOPIC:
                 self._deliver_times(batch, row[lo:hi], tags[lo:hi])
-            cq = self.table.get_or_create(topic, int(rows["queue_id"][first]))
-            cq.put_run(phy[lo:hi], size[lo:hi], tags[lo:hi], qoff[lo:hi])
+            queues.append(self.table.get_or_create(topic, int(rows["queue_id"][first])))
+        # every queue whose offsets go on from its file's end in one GIL-free pass; the rest
+        # (a duplicate, a gap, a new file, one filled) by ConsumeQueue
+        done = _cq.append_runs([cq.segments.last for cq in queues], phy, size, tags, qoff, starts).tolist()
+        for cq, lo, hi, k in zip(queues, bounds[:-1], bounds[1:], done, strict=True):
+            if k == hi - lo:
+                cq.max_physic_offset = int(phy[hi - 1]) + int(size[hi - 1])
+            elif k:
+                cq.end_run(phy[lo:hi], size[lo:hi], tags[lo:hi], k)
+            else:
+                cq.put_run(phy[lo:hi], size[lo:hi], tags[lo:hi], qoff[lo:hi])
         self.last_timestamp = int(rows["store_timestamp"][last])
 
     def _deliver_times(self, batch: DispatchBatch, rows: np.ndarray, tags: np.ndarray) -> None:

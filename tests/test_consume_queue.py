@@ -483,11 +483,13 @@ def test_group_entries_rejects_bad_arguments():
         _cq.group_entries(rows[::2], np.zeros(2, np.int32), np.zeros(2, np.uint8))
 
 
-def test_mixed_batch_entries(tmp_path):
+@pytest.mark.parametrize("per_file", [7, 1000])
+def test_mixed_batch_entries(tmp_path, per_file):
     """One dispatch batch of several topics and queues, transactions and delayed messages:
     each queue's entries are the puts that went to it, in order, with their sizes and tags
-    hashes (delivery times for SCHEDULE_TOPIC_XXXX), the others none."""
-    cfg = _cfg(consume_queue_entries=1000, commitlog_file_size=1 << 20)
+    hashes (delivery times for SCHEDULE_TOPIC_XXXX), the others none; with small files a
+    queue's run fills several."""
+    cfg = _cfg(consume_queue_entries=per_file, commitlog_file_size=1 << 20)
     rnd = np.random.default_rng(1)
     want = {}
     with MessageStore(tmp_path / "s", cfg) as store:
@@ -510,3 +512,35 @@ def test_mixed_batch_entries(tmp_path):
             assert [tuple(int(e[k]) for k in ("phy_offset", "size", "tags_code")) for e in got] == entries
         assert sum(len(store.consume_queue_entries(t, q)) for t in ("A", "B", "C") for q in range(4)) == \
             sum(len(v) for (t, _), v in want.items() if t != "SCHEDULE_TOPIC_XXXX")
+
+
+def test_append_runs(tmp_path):
+    """A batch's runs written in one pass: each run whose queue offsets go on one by one
+    from its file's end is written there as far as the file has room; a run after a gap,
+    a duplicate or without a file gets nothing; bad arguments write nothing."""
+    from rmqstore._segment import MappedSegment
+    segs = [MappedSegment(tmp_path / f"f{k}", 0, 5 * _cq.ENTRY_SIZE, create=True) for k in range(4)]
+    try:
+        _cq.append_entry(segs[1], 99, 9, 999)
+        _cq.append_entry(segs[3], 98, 8, 888)
+        phy, size, tags = np.arange(15, dtype=np.int64) * 100, np.arange(15, dtype=np.int32) + 1, -np.arange(15)
+        qoff = np.array([0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 3, 4, 0, 1])
+        runs = [segs[0], segs[1], None, segs[2], segs[3]]
+        starts = np.array([0, 2, 10, 11, 13, 15])
+        before = [s.wrote_pos for s in segs]
+        for bad in ([0, 2, 10, 11, 13, 16], [0, 2, 1, 11, 13, 15], [-1, 2, 10, 11, 13, 15]):
+            with pytest.raises(OutOfRangeError):
+                _cq.append_runs(runs, phy, size, tags, qoff, np.array(bad))
+        with pytest.raises(InvalidArgumentError):
+            _cq.append_runs([segs[0], segs[0]], phy, size, tags, qoff, np.array([0, 1, 2]))
+        with pytest.raises(InvalidArgumentError):
+            _cq.append_runs(runs, phy, size, tags, qoff, starts[:-1])
+        assert [s.wrote_pos for s in segs] == before
+        done = _cq.append_runs(runs, phy, size, tags, qoff, starts)
+        assert done.tolist() == [2, 4, 0, 0, 0]   # room for 4 of 8; no file; a gap (3 after 0); 0 after 1
+        got = [[tuple(int(x) for x in e) for e in _cq.read_entries(s, 0, s.wrote_pos // _cq.ENTRY_SIZE)] for s in segs]
+        assert got == [[(0, 1, 0), (100, 2, -1)], [(99, 9, 999), (200, 3, -2), (300, 4, -3), (400, 5, -4),
+                                                   (500, 6, -5)], [], [(98, 8, 888)]]
+    finally:
+        for s in segs:
+            s.close()
