@@ -155,43 +155,64 @@ def append_runs(list segs not None, const int64_t[:] phy not None, const int32_t
     return counts
 
 
+cdef struct Seen:   # the topics topic_ids met last, as (offset, length) in the batch bytes
+    int32_t off[TOPICS_SEEN]
+    int32_t len[TOPICS_SEEN]
+    int32_t id[TOPICS_SEEN]
+    int n
+    int last
+
+
+cdef Py_ssize_t match_seen(const char *base, Py_ssize_t size, const int32_t[:] off, const int32_t[:] length,
+                           Py_ssize_t i, Py_ssize_t n, Seen *s, int32_t *o) noexcept nogil:
+    """Number rows ``i..`` whose topics are in ``s``; returns the first row with another
+    one (or out of bounds), ``n`` when none is."""
+    cdef int j, k
+    for i in range(i, n):
+        if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
+            return i
+        for k in range(s.n):
+            j = (s.last + k) % s.n   # the previous row's topic first
+            if length[i] == s.len[j] and memcmp(base + off[i], base + s.off[j], s.len[j]) == 0:
+                o[i], s.last = s.id[j], j
+                break
+        else:
+            return i
+    return n
+
+
 def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:] length not None,
               dict ids not None, list names not None):
     """Per-row topic number (an index into ``names``) of dispatch rows whose topics lie at
-    ``raw[off:off+length]``; new topics are decoded once and appended to ``names``."""
-    cdef Py_ssize_t i, n = off.shape[0], size = len(raw)
+    ``raw[off:off+length]``; new topics are decoded once and appended to ``names``. Rows
+    of the last TOPICS_SEEN topics are matched without the GIL, in one stretch up to the
+    next row of another topic (in a batch of one topic: once, after its first row)."""
+    cdef Py_ssize_t i = 0, n = off.shape[0], size = len(raw)
     cdef const char *base = raw
-    cdef int32_t seen_off[TOPICS_SEEN]
-    cdef int32_t seen_len[TOPICS_SEEN]
-    cdef int32_t seen_id[TOPICS_SEEN]
-    cdef int nseen = 0, last = 0, j, k, hit
+    cdef Seen seen
+    seen.n = seen.last = 0
     if off.shape[0] > length.shape[0]:
         raise OutOfRangeError("fewer topic lengths than offsets")
     out = np.empty(n, np.int32)
     cdef int32_t[::1] o = out
-    with nogil:     # rows of topics met before in the batch (up to TOPICS_SEEN): the GIL only for others
-        for i in range(n):
-            hit = -1
-            if off[i] >= 0 and length[i] >= 0 and off[i] + length[i] <= size:
-                for k in range(nseen):
-                    j = (last + k) % nseen   # the previous row's topic first
-                    if length[i] == seen_len[j] and memcmp(base + off[i], base + seen_off[j], seen_len[j]) == 0:
-                        hit, last = seen_id[j], j
-                        break
-            if hit < 0:
-                with gil:
-                    if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
-                        raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
-                    key = raw[off[i]:off[i] + length[i]]
-                    tid = ids.get(key)
-                    if tid is None:
-                        tid = ids[key] = len(names)
-                        names.append(key.decode("utf-8", "replace"))
-                    hit = tid
-                last = nseen if nseen < TOPICS_SEEN else i % TOPICS_SEEN
-                nseen = max(nseen, last + 1)
-                seen_off[last], seen_len[last], seen_id[last] = off[i], length[i], hit
-            o[i] = hit
+    while i < n:
+        if seen.n:
+            with nogil:
+                i = match_seen(base, size, off, length, i, n, &seen, &o[0])
+            if i == n:
+                break
+        if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
+            raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
+        key = raw[off[i]:off[i] + length[i]]
+        tid = ids.get(key)
+        if tid is None:
+            tid = ids[key] = len(names)
+            names.append(key.decode("utf-8", "replace"))
+        seen.last = seen.n if seen.n < TOPICS_SEEN else i % TOPICS_SEEN
+        seen.n = max(seen.n, seen.last + 1)
+        seen.off[seen.last], seen.len[seen.last], seen.id[seen.last] = off[i], length[i], tid
+        o[i] = tid
+        i += 1
     return out
 
 
@@ -273,7 +294,7 @@ def group_entries(cnp.ndarray rows not None, const int32_t[:] topic_ids not None
     being ``[starts[k], starts[k + 1])`` of them, and ``bad`` the indexes of the rows left
     out for their topic.
 
-    Two C passes with the GIL released. numpy's sort, isin and fancy indexing did this
+    One C stretch with the GIL released. numpy's sort, isin and fancy indexing did this
     before: a dozen calls a batch, each releasing the GIL and taking it back, with Python
     code holding it in between."""
     cdef Py_ssize_t n = rows.shape[0], ntopics = unsafe_topic.shape[0], i, g, ngroups = 0, cap = 1, nk = 0, nbad = 0
@@ -314,25 +335,24 @@ def group_entries(cnp.ndarray rows not None, const int32_t[:] topic_ids not None
         if not (slot_key and slot_group and row_group and group_key and at and rank):
             raise MemoryError()
         memset(slot_group, 0xFF, cap * sizeof(Py_ssize_t))
+        # sized for the most there can be and cut after, so that one GIL-free stretch does it all
+        row, phy, size = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int32)
+        tags, qoff, starts = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n + 1, np.int64)
+        ro, po, zo = <int64_t *>cnp.PyArray_DATA(row), <int64_t *>cnp.PyArray_DATA(phy), <int32_t *>cnp.PyArray_DATA(size)
+        to, qo = <int64_t *>cnp.PyArray_DATA(tags), <int64_t *>cnp.PyArray_DATA(qoff)
+        so = <int64_t *>cnp.PyArray_DATA(starts)
         with nogil:
             ngroups = find_groups(rp, n, topic_ids, unsafe_topic, cap, slot_key, slot_group, row_group, group_key,
                                   at, bo, &nbad, &nk)
             qsort(group_key, ngroups, 2 * sizeof(int64_t), cmp_key)   # the keys are distinct
-        starts = np.empty(ngroups + 1, np.int64)
-        so = <int64_t *>cnp.PyArray_DATA(starts)
-        so[0] = 0
-        for g in range(ngroups):   # group_key[2g + 1]: the group g-th in key order
-            rank[group_key[2 * g + 1]] = g
-            so[g + 1] = so[g] + at[group_key[2 * g + 1]]
-        for g in range(ngroups):
-            at[g] = so[rank[g]]    # where group g's next entry goes
-        row, phy, size = np.empty(nk, np.int64), np.empty(nk, np.int64), np.empty(nk, np.int32)
-        tags, qoff = np.empty(nk, np.int64), np.empty(nk, np.int64)
-        ro, po, zo = <int64_t *>cnp.PyArray_DATA(row), <int64_t *>cnp.PyArray_DATA(phy), <int32_t *>cnp.PyArray_DATA(size)
-        to, qo = <int64_t *>cnp.PyArray_DATA(tags), <int64_t *>cnp.PyArray_DATA(qoff)
-        with nogil:
+            so[0] = 0
+            for g in range(ngroups):   # group_key[2g + 1]: the group g-th in key order
+                rank[group_key[2 * g + 1]] = g
+                so[g + 1] = so[g] + at[group_key[2 * g + 1]]
+            for g in range(ngroups):
+                at[g] = so[rank[g]]    # where group g's next entry goes
             fill_groups(rp, n, row_group, at, ro, po, zo, to, qo)
-        return row, phy, size, tags, qoff, starts, bad[:nbad].copy()
+        return row[:nk], phy[:nk], size[:nk], tags[:nk], qoff[:nk], starts[:ngroups + 1], bad[:nbad]
     finally:
         free(slot_key)
         free(slot_group)

@@ -368,3 +368,17 @@ def test_a_clock_set_back_does_not_stall_the_next_index_file(tmp_path, monkeypat
         names = sorted(os.listdir(tmp_path / "index"))
         assert len(names) == 2 and len(s.query_by_key("T", "j299")) == 1
         assert name_ms(names[1]) - name_ms(names[0]) == 1   # just past the last, not hours on
+
+
+def test_extract_keys_gives_the_newest_store_time_of_the_rows():
+    """Dispatch moves indexMsgTimestamp to the newest store time of a batch's rows, keys or
+    not, whatever their order (a clock set back): extract_keys returns it beside the keys."""
+    import numpy as np
+
+    from rmqstore import _index
+    from rmqstore._read import DISPATCH_DTYPE
+    rows = np.zeros(3, DISPATCH_DTYPE)
+    rows["store_timestamp"] = [5_000, 9_000, 3_000]   # no properties: no keys
+    hashes, phys, tss, newest = _index.extract_keys(b"x", rows)
+    assert (len(hashes), len(phys), len(tss), newest) == (0, 0, 0, 9_000)
+    assert _index.extract_keys(b"", rows[:0])[3] == 0
