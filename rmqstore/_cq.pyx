@@ -127,7 +127,7 @@ def append_runs(list segs not None, const int64_t[:] phy not None, const int32_t
             lo, hi = starts[k], starts[k + 1]
             if lo == hi or not 0 <= queue_offsets[lo] <= (seg.base_offset + seg.wrote_pos) // 20 \
                     or queue_offsets[lo] * 20 != seg.base_offset + seg.wrote_pos \
-                    or queue_offsets[hi - 1] - queue_offsets[lo] != hi - lo - 1:
+                    or queue_offsets[hi - 1] != queue_offsets[lo] + (hi - lo - 1):   # (no overflow)
                 continue
             n[k] = min(hi - lo, (seg.m.size - seg.wrote_pos) // 20)
             seg.check_range(seg.wrote_pos, n[k] * 20)
