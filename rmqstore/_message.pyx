@@ -18,6 +18,9 @@ from rmqstore.errors import CorruptRecordError, FrozenObjectError, InvalidArgume
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
 
+cdef extern from "rmq_argtype.h":
+    int rmq_argtype_wrap(type t, object error, const char *name) except -1
+
 
 cpdef str text_arg(str name, object s):
     """``s`` if it is a str that encodes as UTF-8 (no lone surrogates), else InvalidArgumentError."""
@@ -122,6 +125,9 @@ cdef class Message:
 
     def __repr__(self):
         return f"Message(topic={self.topic!r}, body={len(self.body)} bytes, properties={self.properties!r})"
+
+
+rmq_argtype_wrap(Message, InvalidArgumentTypeError, "Message()")   # Message() or Message(t, bogus=1): not a bare TypeError
 
 
 def _properties_field(v):

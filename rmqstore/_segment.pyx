@@ -4,6 +4,7 @@ from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memcpy
 from libc.stdint cimport int64_t
+from posix.time cimport nanosleep, timespec
 import errno
 import os
 
@@ -363,3 +364,48 @@ cpdef MappedSegment queue_find(SegmentList queue, int64_t offset):
         return None
     seg = <MappedSegment>segs[lo - 1]
     return seg if offset - seg.base_offset < queue.file_size else None
+
+
+cdef extern from *:
+    """
+    static inline int rmq_flag_get(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void rmq_flag_put(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline int64_t rmq_pos_get(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    """
+    int rmq_flag_get(const int *p) nogil
+    void rmq_flag_put(int *p, int v) nogil
+    int64_t rmq_pos_get(const int64_t *p) nogil
+
+
+cdef class Waker:
+    """A background thread's sleep that takes no GIL: ``wait_appended`` polls a segment's
+    write position and the flag every millisecond with the GIL released, so an idle thread
+    never takes the GIL from the threads doing work; ``set`` (from any thread) ends a wait
+    early, ``clear`` re-arms it."""
+    cdef int flag
+
+    def set(self):
+        rmq_flag_put(&self.flag, 1)
+
+    def clear(self):
+        rmq_flag_put(&self.flag, 0)
+
+    def wait_appended(self, MappedSegment seg, int64_t pos, double timeout):
+        """Until ``seg`` is written past ``pos`` (True; a writer moving on to the next
+        segment first fills this one), or the flag is set or ``timeout`` seconds pass
+        (False). ``seg`` None: the flag and the time only."""
+        cdef const int64_t *wrote = NULL if seg is None else &seg.wrote_pos
+        cdef int64_t steps = <int64_t>(timeout * 1000.0) if timeout > 0 else 0
+        cdef timespec ms
+        cdef bint grew = False
+        ms.tv_sec, ms.tv_nsec = 0, 1000000
+        with nogil:
+            while True:
+                if wrote != NULL and rmq_pos_get(wrote) > pos:
+                    grew = True
+                    break
+                if rmq_flag_get(&self.flag) or steps <= 0:
+                    break
+                nanosleep(&ms, NULL)
+                steps -= 1
+        return grew

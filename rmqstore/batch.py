@@ -291,6 +291,26 @@ def advance(store_path: str | os.PathLike[str], start: int, max_bytes: int) -> i
 
 
 @checked()
+def after_hole(store_path: str | os.PathLike[str], offset: int) -> int | None:
+    """Where a store's records go on after the zeros at commitlog ``offset`` (where
+    ``end_offset`` saw its data end) when those zeros are a hole: the next record's offset
+    (or the next segment's start when the hole runs to the end of its segment, a later one
+    holding data). None when they are the end of data. It reads the rest of the segment
+    (the parts SEEK_DATA reports), so a tailing reader runs it only when it stops moving."""
+    for path, base, size in segment_files(store_path):
+        if base <= offset < base + size:
+            seg = MappedSegment(path, base, 0, readonly=True)
+            try:
+                if not _hole(seg, path, offset - base, size):
+                    return None
+                found = _sync(seg, offset - base + 1, size)
+                return base + (size if found is None else found)
+            finally:
+                seg.close()
+    return None
+
+
+@checked()
 def decode_segment(path: str | os.PathLike[str], base_offset: int, start: int = 0, end: int | None = None,
                    check_crc: bool = False, mode: str = "fail") -> dict[str, Any]:
     """All records of ``path`` starting in ``[start, end)`` as one column dict (concatenated)."""

@@ -12,6 +12,7 @@ import numpy as np
 import rmqstore._read as _read
 from rmqstore import _cq, _record
 from rmqstore._record import Status
+from rmqstore._segment import Waker
 from rmqstore.errors import CorruptRecordError, StoreIOError
 from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from rmqstore.index import IndexService
 
 log = logging.getLogger(__name__)
+
+IDLE_WAIT = 1.0      # seconds an idle dispatcher waits for the writer's segment to grow, at most
+IDLE_NO_SEGMENT = 0.01   # ... where it has no segment to watch (none yet, or between two)
 
 
 class DispatchBatch:
@@ -65,7 +69,7 @@ class Dispatcher:
         self._topic_numbers: dict[bytes, int] = {}   # topic bytes -> index in _topic_names
         self._topic_names: list[str] = []
         self._cond = threading.Condition()
-        self._wake = threading.Event()
+        self._wake = Waker()
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -128,7 +132,7 @@ class Dispatcher:
                 with self._cond:
                     self._cond.notify_all()
                 backoff = min(1.0, backoff * 2 or 0.01)
-                self._wake.wait(backoff)
+                self._wake.wait_appended(None, 0, backoff)
                 self._wake.clear()
                 continue
             except Exception as e:   # a bug in a consumer: stop rather than skip messages
@@ -142,8 +146,20 @@ class Dispatcher:
                 self.stalled = None
             backoff = 0.0
             if not busy:
-                self._wake.wait(0.001)
-                self._wake.clear()
+                self._idle()
+
+    def _idle(self) -> None:
+        """Wait until the writer appends past ``reput_from`` (RocketMQ's reput looks every
+        millisecond; here a C loop does, without the GIL, so an idle dispatcher takes none
+        from the threads reading the store), wait_dispatched or stop wakes it, or IDLE_WAIT
+        passes. A writer moving to a new segment fills the last one first (BLANK), which
+        ends the wait; the new segment is then found."""
+        last = self.commitlog.segments.last
+        if last is not None and last.base_offset <= self.reput_from < last.base_offset + last.size:
+            self._wake.wait_appended(last, self.reput_from - last.base_offset, IDLE_WAIT)
+        else:
+            self._wake.wait_appended(None, 0, IDLE_NO_SEGMENT)
+        self._wake.clear()
 
     def wait_dispatched(self, timeout: float | None = None) -> bool:
         """Block until everything written before the call is dispatched; False on timeout.

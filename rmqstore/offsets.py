@@ -1,5 +1,7 @@
-"""Consumer offsets: ``config/consumerOffset.json`` in RocketMQ's shape."""
+"""Consumer offsets: ``config/consumerOffset.json`` in RocketMQ's shape, with the previous
+version kept in ``consumerOffset.json.bak`` as a broker keeps it."""
 import json
+import logging
 import os
 import threading
 
@@ -7,15 +9,25 @@ from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreError
 from rmqstore.files import make_dirs, parse_json, read_file, write_atomic
 from rmqstore.topics import validate_group, validate_topic
 
+log = logging.getLogger(__name__)
+
 _MAX_QUEUE_ID = (1 << 31) - 1
-_REPAIR = ("consumer offsets are not in the commitlog: restore the file from a backup (a broker keeps "
-           "consumerOffset.json.bak beside it), or move it away to open the store with none committed")
+_REPAIR = ("consumer offsets are not in the commitlog and consumerOffset.json.bak cannot stand in: restore "
+           "the file from a backup, or move it away to open the store with none committed")
 _MAX_OFFSET = (1 << 63) - 1
+
+
+class _Unparsable(CorruptStoreError):
+    """A consumer-offset file whose bytes are not a table of offsets."""
+
+    def __str__(self):
+        return f"{super().__str__()}; {_REPAIR}"
 
 
 class ConsumerOffsets:
     """``{"offsetTable": {"topic@group": {"0": 12, ...}}}``, written atomically (temp file,
-    fsync, rename, fsync dir) by ``persist``; thread-safe."""
+    fsync, rename, fsync dir) by ``persist``, which first keeps the version it replaces in
+    ``.bak`` (RocketMQ's MixAll.string2File); thread-safe."""
 
     def __init__(self, root, file_mode=0o600, dir_mode=0o700):
         self.path = os.path.join(str(root), "config", "consumerOffset.json")
@@ -23,34 +35,66 @@ class ConsumerOffsets:
         self.dir_mode = dir_mode
         self.table = {}
         self.dirty = False
+        self._saved = None   # the bytes of the last good version read or written: the next .bak
         self._lock = threading.Lock()
 
     def load(self):
-        """Read the file; anything but ``{"topic@group": {"queueId": offset}}`` with queue
-        ids 0..2^31-1 and offsets -1..2^63-1 is a CorruptStoreError."""
+        """Read the file. Anything but ``{"topic@group": {"queueId": offset}}`` with queue
+        ids 0..2^31-1 and offsets -1..2^63-1 is unreadable. As RocketMQ's ConfigManager
+        does, a missing or unreadable file gives way to ``.bak`` (a broker that stopped
+        between its delete and rename leaves only that), logged and rewritten at the next
+        persist. An unreadable file with no readable ``.bak``, or a directory, FIFO or link
+        in its place, is a CorruptStoreError."""
         try:
-            data = parse_json(read_file(self.path))
-            table = data.get("offsetTable", {}) if isinstance(data, dict) else None
-            if not isinstance(table, dict):
-                raise CorruptStoreError(f"{self.path}: no offsetTable object")
-            self.table = {k: self._queue_offsets(k, v) for k, v in table.items()}
+            self.table, self._saved = self._read(self.path)
         except FileNotFoundError:
-            return self
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptStoreError(f"{self.path}: {e}; {_REPAIR}") from None
-        except StoreError as e:   # the checks above, or a directory, FIFO or link in its place
-            raise CorruptStoreError(f"{e}; {_REPAIR}") from e
+            self._from_backup(None)
+        except _Unparsable as e:
+            self._from_backup(e)
         return self
 
-    def _queue_offsets(self, key, queues):
+    def _from_backup(self, failure):
+        bak = self.path + ".bak"
+        try:
+            self.table, self._saved = self._read(bak)
+        except FileNotFoundError:
+            if failure is not None:
+                raise failure from None
+            return   # neither file: no offset committed yet
+        except CorruptStoreError as e:
+            raise (failure or e) from None
+        log.warning("%s: %s; consumer offsets read from %s (the version before the last)", self.path,
+                    "missing" if failure is None else failure.args[0], bak)
+        self.dirty = True
+
+    def _read(self, path):
+        """(table, the file's bytes) of the file at ``path``. FileNotFoundError; _Unparsable
+        for what the bytes hold; CorruptStoreError for what is there instead of a file."""
+        try:
+            raw = read_file(path)
+        except FileNotFoundError:
+            raise
+        except StoreError as e:
+            raise CorruptStoreError(f"{e}; {_REPAIR}") from e
+        try:
+            data = parse_json(raw)
+            table = data.get("offsetTable", {}) if isinstance(data, dict) else None
+            if not isinstance(table, dict):
+                raise _Unparsable(f"{path}: no offsetTable object")
+            return {k: self._queue_offsets(path, k, v) for k, v in table.items()}, raw
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _Unparsable(f"{path}: {e}") from None
+
+    @staticmethod
+    def _queue_offsets(path, key, queues):
         if not isinstance(queues, dict):
-            raise CorruptStoreError(f"{self.path}: {key!r} is not an object of queue offsets")
+            raise _Unparsable(f"{path}: {key!r} is not an object of queue offsets")
         out = {}
         for q, o in queues.items():
             if not (q.isascii() and q.isdigit() and int(q) <= _MAX_QUEUE_ID):
-                raise CorruptStoreError(f"{self.path}: {key!r}: queue id {q!r} is not in 0..{_MAX_QUEUE_ID}")
+                raise _Unparsable(f"{path}: {key!r}: queue id {q!r} is not in 0..{_MAX_QUEUE_ID}")
             if type(o) is not int or not -1 <= o <= _MAX_OFFSET:
-                raise CorruptStoreError(f"{self.path}: {key!r} queue {q}: offset {o!r} is not in -1..{_MAX_OFFSET}")
+                raise _Unparsable(f"{path}: {key!r} queue {q}: offset {o!r} is not in -1..{_MAX_OFFSET}")
             out[int(q)] = o
         return out
 
@@ -83,5 +127,13 @@ class ConsumerOffsets:
                 return
             body = {"offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in self.table.items()}}
             self.dirty = False
-        make_dirs(os.path.dirname(self.path), self.dir_mode)
-        write_atomic(self.path, json.dumps(body, indent=2, ensure_ascii=False).encode(), self.file_mode)
+        data = json.dumps(body, indent=2, ensure_ascii=False).encode()
+        try:
+            make_dirs(os.path.dirname(self.path), self.dir_mode)
+            if self._saved is not None:
+                write_atomic(self.path + ".bak", self._saved, self.file_mode)
+            write_atomic(self.path, data, self.file_mode)
+        except BaseException:
+            self.dirty = True   # written at the next persist: a failed write loses no commit
+            raise
+        self._saved = data

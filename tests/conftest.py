@@ -78,6 +78,19 @@ def small_config():
                        flush_interval_ms=10, flush_cq_interval_ms=10, warm_mapped_file=False)
 
 
+def holed_last_segment(root, n=300, first=100, lost=2):
+    """A one-segment store whose records ``first .. first + lost - 1`` are zeros: (offset
+    of the hole, offsets of the records after it, end of data)."""
+    from rmqstore import Message, MessageStore, StoreConfig
+    with MessageStore(root, StoreConfig(commitlog_file_size=1 << 20, **SMALL_INDEX)) as st:
+        offsets = [st.put(Message("T", b"m%d" % i)).phy_offset for i in range(n)]
+        end = st.max_phy_offset
+    with open(root / "commitlog" / ("0" * 20), "r+b") as f:
+        f.seek(offsets[first])
+        f.write(bytes(offsets[first + lost] - offsets[first]))
+    return offsets[first], offsets[first + lost:], end
+
+
 def copy_store(src, tmp_path, name="store"):
     """Copy a (read-only) fixture store into ``tmp_path`` with writable permissions."""
     dst = Path(tmp_path) / name

@@ -185,6 +185,69 @@ def test_consumer_offsets_at_their_limits_load(tmp_path):
         assert s.committed_offset("g", "T", INT_MAX) == LONG_MAX
 
 
+def _offsets_file(root, suffix=""):
+    import json
+    with open(root / "config" / f"consumerOffset.json{suffix}", encoding="utf-8") as f:
+        return json.load(f)["offsetTable"]
+
+
+def test_consumer_offsets_keep_the_version_they_replace_in_bak(tmp_path):
+    """As a broker's MixAll.string2File: each persist first keeps the file it replaces in
+    consumerOffset.json.bak (the first one, with nothing to replace, keeps none)."""
+    root, _ = _written(tmp_path)   # committed 2 and closed: one persist
+    assert _offsets_file(root) == {"T@g": {"0": 2}}
+    assert not (root / "config" / "consumerOffset.json.bak").exists()
+    with MessageStore(root, StoreConfig(**BASE)) as s:
+        s.commit_offset("g", "T", 0, 4)
+    assert _offsets_file(root) == {"T@g": {"0": 4}} and _offsets_file(root, ".bak") == {"T@g": {"0": 2}}
+    with MessageStore(root, StoreConfig(**BASE)) as s:
+        s.commit_offset("g", "T", 0, 5)
+    assert _offsets_file(root) == {"T@g": {"0": 5}} and _offsets_file(root, ".bak") == {"T@g": {"0": 4}}
+
+
+@pytest.mark.parametrize("damage", [None, b"", b"{garbage", b"[]", b'{"offsetTable": {"T@g": {"0": "x"}}}'],
+                         ids=["missing", "empty", "garbage", "list", "bad-offset"])
+def test_unreadable_consumer_offsets_give_way_to_bak(tmp_path, caplog, damage):
+    """A missing or unreadable consumerOffset.json was an error (or, missing, no offsets at
+    all: a broker that stops between its delete and rename leaves only the .bak). As
+    RocketMQ's ConfigManager does, the .bak now stands in, with a warning, and the next
+    persist writes the file again."""
+    root, _ = _written(tmp_path)
+    with MessageStore(root, StoreConfig(**BASE)) as s:
+        s.commit_offset("g", "T", 0, 4)   # .bak: 2, file: 4
+    main = root / "config" / "consumerOffset.json"
+    main.unlink()
+    if damage is not None:
+        main.write_bytes(damage)
+    with MessageStore(root, StoreConfig(**BASE), read_only=True) as s:
+        assert s.committed_offset("g", "T", 0) == 2
+    assert "consumerOffset.json.bak" in caplog.text
+    assert main.exists() == (damage is not None)   # a read-only open writes nothing
+    with MessageStore(root, StoreConfig(**BASE)) as s:
+        assert s.committed_offset("g", "T", 0) == 2
+        s.commit_offset("g", "T", 1, 7)
+    assert _offsets_file(root) == {"T@g": {"0": 2, "1": 7}} and _offsets_file(root, ".bak") == {"T@g": {"0": 2}}
+
+
+@pytest.mark.parametrize("main,bak", [(b"{garbage", b"{garbage"), (b"{garbage", None), (None, b"[1]"),
+                                      ("dir", b'{"offsetTable": {}}')], ids=["both-bad", "no-bak", "bad-bak", "dir"])
+def test_consumer_offsets_with_no_good_version_are_corrupt(tmp_path, main, bak):
+    """No readable version: CorruptStoreError naming the file (a directory, FIFO or link in
+    its place is refused, never stood in for), and nothing rewritten."""
+    root, _ = _written(tmp_path)
+    cfg = root / "config"
+    (cfg / "consumerOffset.json").unlink()
+    for name, content in (("consumerOffset.json", main), ("consumerOffset.json.bak", bak)):
+        if content == "dir":
+            (cfg / name).mkdir()
+        elif content is not None:
+            (cfg / name).write_bytes(content)
+    before = {p.name: p.read_bytes() for p in cfg.iterdir() if p.is_file()}
+    with pytest.raises(CorruptStoreError, match="consumerOffset.json"):
+        MessageStore(root, StoreConfig(**BASE))
+    assert {p.name: p.read_bytes() for p in cfg.iterdir() if p.is_file()} == before
+
+
 # -- the store path ----------------------------------------------------------------------
 @pytest.mark.parametrize("read_only", [False, True], ids=["writer", "read-only"])
 def test_store_path_that_is_a_file(tmp_path, read_only):

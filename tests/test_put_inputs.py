@@ -87,6 +87,18 @@ def test_built_directly_objects_are_safe():
             cls(1, b"x", topic="T")
 
 
+@pytest.mark.parametrize("args,kwargs", [((), {}), ((), {"body": b"x"}), (("T",), {"bogus": 1}),
+                                         (("T", b"x", None, None, None, 5), {}), (("T",), {"topic": "U"})],
+                         ids=["none", "no-topic", "unknown-keyword", "too-many", "topic-twice"])
+def test_a_message_call_that_does_not_fit_is_an_invalid_argument(args, kwargs):
+    """Message() with no topic, an unknown keyword or too many arguments raised Python's bare
+    TypeError (its argument parsing), outside the StoreError hierarchy every other call of
+    the API keeps to. It is an InvalidArgumentTypeError naming the call, still a TypeError."""
+    with pytest.raises(InvalidArgumentTypeError, match=r"^Message\(\): ") as e:
+        Message(*args, **kwargs)
+    assert isinstance(e.value, StoreError) and isinstance(e.value, TypeError)
+
+
 SCALAR = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=False), st.integers(-(1 << 70), 1 << 70),
                    st.text(max_size=5), st.binary(max_size=5))
 ARG = st.one_of(SCALAR, st.lists(SCALAR, max_size=3), st.dictionaries(st.text(max_size=3), SCALAR, max_size=2))

@@ -9,7 +9,7 @@ import pytest
 from rmqstore import batch
 from rmqstore.errors import CorruptRecordError
 
-from conftest import SMALL_INDEX
+from conftest import SMALL_INDEX, holed_last_segment
 
 pa = pytest.importorskip("pyarrow")
 
@@ -241,3 +241,19 @@ def test_stream_picks_up_appended_messages(spark, tmp_path):
             q.stop()
     assert first == 30
     assert bodies == [b"x%d" % i for i in range(30)] + [b"y%d" % i for i in range(2000)]
+
+
+def test_a_stream_fails_at_a_hole_in_the_last_segment(spark, tmp_path):
+    """End to end: a streaming query over a store with a hole in its last segment took the
+    records before it and then waited there for good, in silence. It now fails, naming the
+    hole, once it has stayed there HOLE_SETTLE_SECONDS."""
+    at, _, _ = holed_last_segment(tmp_path / "s")
+    q = spark.readStream.format("rocketmq").load(str(tmp_path / "s")).select("phy_offset") \
+        .writeStream.format("memory").queryName("holed_tail").start()
+    from pyspark.errors import StreamingQueryException
+    try:
+        with pytest.raises(StreamingQueryException, match=f"offset {at}: data ends \\(zeros\\)"):
+            q.awaitTermination(120)
+    finally:
+        q.stop()
+    assert spark.table("holed_tail").count() == 100   # the records before the hole

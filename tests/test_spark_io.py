@@ -7,9 +7,9 @@ from datetime import datetime, timezone
 import pytest
 
 from rmqstore import Message, MessageStore, StoreConfig, batch
-from rmqstore.errors import InvalidArgumentError
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError
 
-from conftest import SMALL_INDEX
+from conftest import SMALL_INDEX, holed_last_segment
 
 pytestmark = pytest.mark.spark
 pa = pytest.importorskip("pyarrow")
@@ -347,3 +347,45 @@ def test_unknown_options_are_refused_in_any_case(spark, tmp_path):
     df.write.format("rocketmq").mode("append").option("COMMITLOGFILESIZE", "65536").options(**WRITE_OPTIONS) \
         .save(str(tmp_path / "w"))
     assert spark.read.format("rocketmq").load(str(tmp_path / "w")).count() == 20
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip"])
+def test_a_stream_at_a_hole_in_the_last_segment_does_not_stop_in_silence(tmp_path, monkeypatch, mode):
+    """Zeros inside the last segment with records after them (a hole) stopped a stream there
+    for good, every later trigger finding no new data. Once it stays at zeros for
+    HOLE_SETTLE_SECONDS, the stream checks them: mode fail raises CorruptRecordError at the
+    hole, mode skip goes on, the reader counting the hole as a corrupt region."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark import source
+    at, after, end = holed_last_segment(tmp_path / "s")
+    store = str(tmp_path / "s")
+    options = {"path": store, "mode": mode}
+    reader = source._StreamReader(source.Scan(options), options)
+    assert reader.latestOffset({store: 0}) == {store: at}
+    assert reader.latestOffset({store: at}) == {store: at}   # not settled yet: a record may be in flight
+    monkeypatch.setattr(source, "HOLE_SETTLE_SECONDS", 0.0)
+    if mode == "fail":
+        with pytest.raises(CorruptRecordError, match="zeros") as e:
+            reader.latestOffset({store: at})
+        assert e.value.offset == at
+        return
+    assert reader.latestOffset({store: at}) == {store: end}
+    rows = [r for part in reader.partitions({store: at}, {store: end}) for rb in reader.read(part)
+            for r in rb.column("phy_offset").to_pylist()]
+    assert rows == after
+
+
+def test_a_stream_at_the_end_of_data_finds_no_hole(tmp_path, monkeypatch):
+    """The zeros after the last record (more may come) are no hole: the stream waits there."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark import source
+    monkeypatch.setattr(source, "HOLE_SETTLE_SECONDS", 0.0)
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 20, **SMALL_INDEX)) as st:
+        st.put_batch([Message("T", b"m%d" % i) for i in range(50)])
+        end = st.max_phy_offset
+        store = str(tmp_path / "s")
+        reader = source._StreamReader(source.Scan({"path": store}), {"path": store})
+        for _ in range(3):
+            assert reader.latestOffset({store: end}) == {store: end}
+        st.put(Message("T", b"more"))
+        assert reader.latestOffset({store: end}) == {store: st.max_phy_offset}

@@ -24,7 +24,9 @@ Streaming (``spark.readStream``): offsets are ``{store path: commitlog offset}``
 record boundaries; ``startingOffsets`` earliest (default) | latest. Each micro-batch reads
 the records appended since the last one, so a query tails a live store; with a checkpoint
 and a file sink it restarts exactly once. ``maxBytesPerTrigger`` (ReadMaxBytes) bounds the
-commitlog bytes a micro-batch takes, shared among the stores with a backlog.
+commitlog bytes a micro-batch takes, shared among the stores with a backlog. A stream that
+stays at zeros with records after them (a hole) fails there (mode fail) or goes on past it
+(mode skip); see ``_StreamReader._end``.
 """
 import errno
 import functools
@@ -33,6 +35,7 @@ import logging
 import math
 import os
 import socket
+import time
 from datetime import datetime, timezone
 
 import numpy as np
@@ -52,7 +55,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from rmqstore import batch
 from rmqstore.arguments import decimal_int
-from rmqstore.errors import InvalidArgumentError, StoreIOError
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError, StoreIOError
 from rmqstore.files import parse_json
 
 log = logging.getLogger(__name__)
@@ -364,6 +367,10 @@ class _PushdownReader(_Reader):
         return self.scan.push(filters)
 
 
+HOLE_SETTLE_SECONDS = 1.0   # a stream stopped at zeros this long checks they are no hole (a writer's
+HOLE_CHECK_SECONDS = 10.0   # record in flight fills them sooner), then again this often while stopped
+
+
 class _StreamReader(DataSourceStreamReader):
     def __init__(self, scan, options):
         self.scan = scan
@@ -371,6 +378,7 @@ class _StreamReader(DataSourceStreamReader):
         if self.starting not in ("earliest", "latest"):
             raise InvalidArgumentError("startingOffsets must be 'earliest' or 'latest'")
         self.max_bytes = _int_option(options, "maxBytesPerTrigger", 0, 0)
+        self._stopped = {}   # store -> (offset it stopped at, since, last hole check): monotonic times
 
     def getDefaultReadLimit(self):
         return ReadMaxBytes(self.max_bytes) if self.max_bytes else ReadAllAvailable()
@@ -385,7 +393,7 @@ class _StreamReader(DataSourceStreamReader):
         that many commitlog bytes past ``start`` in all (shared among stores with a backlog,
         at least one record each)."""
         start = start or {}
-        latest = {s: batch.end_offset(s, start.get(s, 0)) for s in self.scan.stores}
+        latest = {s: self._end(s, start.get(s, 0)) for s in self.scan.stores}
         if isinstance(limit, ReadMaxBytes):
             behind = [s for s in self.scan.stores if latest[s] > start.get(s, 0)]
             share = max(1, limit.max_bytes // max(1, len(behind)))
@@ -393,6 +401,29 @@ class _StreamReader(DataSourceStreamReader):
                 if latest[s] - start.get(s, 0) > share:
                     latest[s] = min(latest[s], batch.advance(s, start.get(s, 0), share))
         return latest
+
+    def _end(self, store, start):
+        """end_offset of ``store``. Zeros with records after them (a hole) would stop the
+        stream there for good, in silence: once it has stayed at an offset for
+        HOLE_SETTLE_SECONDS, that is checked (again every HOLE_CHECK_SECONDS while it
+        stays). Mode fail raises CorruptRecordError; mode skip goes on past the hole, which
+        the reader counts as a corrupt region."""
+        end, now = batch.end_offset(store, start), time.monotonic()
+        at, since, checked = self._stopped.get(store, (None, now, -math.inf))
+        if end > start or at != end:
+            self._stopped[store] = (end, now, -math.inf)
+            return end
+        if now - since < HOLE_SETTLE_SECONDS or now - checked < HOLE_CHECK_SECONDS:
+            return end
+        self._stopped[store] = (end, since, now)
+        after = batch.after_hole(store, end)
+        if after is None:
+            return end
+        if self.scan.mode == "fail":
+            raise CorruptRecordError(f"{store}: commitlog offset {end}: {batch.HOLE}; the stream cannot go on "
+                                     "(mode skip skips it)", end)
+        log.warning("%s: commitlog offset %d: %s; the stream goes on at %d", store, end, batch.HOLE, after)
+        return batch.end_offset(store, after)
 
     def partitions(self, start, end):
         out = []
