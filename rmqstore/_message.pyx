@@ -187,8 +187,10 @@ cdef class PutResult:
                 f"topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset})")
 
 
+# Batch reads build, and drop, 100,000s of messages at once: a freelist that large keeps their memory (24 MiB
+# at most) rather than fault fresh allocator arenas in for every batch (query_keys of 100k keys: 1.45 -> 1.63 M/s).
 @cython.no_gc
-@cython.freelist(256)
+@cython.freelist(131072)
 cdef class MessageExt:
     """A stored message, decoded from its record. Numeric fields are parsed eagerly;
     topic, body and properties are decoded from the record bytes on first access.

@@ -6,7 +6,7 @@ from rmqstore._record cimport RecView, parse_at, prefetch_bytes
 from rmqstore._segment cimport MappedSegment
 
 cdef MappedSegment record_at(list segs, int64_t offset, bint check_crc, RecView *r, const char **p, int *code)
-cdef void prefetch_at(list segs, int64_t offset) noexcept
+cdef void prefetch_at(list segs, int64_t offset, int64_t n) noexcept
 cdef const char *entry_rows(cnp.ndarray entries, Py_ssize_t *n, Py_ssize_t *stride) except NULL
 
 

@@ -121,32 +121,35 @@ class Dispatcher:
         self._thread.start()
 
     def _loop(self) -> None:
-        backoff = 0.0
-        while not self._stop:
-            try:
-                busy = self.run_once()
-            except OSError as e:   # e.g. no room for a new CQ file: retry the batch, skip nothing
-                if self.stalled is None:
-                    log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
-                self.stalled = e
-                with self._cond:
-                    self._cond.notify_all()
-                backoff = min(1.0, backoff * 2 or 0.01)
-                self._wake.wait_appended(None, 0, backoff)
-                self._wake.clear()
-                continue
-            except Exception as e:   # a bug in a consumer: stop rather than skip messages
-                log.exception("dispatch failed")
-                self.error = e
-                with self._cond:
-                    self._cond.notify_all()
-                return
-            if self.stalled is not None:
-                log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
-                self.stalled = None
+        """The reput thread. A consumer's OSError (a full disk) is retried with a backoff;
+        anything else raised, by a consumer or the loop itself, stops dispatch for good:
+        it is kept in ``error`` and the waiters are woken, never left waiting."""
+        try:
             backoff = 0.0
-            if not busy:
-                self._idle()
+            while not self._stop:
+                try:
+                    busy = self.run_once()
+                except OSError as e:   # e.g. no room for a new CQ file: retry the batch, skip nothing
+                    if self.stalled is None:
+                        log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
+                    self.stalled = e
+                    with self._cond:
+                        self._cond.notify_all()
+                    backoff = min(1.0, backoff * 2 or 0.01)
+                    self._wake.wait_appended(None, 0, backoff)
+                    self._wake.clear()
+                    continue
+                if self.stalled is not None:
+                    log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
+                    self.stalled = None
+                backoff = 0.0
+                if not busy:
+                    self._idle()
+        except BaseException as e:   # a bug: stop rather than skip messages
+            log.exception("dispatch failed")
+            self.error = e
+            with self._cond:
+                self._cond.notify_all()
 
     def _idle(self) -> None:
         """Wait until the writer appends past ``reput_from`` (RocketMQ's reput looks every

@@ -198,3 +198,19 @@ def test_an_idle_dispatcher_takes_no_gil(tmp_path):
         while s.max_offset("T", 0) < 2 and time.monotonic() < deadline:
             time.sleep(0.0005)
         assert s.max_offset("T", 0) == 2
+
+
+def test_a_dispatcher_that_fails_outside_a_batch_wakes_its_waiters(tmp_path, monkeypatch):
+    """An exception the reput loop raised outside a batch (its wait between batches) ended
+    the thread with no word to anyone: wait_dispatched then waited for good (the bench hung
+    on a stale build). It is kept as the dispatch error, which wait_dispatched raises."""
+    import pytest
+    from rmqstore import dispatch
+
+    def broken(self):
+        raise RuntimeError("the wait failed")
+    monkeypatch.setattr(dispatch.Dispatcher, "_idle", broken)
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 20, **SMALL_INDEX)) as s:
+        s.put(Message("T", b"x"), queue_id=0)
+        with pytest.raises(RuntimeError, match="the wait failed"):
+            s.wait_dispatched(timeout=10)

@@ -382,3 +382,35 @@ def test_extract_keys_gives_the_newest_store_time_of_the_rows():
     hashes, phys, tss, newest = _index.extract_keys(b"x", rows)
     assert (len(hashes), len(phys), len(tss), newest) == (0, 0, 0, 9_000)
     assert _index.extract_keys(b"", rows[:0])[3] == 0
+
+
+def test_query_keys_reuses_copies_only_once_no_message_holds_them(tmp_path):
+    """query_keys copies records into shared chunks it reuses once their messages are
+    gone. Messages kept from one call stay intact through later calls over other keys,
+    and a reused chunk returned by raw() (a record of exactly one chunk) hashes as its
+    new bytes, not as the bytes it held before."""
+    import gc
+    cfg = StoreConfig(warm_mapped_file=False, **SMALL_INDEX)
+    with MessageStore(tmp_path / "s", cfg) as store:
+        size = store.get_by_offset(store.put(Message("T", b"x" * 1000, keys="c0")).phy_offset).store_size
+        for k, fill in (("c1", b"1"), ("c2", b"2")):     # records of exactly 64 KiB
+            store.put(Message("T", fill * (1000 + (1 << 16) - size), keys=k))
+        for i in range(3000):
+            store.put(Message("T", bytes([i % 251]) * (100 + i % 300), keys=f"k{i}"))
+        store.wait_dispatched(5)
+        keys = [f"k{i}" for i in range(3000)]
+        kept = [found[0] for found in store.query_keys("T", keys)[::37]]
+        want = [(m.phy_offset, bytes(m.raw())) for m in kept]
+        for _ in range(3):
+            for found in store.query_keys("T", keys[1::2] + keys[::2]):
+                assert len(found) == 1
+            gc.collect()
+            assert [(m.phy_offset, m.raw()) for m in kept] == want
+        (one,), = store.query_keys("T", ["c1"])
+        raw = one.raw()
+        assert len(raw) == 1 << 16 and hash(raw) == hash(bytes(bytearray(raw)))
+        del one, raw
+        (two,), = store.query_keys("T", ["c2"])
+        raw = two.raw()
+        assert raw[-(1 << 10):] != b"1" * (1 << 10)
+        assert raw == store.get_by_offset(two.phy_offset).raw() and hash(raw) == hash(bytes(bytearray(raw)))
