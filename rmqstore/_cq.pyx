@@ -1,12 +1,13 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """Consume-queue kernels: 20-byte big-endian entries (commitlog offset i64, size i32,
 tags code i64) appended into and read out of a mapped segment."""
-from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.string cimport memcmp
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, qsort
+from libc.string cimport memcmp, memset
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
-from rmqstore._layout cimport PAGE_SHIFT, CqEntry, HOLE
+from rmqstore._layout cimport PAGE_SHIFT, TRAN_PREPARED, TRAN_ROLLBACK, TRANSACTION_MASK, CqEntry, DispatchRow, HOLE
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore.errors import InvalidArgumentError, OutOfRangeError
 
@@ -92,43 +93,126 @@ def append_entries(MappedSegment seg not None, const int64_t[:] phy not None, co
     return n
 
 
+def append_runs(list segs not None, const int64_t[:] phy not None, const int32_t[:] size not None,
+                const int64_t[:] tags not None, const int64_t[:] queue_offsets not None,
+                const int64_t[:] starts not None):
+    """The consume-queue writes of a dispatch batch in one GIL-free pass. Run k is entries
+    ``[starts[k], starts[k + 1])`` of the arrays, for the queue whose last file is
+    ``segs[k]`` (None: no file yet). A run whose queue offsets go on one by one from where
+    that file ends is written there and published, as far as the file has room; returns
+    how many entries each run got, 0 for the others (``ConsumeQueue.put_run`` takes them:
+    a duplicate, a gap, a first file). One call per queue, or Python code per entry,
+    released the GIL and took it back once a queue while a putting thread waited for it."""
+    cdef Py_ssize_t k, i, nseg = len(segs), narr = min(phy.shape[0], size.shape[0], tags.shape[0],
+                                                        queue_offsets.shape[0])
+    cdef MappedSegment seg
+    cdef int64_t lo, hi, pinned = 0
+    if starts.shape[0] != nseg + 1:
+        raise InvalidArgumentError(f"{nseg} segments, {starts.shape[0]} run starts")
+    if len(set(id(x) for x in segs if x is not None)) != sum(x is not None for x in segs):
+        raise InvalidArgumentError("a segment appears twice")
+    for k in range(nseg):
+        if starts[k] < 0 or starts[k + 1] > narr or starts[k] > starts[k + 1]:
+            raise OutOfRangeError(f"entry range [{starts[k]}, {starts[k + 1]}) outside the arrays")
+    counts = np.zeros(nseg, np.int64)
+    cdef int64_t[::1] n = counts
+    cdef char **dst = <char **>malloc((nseg + 1) * sizeof(char *))
+    if dst == NULL:
+        raise MemoryError()
+    try:
+        for k in range(nseg):
+            if segs[k] is None:
+                continue
+            seg = segs[k]
+            lo, hi = starts[k], starts[k + 1]
+            if lo == hi or not 0 <= queue_offsets[lo] <= (seg.base_offset + seg.wrote_pos) // 20 \
+                    or queue_offsets[lo] * 20 != seg.base_offset + seg.wrote_pos \
+                    or queue_offsets[hi - 1] != queue_offsets[lo] + (hi - lo - 1):   # (no overflow)
+                continue
+            n[k] = min(hi - lo, (seg.m.size - seg.wrote_pos) // 20)
+            seg.check_range(seg.wrote_pos, n[k] * 20)
+            ensure(seg, seg.wrote_pos + n[k] * 20)
+        for k in range(nseg):
+            if n[k]:
+                seg = segs[k]
+                pin(seg)
+                pinned = k + 1
+                dst[k] = seg.m.base + seg.wrote_pos
+        with nogil:
+            for k in range(nseg):
+                for i in range(starts[k], starts[k] + n[k]):
+                    store_entry(dst[k], phy[i], size[i], tags[i])
+                    dst[k] += 20
+        for k in range(nseg):
+            if n[k]:
+                seg = segs[k]
+                seg.wrote_pos += n[k] * 20
+    finally:
+        for k in range(pinned):
+            if n[k]:
+                unpin(<MappedSegment>segs[k])
+        free(dst)
+    return counts
+
+
+cdef struct Seen:   # the topics topic_ids met last, as (offset, length) in the batch bytes
+    int32_t off[TOPICS_SEEN]
+    int32_t len[TOPICS_SEEN]
+    int32_t id[TOPICS_SEEN]
+    int n
+    int last
+
+
+cdef Py_ssize_t match_seen(const char *base, Py_ssize_t size, const int32_t[:] off, const int32_t[:] length,
+                           Py_ssize_t i, Py_ssize_t n, Seen *s, int32_t *o) noexcept nogil:
+    """Number rows ``i..`` whose topics are in ``s``; returns the first row with another
+    one (or out of bounds), ``n`` when none is."""
+    cdef int j, k
+    for i in range(i, n):
+        if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
+            return i
+        for k in range(s.n):
+            j = (s.last + k) % s.n   # the previous row's topic first
+            if length[i] == s.len[j] and memcmp(base + off[i], base + s.off[j], s.len[j]) == 0:
+                o[i], s.last = s.id[j], j
+                break
+        else:
+            return i
+    return n
+
+
 def topic_ids(bytes raw not None, const int32_t[:] off not None, const int32_t[:] length not None,
               dict ids not None, list names not None):
     """Per-row topic number (an index into ``names``) of dispatch rows whose topics lie at
-    ``raw[off:off+length]``; new topics are decoded once and appended to ``names``."""
-    cdef Py_ssize_t i, n = off.shape[0], size = len(raw)
+    ``raw[off:off+length]``; new topics are decoded once and appended to ``names``. Rows
+    of the last TOPICS_SEEN topics are matched without the GIL, in one stretch up to the
+    next row of another topic (in a batch of one topic: once, after its first row)."""
+    cdef Py_ssize_t i = 0, n = off.shape[0], size = len(raw)
     cdef const char *base = raw
-    cdef int32_t seen_off[TOPICS_SEEN]
-    cdef int32_t seen_len[TOPICS_SEEN]
-    cdef int32_t seen_id[TOPICS_SEEN]
-    cdef int nseen = 0, last = 0, j, k, hit
+    cdef Seen seen
+    seen.n = seen.last = 0
     if off.shape[0] > length.shape[0]:
         raise OutOfRangeError("fewer topic lengths than offsets")
     out = np.empty(n, np.int32)
     cdef int32_t[::1] o = out
-    with nogil:     # rows of topics met before in the batch (up to TOPICS_SEEN): the GIL only for others
-        for i in range(n):
-            hit = -1
-            if off[i] >= 0 and length[i] >= 0 and off[i] + length[i] <= size:
-                for k in range(nseen):
-                    j = (last + k) % nseen   # the previous row's topic first
-                    if length[i] == seen_len[j] and memcmp(base + off[i], base + seen_off[j], seen_len[j]) == 0:
-                        hit, last = seen_id[j], j
-                        break
-            if hit < 0:
-                with gil:
-                    if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
-                        raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
-                    key = raw[off[i]:off[i] + length[i]]
-                    tid = ids.get(key)
-                    if tid is None:
-                        tid = ids[key] = len(names)
-                        names.append(key.decode("utf-8", "replace"))
-                    hit = tid
-                last = nseen if nseen < TOPICS_SEEN else i % TOPICS_SEEN
-                nseen = max(nseen, last + 1)
-                seen_off[last], seen_len[last], seen_id[last] = off[i], length[i], hit
-            o[i] = hit
+    while i < n:
+        if seen.n:
+            with nogil:
+                i = match_seen(base, size, off, length, i, n, &seen, &o[0])
+            if i == n:
+                break
+        if off[i] < 0 or length[i] < 0 or off[i] + length[i] > size:
+            raise OutOfRangeError(f"topic of row {i} outside the batch bytes")
+        key = raw[off[i]:off[i] + length[i]]
+        tid = ids.get(key)
+        if tid is None:
+            tid = ids[key] = len(names)
+            names.append(key.decode("utf-8", "replace"))
+        seen.last = seen.n if seen.n < TOPICS_SEEN else i % TOPICS_SEEN
+        seen.n = max(seen.n, seen.last + 1)
+        seen.off[seen.last], seen.len[seen.last], seen.id[seen.last] = off[i], length[i], tid
+        o[i] = tid
+        i += 1
     return out
 
 
@@ -193,3 +277,133 @@ def check_entries(cnp.ndarray entries not None, int64_t end, int32_t topic, int3
             bo[nbad] = k
             nbad += 1
     return bad[:nbad], rec[:nbad]
+
+
+cdef int cmp_key(const void *a, const void *b) noexcept nogil:
+    cdef int64_t x = (<const int64_t *>a)[0], y = (<const int64_t *>b)[0]
+    return (x > y) - (x < y)
+
+
+def group_entries(cnp.ndarray rows not None, const int32_t[:] topic_ids not None,
+                  const uint8_t[:] unsafe_topic not None):
+    """The consume-queue entries of dispatch ``rows`` (a contiguous _read.DISPATCH_DTYPE
+    array): every row but PREPARED and ROLLBACK messages and those whose topic id (in
+    ``topic_ids``) is marked in ``unsafe_topic``, grouped by (topic id, queue id) in
+    ascending order, commitlog order kept within a group. Returns ``(row, phy, size, tags,
+    queue_offset, starts, bad)``: the entries' columns (int64 but ``size`` int32), group k
+    being ``[starts[k], starts[k + 1])`` of them, and ``bad`` the indexes of the rows left
+    out for their topic.
+
+    One C stretch with the GIL released. numpy's sort, isin and fancy indexing did this
+    before: a dozen calls a batch, each releasing the GIL and taking it back, with Python
+    code holding it in between."""
+    cdef Py_ssize_t n = rows.shape[0], ntopics = unsafe_topic.shape[0], i, g, ngroups = 0, cap = 1, nk = 0, nbad = 0
+    cdef const DispatchRow *rp
+    cdef int64_t *so
+    cdef int64_t *bo
+    cdef int64_t *ro
+    cdef int64_t *po
+    cdef int32_t *zo
+    cdef int64_t *to
+    cdef int64_t *qo
+    cdef int64_t *slot_key = NULL
+    cdef Py_ssize_t *slot_group = NULL
+    cdef Py_ssize_t *row_group = NULL
+    cdef int64_t *group_key = NULL
+    cdef Py_ssize_t *at = NULL
+    cdef Py_ssize_t *rank = NULL
+    if rows.dtype.itemsize != sizeof(DispatchRow) or rows.ndim != 1 or not rows.flags.c_contiguous:
+        raise InvalidArgumentError("rows must be a contiguous 1-d DISPATCH_DTYPE array")
+    if topic_ids.shape[0] != n:
+        raise InvalidArgumentError(f"{topic_ids.shape[0]} topic ids for {n} rows")
+    rp = <const DispatchRow *>cnp.PyArray_DATA(rows)
+    for i in range(n):
+        if topic_ids[i] < 0 or topic_ids[i] >= ntopics:
+            raise OutOfRangeError(f"topic id {topic_ids[i]} of row {i} outside 0..{ntopics}")
+    while cap < 2 * n:
+        cap *= 2
+    bad = np.empty(n, np.int64)
+    bo = <int64_t *>cnp.PyArray_DATA(bad)
+    try:
+        # open addressing: slot_key/slot_group per (topic, queue) key; row_group per row (-1: no entry)
+        slot_key = <int64_t *>malloc(cap * sizeof(int64_t))
+        slot_group = <Py_ssize_t *>malloc(cap * sizeof(Py_ssize_t))
+        row_group = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
+        group_key = <int64_t *>malloc((2 * n + 2) * sizeof(int64_t))   # (key, group) pairs
+        at = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
+        rank = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
+        if not (slot_key and slot_group and row_group and group_key and at and rank):
+            raise MemoryError()
+        memset(slot_group, 0xFF, cap * sizeof(Py_ssize_t))
+        # sized for the most there can be and cut after, so that one GIL-free stretch does it all
+        row, phy, size = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int32)
+        tags, qoff, starts = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n + 1, np.int64)
+        ro, po, zo = <int64_t *>cnp.PyArray_DATA(row), <int64_t *>cnp.PyArray_DATA(phy), <int32_t *>cnp.PyArray_DATA(size)
+        to, qo = <int64_t *>cnp.PyArray_DATA(tags), <int64_t *>cnp.PyArray_DATA(qoff)
+        so = <int64_t *>cnp.PyArray_DATA(starts)
+        with nogil:
+            ngroups = find_groups(rp, n, topic_ids, unsafe_topic, cap, slot_key, slot_group, row_group, group_key,
+                                  at, bo, &nbad, &nk)
+            qsort(group_key, ngroups, 2 * sizeof(int64_t), cmp_key)   # the keys are distinct
+            so[0] = 0
+            for g in range(ngroups):   # group_key[2g + 1]: the group g-th in key order
+                rank[group_key[2 * g + 1]] = g
+                so[g + 1] = so[g] + at[group_key[2 * g + 1]]
+            for g in range(ngroups):
+                at[g] = so[rank[g]]    # where group g's next entry goes
+            fill_groups(rp, n, row_group, at, ro, po, zo, to, qo)
+        return row[:nk], phy[:nk], size[:nk], tags[:nk], qoff[:nk], starts[:ngroups + 1], bad[:nbad]
+    finally:
+        free(slot_key)
+        free(slot_group)
+        free(row_group)
+        free(group_key)
+        free(at)
+        free(rank)
+
+
+cdef Py_ssize_t find_groups(const DispatchRow *rp, Py_ssize_t n, const int32_t[:] topic_ids,
+                            const uint8_t[:] unsafe_topic, Py_ssize_t cap, int64_t *slot_key, Py_ssize_t *slot_group,
+                            Py_ssize_t *row_group, int64_t *group_key, Py_ssize_t *count, int64_t *bad,
+                            Py_ssize_t *nbad, Py_ssize_t *nk) noexcept nogil:
+    """Give each row with an entry its group (``row_group``, -1 for none), the groups
+    their (key, group) pairs in ``group_key`` and their sizes in ``count``; rows of unsafe
+    topics go to ``bad``. Returns the number of groups."""
+    cdef Py_ssize_t i, g, ngroups = 0
+    cdef int64_t key
+    cdef int32_t tid, tran
+    for i in range(n):
+        tran = rp[i].sys_flag & TRANSACTION_MASK
+        tid = topic_ids[i]
+        row_group[i] = -1
+        if tran == TRAN_PREPARED or tran == TRAN_ROLLBACK:
+            continue
+        if unsafe_topic[tid]:
+            bad[nbad[0]] = i
+            nbad[0] += 1
+            continue
+        key = (<int64_t>tid << 32) | <uint32_t>rp[i].queue_id
+        g = ((<uint64_t>key * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1)
+        while slot_group[g] >= 0 and slot_key[g] != key:
+            g = (g + 1) & (cap - 1)
+        if slot_group[g] < 0:
+            slot_key[g], slot_group[g] = key, ngroups
+            group_key[2 * ngroups], group_key[2 * ngroups + 1] = key, ngroups
+            count[ngroups] = 0
+            ngroups += 1
+        row_group[i] = slot_group[g]
+        count[slot_group[g]] += 1
+        nk[0] += 1
+    return ngroups
+
+
+cdef void fill_groups(const DispatchRow *rp, Py_ssize_t n, const Py_ssize_t *row_group, Py_ssize_t *at,
+                      int64_t *row, int64_t *phy, int32_t *size, int64_t *tags, int64_t *qoff) noexcept nogil:
+    """Scatter each row with an entry to the next place of its group (``at``)."""
+    cdef Py_ssize_t i, k
+    for i in range(n):
+        if row_group[i] >= 0:
+            k = at[row_group[i]]
+            at[row_group[i]] = k + 1
+            row[k], phy[k], size[k], tags[k], qoff[k] = i, rp[i].phy_offset, rp[i].size, rp[i].tags_code, \
+                rp[i].queue_offset

@@ -163,12 +163,14 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *
 
 
 def extract_keys(const uint8_t[:] raw not None, cnp.ndarray rows not None):
-    """(hashes i32, phy_offsets i64, store_timestamps i64) of every index key of ``rows``
-    (a contiguous _read.DISPATCH_DTYPE array over ``raw``), in dispatch order; ROLLBACK
-    messages have none. One pass over the properties: the outputs are sized for the most
-    keys each row's properties can hold (a UNIQ_KEY, and a KEYS token per 2 bytes) and cut
-    to fit."""
-    cdef int64_t nrows = rows.shape[0], i, k = 0, most
+    """(hashes i32, phy_offsets i64, store_timestamps i64, newest) of every index key of
+    ``rows`` (a contiguous _read.DISPATCH_DTYPE array over ``raw``), in dispatch order, and
+    the largest store timestamp of the rows (0 for none); ROLLBACK messages have no keys.
+    One pass over the properties: the outputs are sized for the most keys each row's
+    properties can hold (a UNIQ_KEY, and a KEYS token per 2 bytes) and cut to fit (views:
+    a copy, like numpy's max, releases the GIL and takes it back, a wait for the thread
+    that puts)."""
+    cdef int64_t nrows = rows.shape[0], i, k = 0, most, newest = 0
     cdef int64_t nraw = raw.shape[0]
     if rows.dtype.itemsize != sizeof(DispatchRow) or not rows.flags.c_contiguous:
         raise InvalidArgumentError("rows must be a contiguous DISPATCH_DTYPE array")
@@ -182,6 +184,8 @@ def extract_keys(const uint8_t[:] raw not None, cnp.ndarray rows not None):
     for i in range(nrows):
         if rp[i].props_len > 0:
             most += rp[i].props_len // 2 + 2
+        if i == 0 or rp[i].store_timestamp > newest:
+            newest = rp[i].store_timestamp
     hashes = np.empty(most, np.int32)
     phys = np.empty(most, np.int64)
     tss = np.empty(most, np.int64)
@@ -197,7 +201,7 @@ def extract_keys(const uint8_t[:] raw not None, cnp.ndarray rows not None):
                 k += keys_of(base, nraw, rp + i, buf, ho + k, po + k, to + k)
     finally:
         free(buf)
-    return hashes[:k].copy(), phys[:k].copy(), tss[:k].copy()
+    return hashes[:k], phys[:k], tss[:k], newest
 
 
 # ---------------------------------------------------------------------------- writing

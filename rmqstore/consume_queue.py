@@ -163,28 +163,42 @@ class ConsumeQueue:
         return True
 
     def put_run(self, phy: np.ndarray, size: np.ndarray, tags: np.ndarray, queue_offsets: np.ndarray) -> None:
-        """Append many entries (numpy arrays, commitlog order). The first goes through
-        ``put`` (duplicates skipped, odd offsets handled); a run whose queue offsets then
-        continue one by one is written by the kernel, file by file."""
+        """Append many entries (numpy arrays, commitlog order): ``begin_run``, then
+        ``end_run`` for what it leaves."""
+        i = self.begin_run(phy, size, tags, queue_offsets)
+        if i < len(phy):
+            self.end_run(phy, size, tags, i)
+
+    def begin_run(self, phy: np.ndarray, size: np.ndarray, tags: np.ndarray, queue_offsets: np.ndarray) -> int:
+        """Append the entries of a run that need ``put``: the first (duplicates skipped, odd
+        offsets handled), and all when the queue offsets then do not continue one by one.
+        Returns where the rest, to be appended one after another by ``end_run``, begins:
+        ``len(phy)`` when none is left."""
         n = len(phy)
         i = 0
         while i < n and not self.put(int(phy[i]), int(size[i]), int(tags[i]), int(queue_offsets[i])):
             i += 1
         if i == n:
-            return
+            return n
         i += 1
         first = int(queue_offsets[i - 1])
         if i < n and int(queue_offsets[n - 1]) - first == n - i and \
                 self.segments.max_offset == (first + 1) * ENTRY:
-            while i < n:
-                seg = self.segments.last
-                if seg.wrote_pos >= seg.size:
-                    seg = self.segments.roll()
-                i += _cq.append_entries(seg, phy, size, tags, i, n)
-            self.max_physic_offset = int(phy[n - 1]) + int(size[n - 1])
-            return
+            return i
         for j in range(i, n):
             self.put(int(phy[j]), int(size[j]), int(tags[j]), int(queue_offsets[j]))
+        return n
+
+    def end_run(self, phy: np.ndarray, size: np.ndarray, tags: np.ndarray, i: int) -> None:
+        """Append entries ``i..`` of a run whose entries before them are in (by ``begin_run``
+        or the dispatcher's ``_cq.append_runs``), file by file; they continue one by one."""
+        n = len(phy)
+        while i < n:
+            seg = self.segments.last
+            if seg.wrote_pos >= seg.size:
+                seg = self.segments.roll()
+            i += _cq.append_entries(seg, phy, size, tags, i, n)
+        self.max_physic_offset = int(phy[n - 1]) + int(size[n - 1])
 
     def flush(self, least_pages: int = 0) -> bool:
         return self.segments.flush(least_pages)

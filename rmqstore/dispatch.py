@@ -2,6 +2,7 @@
 other CommitLogDispatcher with each new message."""
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -203,19 +204,6 @@ def deliver_time(level: str | None, store_ts: int, tags_code: int, delays: Seque
     return store_ts + delays[lv - 1] if lv > 0 else tags_code
 
 
-def cq_tags(batch: DispatchBatch, delays: Sequence[int]) -> np.ndarray:
-    """Each row's consume-queue tags code: the tags hash, or for a SCHEDULE_TOPIC_XXXX
-    message its delivery time."""
-    rows = batch.rows
-    tags = rows["tags_code"].copy()
-    names = batch.topic_names
-    if SCHEDULE_TOPIC in names:
-        for i in np.nonzero(batch.topic_ids == names.index(SCHEDULE_TOPIC))[0].tolist():
-            tags[i] = deliver_time(batch.properties(i).get("DELAY"), int(rows["store_timestamp"][i]), tags[i], delays)
-    return tags
-
-
-
 class ConsumeQueueBuilder:
     """CommitLogDispatcherBuildConsumeQueue: one CQ entry per message, except PREPARED and
     ROLLBACK; delayed messages carry their delivery time as tags code. Rows are grouped by
@@ -232,33 +220,44 @@ class ConsumeQueueBuilder:
         self.delays = delays
         self.last_timestamp = 0
         self.unsafe_topics: list[int] = []     # commitlog offsets of records skipped for their topic
+        self._unsafe = np.zeros(0, np.uint8)   # per topic id of the dispatcher's names: cannot be a dirname
 
     def __call__(self, batch: DispatchBatch) -> None:
-        rows = batch.rows
-        wanted = _record.gets_cq_entry(rows["sys_flag"])
-        unsafe = [i for i, name in enumerate(batch.topic_names) if not is_safe_dirname(name)]
-        if unsafe:
-            bad = wanted & np.isin(batch.topic_ids, unsafe)
-            for phy in rows["phy_offset"][bad].tolist():
-                log.error("dispatch: record at commitlog offset %d has a topic that cannot be a directory "
-                          "name; no consume-queue entry", phy)
-                self.unsafe_topics.append(phy)
-            wanted &= ~bad
-        keep = np.nonzero(wanted)[0]
-        if not len(keep):
+        rows, names = batch.rows, batch.topic_names
+        if len(self._unsafe) < len(names):
+            self._unsafe = np.array([not is_safe_dirname(name) for name in names], np.uint8)
+        row, phy, size, tags, qoff, starts, bad = _cq.group_entries(rows, batch.topic_ids, self._unsafe)
+        for at in rows["phy_offset"][bad].tolist():
+            log.error("dispatch: record at commitlog offset %d has a topic that cannot be a directory "
+                      "name; no consume-queue entry", at)
+            self.unsafe_topics.append(at)
+        if not len(row):
             return
-        tags = cq_tags(batch, self.delays)
-        names = batch.topic_names
-        key = (batch.topic_ids[keep].astype(np.int64) << 32) | (rows["queue_id"][keep].astype(np.int64) & 0xFFFFFFFF)
-        perm = np.argsort(key, kind="stable")
-        order, key = keep[perm], key[perm]
-        bounds = np.flatnonzero(np.diff(key)) + 1
-        phy, size, qoff = rows["phy_offset"][order], rows["size"][order], rows["queue_offset"][order]
-        tags = tags[order]
-        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)], strict=True):
-            cq = self.table.get_or_create(names[batch.topic_ids[order[lo]]], int(rows["queue_id"][order[lo]]))
-            cq.put_run(phy[lo:hi], size[lo:hi], tags[lo:hi], qoff[lo:hi])
-        self.last_timestamp = int(rows["store_timestamp"][keep[-1]])
+        bounds = starts.tolist()
+        queues, last = [], 0
+        for lo, hi in itertools.pairwise(bounds):
+            first, last = int(row[lo]), max(last, int(row[hi - 1]))   # a group keeps commitlog order
+            topic = names[batch.topic_ids[first]]
+            if topic == SCHEDULE_TOPIC:
+                self._deliver_times(batch, row[lo:hi], tags[lo:hi])
+            queues.append(self.table.get_or_create(topic, int(rows["queue_id"][first])))
+        # every queue whose offsets go on from its file's end in one GIL-free pass; the rest
+        # (a duplicate, a gap, a new file, one filled) by ConsumeQueue
+        done = _cq.append_runs([cq.segments.last for cq in queues], phy, size, tags, qoff, starts).tolist()
+        for cq, lo, hi, k in zip(queues, bounds[:-1], bounds[1:], done, strict=True):
+            if k == hi - lo:
+                cq.max_physic_offset = int(phy[hi - 1]) + int(size[hi - 1])
+            elif k:
+                cq.end_run(phy[lo:hi], size[lo:hi], tags[lo:hi], k)
+            else:
+                cq.put_run(phy[lo:hi], size[lo:hi], tags[lo:hi], qoff[lo:hi])
+        self.last_timestamp = int(rows["store_timestamp"][last])
+
+    def _deliver_times(self, batch: DispatchBatch, rows: np.ndarray, tags: np.ndarray) -> None:
+        """Set the tags code of SCHEDULE_TOPIC_XXXX ``rows`` to their delivery time."""
+        stamps = batch.rows["store_timestamp"]
+        for k, i in enumerate(rows.tolist()):
+            tags[k] = deliver_time(batch.properties(i).get("DELAY"), int(stamps[i]), int(tags[k]), self.delays)
 
 
 def new_dispatcher(commitlog: CommitLog, reput_from: int, cq_builder: ConsumeQueueBuilder,

@@ -1,12 +1,11 @@
 """IndexService: RocketMQ's IndexFiles (key -> commitlog offsets), built by dispatch."""
+import bisect
 import errno
 import itertools
 import logging
 import os
 import threading
 import time
-
-import numpy as np
 
 import rmqstore._index as _index
 from rmqstore._segment import MappedSegment
@@ -204,15 +203,16 @@ class IndexService:
         if self.files:
             _, _, _, end_phy, _, count = self.files[-1].header
             indexed = count > 1 or len(self.files) > 1
-            start = int(np.searchsorted(rows["phy_offset"], end_phy, "right" if indexed else "left"))
-            rows = rows[start:]
-        hashes, phys, tss = _index.extract_keys(batch.raw, rows)
+            # bisect, not np.searchsorted: that copies the strided column, handing the GIL off
+            cut = bisect.bisect_right if indexed else bisect.bisect_left
+            rows = rows[cut(rows["phy_offset"], end_phy):]
+        hashes, phys, tss, newest = _index.extract_keys(batch.raw, rows)
         i, n = 0, len(hashes)
         while i < n:
             f = self.files[-1] if self.files and not self.files[-1].full else self._new_file()
             i = _index.put_entries(f.seg, f.slots, f.entries, hashes, phys, tss, i)
         if len(rows):
-            self._last_ts = max(self._last_ts, int(rows["store_timestamp"].max()))
+            self._last_ts = max(self._last_ts, newest)
 
     # -- durability -----------------------------------------------------------------------
     def flush(self, least_pages=0):

@@ -205,6 +205,7 @@ def test_a_dispatcher_that_fails_outside_a_batch_wakes_its_waiters(tmp_path, mon
     the thread with no word to anyone: wait_dispatched then waited for good (the bench hung
     on a stale build). It is kept as the dispatch error, which wait_dispatched raises."""
     import pytest
+
     from rmqstore import dispatch
 
     def broken(self):

@@ -1,6 +1,7 @@
 """Consume queues and the consumer API: our CQ files read entry by entry by the reference
 reader, getMessage statuses and next offsets, tag filtering (hash collisions included),
 bad arguments, consumer offsets on disk, offset by time."""
+import itertools
 import json
 import os
 import struct
@@ -425,3 +426,121 @@ def test_a_new_queue_file_is_not_filled_by_read_around(tmp_path):
         path = s.consume_queues.get("T", 0).segments.last.path
         assert os.path.getsize(path) == 300_000 * 20
         assert _cached_pages(path) <= 2
+
+
+def _group_oracle(sys_flag, topic_ids, queue_ids, unsafe):
+    """What dispatch gives consume-queue entries, by plain loops: (groups {(topic id, queue
+    id as unsigned): [row, ...]} in commitlog order, rows left out for their topic)."""
+    groups, bad = {}, []
+    for i, (flag, tid, qid) in enumerate(zip(sys_flag, topic_ids, queue_ids, strict=True)):
+        if flag & 0xC in (0x4, 0xC):   # PREPARED, ROLLBACK
+            continue
+        if unsafe[tid]:
+            bad.append(i)
+        else:
+            groups.setdefault((tid, qid & 0xFFFFFFFF), []).append(i)
+    return dict(sorted(groups.items())), bad
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_group_entries_matches_plain_grouping(seed):
+    """The dispatcher's C grouping: every row's entry in its (topic, queue) group, groups in
+    key order (negative queue ids last, as unsigned), commitlog order within, PREPARED and
+    ROLLBACK rows and unsafe topics left out, the entry columns copied from the row."""
+    from rmqstore._read import DISPATCH_DTYPE
+    rnd = np.random.default_rng(seed)
+    n = [0, 1, 7, 4096, 5000, 300][seed]
+    rows = np.zeros(n, DISPATCH_DTYPE)
+    rows["phy_offset"] = np.cumsum(rnd.integers(1, 500, n))
+    rows["size"] = rnd.integers(1, 1 << 30, n)
+    rows["queue_id"] = rnd.choice([0, 1, 2, 7, -1, 1 << 31 - 1, -(1 << 31)], n)
+    rows["queue_offset"] = rnd.integers(0, 1 << 62, n)
+    rows["sys_flag"] = rnd.choice([0, 0x4, 0x8, 0xC, 0x1, 0x8 | 0x2], n)
+    rows["tags_code"] = rnd.integers(-(1 << 63), 1 << 63, n, dtype=np.int64)
+    ntopics = [1, 2, 3, 40, 5, 2000][seed]
+    topic_ids = rnd.integers(0, ntopics, n).astype(np.int32)
+    unsafe = (rnd.random(ntopics) < 0.2).astype(np.uint8)
+    row, phy, size, tags, qoff, starts, bad = _cq.group_entries(rows, topic_ids, unsafe)
+    groups, want_bad = _group_oracle(rows["sys_flag"].tolist(), topic_ids.tolist(), rows["queue_id"].tolist(),
+                                     unsafe.tolist())
+    assert bad.tolist() == want_bad
+    assert starts.tolist() == [0, *itertools.accumulate(len(g) for g in groups.values())]
+    assert row.tolist() == [i for g in groups.values() for i in g]
+    for col, name in ((phy, "phy_offset"), (size, "size"), (tags, "tags_code"), (qoff, "queue_offset")):
+        assert col.tolist() == [rows[name][i] for i in row.tolist()]
+
+
+def test_group_entries_rejects_bad_arguments():
+    from rmqstore._read import DISPATCH_DTYPE
+    rows = np.zeros(3, DISPATCH_DTYPE)
+    with pytest.raises(OutOfRangeError):
+        _cq.group_entries(rows, np.array([0, 2, 0], np.int32), np.zeros(2, np.uint8))
+    with pytest.raises(OutOfRangeError):
+        _cq.group_entries(rows, np.array([0, -1, 0], np.int32), np.zeros(2, np.uint8))
+    with pytest.raises(InvalidArgumentError):
+        _cq.group_entries(rows, np.zeros(2, np.int32), np.zeros(2, np.uint8))
+    with pytest.raises(InvalidArgumentError):
+        _cq.group_entries(rows[::2], np.zeros(2, np.int32), np.zeros(2, np.uint8))
+
+
+@pytest.mark.parametrize("per_file", [7, 1000])
+def test_mixed_batch_entries(tmp_path, per_file):
+    """One dispatch batch of several topics and queues, transactions and delayed messages:
+    each queue's entries are the puts that went to it, in order, with their sizes and tags
+    hashes (delivery times for SCHEDULE_TOPIC_XXXX), the others none; with small files a
+    queue's run fills several."""
+    cfg = _cfg(consume_queue_entries=per_file, commitlog_file_size=1 << 20)
+    rnd = np.random.default_rng(1)
+    want = {}
+    with MessageStore(tmp_path / "s", cfg) as store:
+        store.dispatcher.stop()   # one batch for all of them
+        for i in range(600):
+            topic = ["A", "B", "C"][int(rnd.integers(3))]
+            tran = [0, 0, 0x4, 0xC, 0x8][int(rnd.integers(5))]
+            delay = int(rnd.integers(1, 4)) if rnd.random() < 0.1 else 0
+            m = Message(topic, b"x" * int(rnd.integers(1, 50)), tags=f"t{i % 7}", delay_level=delay, sys_flag=tran)
+            r = store.put(m, queue_id=int(rnd.integers(4)))
+            if tran in (0x4, 0xC):   # PREPARED and ROLLBACK get no entry
+                continue
+            stored = store.get_by_offset(r.phy_offset)
+            tags = stored.store_timestamp + [1000, 5000, 10_000][delay - 1] if delay else ref.java_hash(f"t{i % 7}")
+            want.setdefault((r.topic, r.queue_id), []).append((r.phy_offset, stored.store_size, tags))
+        store.dispatcher.catch_up()
+        assert {("SCHEDULE_TOPIC_XXXX", 0), ("A", 0), ("C", 3)} <= set(want)
+        for (topic, qid), entries in want.items():
+            got = store.consume_queue_entries(topic, qid)
+            assert [tuple(int(e[k]) for k in ("phy_offset", "size", "tags_code")) for e in got] == entries
+        assert sum(len(store.consume_queue_entries(t, q)) for t in ("A", "B", "C") for q in range(4)) == \
+            sum(len(v) for (t, _), v in want.items() if t != "SCHEDULE_TOPIC_XXXX")
+
+
+def test_append_runs(tmp_path):
+    """A batch's runs written in one pass: each run whose queue offsets go on one by one
+    from its file's end is written there as far as the file has room; a run after a gap,
+    a duplicate or without a file gets nothing; bad arguments write nothing."""
+    from rmqstore._segment import MappedSegment
+    segs = [MappedSegment(tmp_path / f"f{k}", 0, 5 * _cq.ENTRY_SIZE, create=True) for k in range(4)]
+    try:
+        _cq.append_entry(segs[1], 99, 9, 999)
+        _cq.append_entry(segs[3], 98, 8, 888)
+        phy, size, tags = np.arange(15, dtype=np.int64) * 100, np.arange(15, dtype=np.int32) + 1, -np.arange(15)
+        qoff = np.array([0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 3, 4, 0, 1])
+        runs = [segs[0], segs[1], None, segs[2], segs[3]]
+        starts = np.array([0, 2, 10, 11, 13, 15])
+        before = [s.wrote_pos for s in segs]
+        for bad in ([0, 2, 10, 11, 13, 16], [0, 2, 1, 11, 13, 15], [-1, 2, 10, 11, 13, 15]):
+            with pytest.raises(OutOfRangeError):
+                _cq.append_runs(runs, phy, size, tags, qoff, np.array(bad))
+        with pytest.raises(InvalidArgumentError):
+            _cq.append_runs([segs[0], segs[0]], phy, size, tags, qoff, np.array([0, 1, 2]))
+        with pytest.raises(InvalidArgumentError):
+            _cq.append_runs(runs, phy, size, tags, qoff, starts[:-1])
+        assert [s.wrote_pos for s in segs] == before
+        done = _cq.append_runs(runs, phy, size, tags, qoff, starts)
+        assert done.tolist() == [2, 4, 0, 0, 0]   # room for 4 of 8; no file; a gap (3 after 0); 0 after 1
+        got = [[tuple(int(x) for x in e) for e in _cq.read_entries(s, 0, s.wrote_pos // _cq.ENTRY_SIZE)] for s in segs]
+        assert got == [[(0, 1, 0), (100, 2, -1)], [(99, 9, 999), (200, 3, -2), (300, 4, -3), (400, 5, -4),
+                                                   (500, 6, -5)], [], [(98, 8, 888)]]
+    finally:
+        for s in segs:
+            s.close()

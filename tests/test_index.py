@@ -370,6 +370,20 @@ def test_a_clock_set_back_does_not_stall_the_next_index_file(tmp_path, monkeypat
         assert name_ms(names[1]) - name_ms(names[0]) == 1   # just past the last, not hours on
 
 
+def test_extract_keys_gives_the_newest_store_time_of_the_rows():
+    """Dispatch moves indexMsgTimestamp to the newest store time of a batch's rows, keys or
+    not, whatever their order (a clock set back): extract_keys returns it beside the keys."""
+    import numpy as np
+
+    from rmqstore import _index
+    from rmqstore._read import DISPATCH_DTYPE
+    rows = np.zeros(3, DISPATCH_DTYPE)
+    rows["store_timestamp"] = [5_000, 9_000, 3_000]   # no properties: no keys
+    hashes, phys, tss, newest = _index.extract_keys(b"x", rows)
+    assert (len(hashes), len(phys), len(tss), newest) == (0, 0, 0, 9_000)
+    assert _index.extract_keys(b"", rows[:0])[3] == 0
+
+
 def test_query_keys_reuses_copies_only_once_no_message_holds_them(tmp_path):
     """query_keys copies records into shared chunks it reuses once their messages are
     gone. Messages kept from one call stay intact through later calls over other keys,

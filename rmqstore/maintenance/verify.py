@@ -137,7 +137,7 @@ class _Segment:
         self._unsafe_topics()
 
     def _schedule_tags(self, end):
-        """A SCHEDULE_TOPIC_XXXX message's tags code is its delivery time (dispatch.cq_tags)."""
+        """A SCHEDULE_TOPIC_XXXX message's tags code is its delivery time (dispatch.ConsumeQueueBuilder)."""
         if SCHEDULE_TOPIC not in self.names:
             return
         seg, cols = self.seg, self.cols
