@@ -55,18 +55,20 @@ def _sync(seg, pos, limit):
 
 
 def _hole(seg, path, at, limit, search=True):
-    """Whether the zeros at ``at`` of ``seg`` are a hole, not the end of data: a record
-    header follows in the range (before ``limit``; ``search`` False: not looked for, a
-    walk of a live store's last segment would do it on every call) or, the range reaching
-    the segment's end, a later segment of the directory holds data (a segment ends with a
-    BLANK record). ``at`` is read again last: a live writer's record or BLANK landing
-    meanwhile is no hole. Run once per range, where its data ends."""
+    """Where records go on when the zeros at ``at`` of ``seg`` are a hole, not the end of
+    data: the first record header after them in the range (before ``limit``; ``search``
+    False: not looked for, a walk of a live store's last segment would do it on every
+    call), else ``limit`` when, the range reaching the segment's end, a later segment of
+    the directory holds data (a segment ends with a BLANK record). None: no hole. ``at`` is
+    read again last: a live writer's record or BLANK landing meanwhile is no hole. Run once
+    per range, where its data ends."""
     if seg.read(at, 4) != bytes(4):
-        return False
-    if not ((limit >= seg.size and _later_data(path, seg.base_offset))
-            or (search and any(_sync(seg, a, b) is not None for a, b in _data_ranges(path, at + 1, limit)))):
-        return False
-    return seg.read(at, 4) == bytes(4)
+        return None
+    found = next((p for a, b in _data_ranges(path, at + 1, limit) if (p := _sync(seg, a, b)) is not None),
+                 None) if search else None
+    if found is None and limit >= seg.size and _later_data(path, seg.base_offset):
+        found = limit
+    return found if found is not None and seg.read(at, 4) == bytes(4) else None
 
 
 def _data_ranges(path, start, end):
@@ -94,7 +96,7 @@ def _data_ranges(path, start, end):
 def _refuse_hole(seg, path, at, limit, status, search=True):
     """CorruptRecordError when a walk of ``seg`` that stopped at ``at`` with ``status``
     met zeros that are a hole (see ``_hole``), not the end of data."""
-    if status == "end" and at < limit and _hole(seg, path, at, limit, search):
+    if status == "end" and at < limit and _hole(seg, path, at, limit, search) is not None:
         raise CorruptRecordError(f"{path}: commitlog offset {seg.base_offset + at}: {HOLE}", seg.base_offset + at)
 
 
@@ -204,7 +206,8 @@ def _decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, al
                 yield out
             stop, at = info["stop"], info["end_pos"]
             total = int.from_bytes(seg.read(at, 4), "big", signed=True) if at + 4 <= size else 0
-            if stop == "end" and total == 0 and at < limit and _hole(seg, path, at, limit):
+            resume = _hole(seg, path, at, limit) if stop == "end" and total == 0 and at < limit else None
+            if resume is not None:
                 stop = HOLE
             elif stop == "blank" or (stop == "end" and (window == limit or total == 0)):
                 return
@@ -216,7 +219,7 @@ def _decoded(decode, path, base_offset, start, end, mode, batch_bytes, stats, al
                 continue
             if mode == "fail":
                 raise CorruptRecordError(f"{path}: commitlog offset {base_offset + at}: {stop}", base_offset + at)
-            pos = _sync(seg, at + 1, limit)
+            pos = resume if resume is not None else _sync(seg, at + 1, limit)   # past a hole: where _hole found records
             stats.corrupt += 1
             stats.corrupt_offsets.append(base_offset + at)
             stats.skipped_bytes += (limit if pos is None else pos) - at
@@ -296,15 +299,14 @@ def after_hole(store_path: str | os.PathLike[str], offset: int) -> int | None:
     ``end_offset`` saw its data end) when those zeros are a hole: the next record's offset
     (or the next segment's start when the hole runs to the end of its segment, a later one
     holding data). None when they are the end of data. It reads the rest of the segment
-    (the parts SEEK_DATA reports), so a tailing reader runs it only when it stops moving."""
+    (the parts SEEK_DATA reports, see ``_hole``), so a tailing reader runs it only when it
+    stops moving."""
     for path, base, size in segment_files(store_path):
         if base <= offset < base + size:
             seg = MappedSegment(path, base, 0, readonly=True)
             try:
-                if not _hole(seg, path, offset - base, size):
-                    return None
-                found = _sync(seg, offset - base + 1, size)
-                return base + (size if found is None else found)
+                found = _hole(seg, path, offset - base, size)
+                return None if found is None else base + found
             finally:
                 seg.close()
     return None
