@@ -479,13 +479,12 @@ cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, ch
     leaves ``*wpos`` past the last record written. Takes each row's queue offset
     (PREPARED / ROLLBACK: 0, not advancing)."""
     cdef int64_t start = wpos[0], pos = wpos[0], plen
-    cdef int32_t born_len, tran
+    cdef int32_t born_len
     cdef char *p
     cdef const char *body
     cdef int64_t blen
     while i < n and r.sizes[i] + 8 <= seg_size - pos:
-        tran = r.sfl[i] & TRANSACTION_MASK
-        if tran == TRAN_PREPARED or tran == TRAN_ROLLBACK:
+        if not gets_cq_entry_c(r.sfl[i]):
             r.qoffs[i] = 0
         else:
             r.qoffs[i] = r.next_off[r.slots[i]]
@@ -516,11 +515,9 @@ cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, ch
 
 cdef void untake(Rows *r, Py_ssize_t i, Py_ssize_t j) noexcept nogil:
     """Give back the queue offsets write_run took for rows ``[i, j)``."""
-    cdef int32_t tran
     while j > i:
         j -= 1
-        tran = r.sfl[j] & TRANSACTION_MASK
-        if tran != TRAN_PREPARED and tran != TRAN_ROLLBACK:
+        if gets_cq_entry_c(r.sfl[j]):
             r.next_off[r.slots[j]] -= 1
 
 
@@ -1098,9 +1095,9 @@ cdef class Appender:
         """Encode a planned message at the end of the log (rolling when the segment is full):
         the queue offset is taken here, PREPARED / ROLLBACK get 0 and do not advance it."""
         cdef Message msg = plan.msg
-        cdef int32_t qid = plan.queue_id, tran = msg.sys_flag & TRANSACTION_MASK
+        cdef int32_t qid = plan.queue_id
         cdef _TopicState st = plan.state
-        cdef bint counted = tran != TRAN_PREPARED and tran != TRAN_ROLLBACK
+        cdef bint counted = gets_cq_entry_c(msg.sys_flag)
         cdef int64_t qoff = st.next_offset(qid) if counted else 0
         cdef PutResult res
         res = encode(self.seg, msg, plan.body, plan.born, plan.topic, plan.props, qid, qoff, ts, self.store_host,

@@ -7,7 +7,7 @@ from libc.string cimport memcmp, memset
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
-from rmqstore._layout cimport PAGE_SHIFT, TRAN_PREPARED, TRAN_ROLLBACK, TRANSACTION_MASK, CqEntry, DispatchRow, HOLE
+from rmqstore._layout cimport PAGE_SHIFT, CqEntry, DispatchRow, HOLE, gets_cq_entry_c
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore.errors import InvalidArgumentError, OutOfRangeError
 
@@ -371,12 +371,11 @@ cdef Py_ssize_t find_groups(const DispatchRow *rp, Py_ssize_t n, const int32_t[:
     topics go to ``bad``. Returns the number of groups."""
     cdef Py_ssize_t i, g, ngroups = 0
     cdef int64_t key
-    cdef int32_t tid, tran
+    cdef int32_t tid
     for i in range(n):
-        tran = rp[i].sys_flag & TRANSACTION_MASK
         tid = topic_ids[i]
         row_group[i] = -1
-        if tran == TRAN_PREPARED or tran == TRAN_ROLLBACK:
+        if not gets_cq_entry_c(rp[i].sys_flag):
             continue
         if unsafe_topic[tid]:
             bad[nbad[0]] = i

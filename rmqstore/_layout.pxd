@@ -20,6 +20,14 @@ cdef enum:
     BORN_V6 = 0x10
     STORE_V6 = 0x20
 
+
+cdef inline bint gets_cq_entry_c(int32_t sys_flag) noexcept nogil:
+    """Whether a message of this sys_flag gets a consume-queue entry: all but PREPARED and
+    ROLLBACK transaction messages (``_record.gets_cq_entry`` for Python and numpy)."""
+    cdef int32_t tran = sys_flag & TRANSACTION_MASK
+    return tran != TRAN_PREPARED and tran != TRAN_ROLLBACK
+
+
 # Decoder statuses (parse_record, record_at); _record.status_error is their one translator.
 cdef enum RecStatus:
     REC_OK = 0

@@ -36,7 +36,7 @@ TRANSACTION_TYPE_MASK = TRANSACTION_MASK
 def gets_cq_entry(sys_flag):
     """Whether a message of this sys_flag gets a consume-queue entry (for a numpy array:
     which rows do): all but PREPARED and ROLLBACK transaction messages. The Python form of
-    the rule the Appender applies in C with the same _layout masks."""
+    _layout.gets_cq_entry_c, which the appender and the consume-queue grouping apply."""
     tran = sys_flag & TRANSACTION_MASK
     return (tran != TRAN_PREPARED) & (tran != TRAN_ROLLBACK)
 

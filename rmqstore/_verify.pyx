@@ -11,7 +11,7 @@ from libc.string cimport memcmp
 import numpy as np
 cimport numpy as cnp
 from rmqstore._index cimport keys_of
-from rmqstore._layout cimport DispatchRow, REC_OK, TRANSACTION_MASK, TRAN_PREPARED, TRAN_ROLLBACK
+from rmqstore._layout cimport DispatchRow, REC_OK, gets_cq_entry_c
 from rmqstore._record cimport RecView, parse_record, tags_code_of
 from rmqstore._segment cimport MappedSegment, unpin
 
@@ -78,14 +78,13 @@ cdef int32_t new_topic(const char *p, int32_t n, dict numbers, list names) excep
 cdef inline void put_row(Columns *c, const char *p, const RecView *r, int64_t phy, int32_t topic) noexcept nogil:
     """Row ``c.rows`` from the record at ``p`` (commitlog offset ``phy``)."""
     cdef int64_t i = c.rows
-    cdef int32_t tran = r.sys_flag & TRANSACTION_MASK
     (<int64_t *>c.data[PHY])[i] = phy
     (<int32_t *>c.data[SIZE])[i] = r.total
     (<int32_t *>c.data[QUEUE_ID])[i] = r.queue_id
     (<int64_t *>c.data[QUEUE_OFFSET])[i] = r.queue_offset
     (<int64_t *>c.data[TAGS])[i] = tags_code_of(p + r.props_off, r.props_len)
     (<int32_t *>c.data[TOPIC])[i] = topic
-    (<uint8_t *>c.data[CQ])[i] = tran != TRAN_PREPARED and tran != TRAN_ROLLBACK
+    (<uint8_t *>c.data[CQ])[i] = gets_cq_entry_c(r.sys_flag)
     c.max_ts = max(c.max_ts, r.store_ts)
     c.rows += 1
 
