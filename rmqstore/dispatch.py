@@ -245,9 +245,7 @@ class ConsumeQueueBuilder:
         # (a duplicate, a gap, a new file, one filled) by ConsumeQueue
         done = _cq.append_runs([cq.segments.last for cq in queues], phy, size, tags, qoff, starts).tolist()
         for cq, lo, hi, k in zip(queues, bounds[:-1], bounds[1:], done, strict=True):
-            if k == hi - lo:
-                cq.max_physic_offset = int(phy[hi - 1]) + int(size[hi - 1])
-            elif k:
+            if k:   # written in part or whole: end_run writes what is left
                 cq.end_run(phy[lo:hi], size[lo:hi], tags[lo:hi], k)
             else:
                 cq.put_run(phy[lo:hi], size[lo:hi], tags[lo:hi], qoff[lo:hi])

@@ -7,6 +7,8 @@ import textwrap
 import threading
 import time
 
+import pytest
+
 from rmqstore import GetMessageStatus as S
 from rmqstore import Message, MessageStore, StoreConfig
 
@@ -182,7 +184,6 @@ def test_an_idle_dispatcher_takes_no_gil(tmp_path):
     200 times a second (each a context switch, slow on a loaded machine: get_messages ran
     at half speed). It now polls the write position without the GIL, so that thread keeps
     it; and a put is still dispatched at once."""
-    import pytest
     if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"):
         pytest.skip("needs Linux /proc")
     with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 20, **SMALL_INDEX)) as s:
@@ -204,8 +205,6 @@ def test_a_dispatcher_that_fails_outside_a_batch_wakes_its_waiters(tmp_path, mon
     """An exception the reput loop raised outside a batch (its wait between batches) ended
     the thread with no word to anyone: wait_dispatched then waited for good (the bench hung
     on a stale build). It is kept as the dispatch error, which wait_dispatched raises."""
-    import pytest
-
     from rmqstore import dispatch
 
     def broken(self):
