@@ -73,27 +73,18 @@ def decode_batch(MappedSegment seg not None, int64_t pos, int64_t limit, bint ch
 
 
 cdef dict new_columns(int64_t n, int64_t body_total, int64_t topic_total, int64_t props_total):
-    """Empty decode_batch columns for ``n`` records with these variable-length totals."""
-    out = {name: np.empty(n, np.int64) for name in BATCH_FIELDS}
+    """Empty decode_batch columns for ``n`` records with these variable-length totals. The
+    fixed-width columns are rows of one array, the offsets and the hosts likewise: one large
+    allocation takes huge pages (numpy asks for them from 4 MiB), a column each would fault
+    in 4 KiB at a time."""
+    fixed = np.empty((len(BATCH_FIELDS) + 3, n + 1), np.int64)
+    hosts = np.zeros((2, n, 16), np.uint8)
+    out = {name: fixed[j, :n] for j, name in enumerate(BATCH_FIELDS)}
     out.update(body_data=np.empty(body_total, np.uint8), topic_data=np.empty(topic_total, np.uint8),
                props_data=np.empty(props_total, np.uint8),
-               body_offsets=np.empty(n + 1, np.int64), topic_offsets=np.empty(n + 1, np.int64),
-               props_offsets=np.empty(n + 1, np.int64),
-               born_addr=np.zeros((n, 16), np.uint8), store_addr=np.zeros((n, 16), np.uint8))
+               body_offsets=fixed[-3], topic_offsets=fixed[-2], props_offsets=fixed[-1],
+               born_addr=hosts[0], store_addr=hosts[1])
     return out
-
-
-cdef struct Cols:
-    int64_t *f[15]          # BATCH_FIELDS, in order
-    int64_t *o_body
-    int64_t *o_topic
-    int64_t *o_props
-    uint8_t *a_born
-    uint8_t *a_store
-    char *bd
-    char *td
-    char *pd
-    int64_t bo, to, po      # bytes of body/topic/props data filled so far
 
 
 cdef void cols_of(dict out, Cols *c) except *:
@@ -135,6 +126,35 @@ cdef inline void fill_row(Cols *c, int64_t i, const char *p, RecView *r) noexcep
     c.o_body[i + 1] = c.bo
     c.o_topic[i + 1] = c.to
     c.o_props[i + 1] = c.po
+
+
+cdef void fill_at(Cols *c, int64_t i, const char *p, RecView *r) noexcept nogil:
+    """fill_row for the other modules' decoders."""
+    fill_row(c, i, p, r)
+
+
+cdef void reserve_data(dict out, Cols *c, int64_t body, int64_t topic, int64_t props) except *:
+    """Room for ``body``, ``topic`` and ``props`` bytes more in the data columns of ``out``
+    (a column that grows at least doubles, in a new array: numpy's huge pages), ``c``
+    pointed at them again."""
+    for name, used, more in (("body_data", c.bo, body), ("topic_data", c.to, topic), ("props_data", c.po, props)):
+        if used + more > len(out[name]):
+            grown = np.empty(max(used + more, 2 * len(out[name])), np.uint8)
+            grown[:used] = out[name][:used]
+            out[name] = grown
+    c.bd = <char *>cnp.PyArray_DATA(out["body_data"])
+    c.td = <char *>cnp.PyArray_DATA(out["topic_data"])
+    c.pd = <char *>cnp.PyArray_DATA(out["props_data"])
+
+
+cdef void trim(dict out, int64_t n, const Cols *c) except *:
+    """The columns of ``out``, made for more rows or bytes than filled, cut to the first ``n``
+    rows (views of the same memory)."""
+    for name in BATCH_FIELDS + ("born_addr", "store_addr"):
+        out[name] = out[name][:n]
+    for part, used in (("body", c.bo), ("topic", c.to), ("props", c.po)):
+        out[part + "_offsets"] = out[part + "_offsets"][:n + 1]
+        out[part + "_data"] = out[part + "_data"][:used]
 
 
 cdef void fill_batch(const char *base, int64_t avail, int64_t n, dict out) except *:

@@ -30,6 +30,7 @@ from rmqstore._segment cimport MappedSegment, SegmentList, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
 from rmqstore._message cimport build_ext, ext_in
+from rmqstore._columns cimport Cols, cols_of, fill_at, new_columns, reserve_data, trim
 from rmqstore._read cimport Span, pin_span, prefetch_at, record_at, span_prefetch, span_record, unpin_span
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError, StoreReadOnlyError
 
@@ -508,11 +509,13 @@ cdef class IndexFiles:
         ``topic`` whose UNIQ_KEY or a KEYS token really is ``key``, newest first."""
         return self._query(topic, key, max_num, begin, end, cap, log)
 
-    def query_many(self, topic, keys, max_num=64, begin=0, end=None, Py_ssize_t cap=64, list log=None):
+    def query_many(self, topic, keys, max_num=64, begin=0, end=None, Py_ssize_t cap=64, list log=None,
+                   bint columns=False):
         """``query`` for every key of the list ``keys`` in one call, hashing and chain walks
         with the GIL released: (offsets i64, bounds i64 of len(keys)+1), the offsets of key
         i being ``offsets[bounds[i]:bounds[i+1]]`` sorted ascending; with ``log``, a list per
-        key of its messages as ``query_messages`` finds them (read back by keyed_batch)."""
+        key of its messages as ``query_messages`` finds them (read back by keyed_batch), or
+        with ``columns`` too, those messages as columns (keyed_columns)."""
         cdef Py_ssize_t nk, i, n = 0, tlen, klen = 0, cap_k = 0, mn
         cdef int64_t b, e
         cdef const char *t
@@ -552,6 +555,8 @@ cdef class IndexFiles:
                 self.unpin_all(pinned)
             if log is None:
                 return offsets[:bd[nk]], bounds
+            if columns:
+                return keyed_columns(log, topic, &ks, nk, out, bd)
             return keyed_batch(log, topic, &ks, nk, out, bd, self.spares)
         finally:
             PyMem_Free(buf)
@@ -761,6 +766,72 @@ cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const 
         PyMem_Free(hits)
     PyObject_GC_Track(<void *>result)
     return result
+
+
+cdef dict keyed_columns(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd):
+    """keyed_batch's messages as decode_entries' columns (read_queue_columns' layout) and
+    ``key`` (int64: each row's index in the keys), rows key by key, each key's newest first.
+    No object a message: keys go in blocks of about BLOCK offsets, each block's records
+    checked (find_hits) and copied into the columns while in cache, with the GIL released."""
+    cdef Py_ssize_t tlen, i, i0 = 0, i1, nh, rows = 0, most = 0
+    cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
+    cdef bint loose = "\ufffd" in topic
+    cdef int64_t lo = 0x7FFFFFFFFFFFFFFF, hi = -1, body, topics, props
+    cdef double scale
+    cdef Span span
+    cdef Keys block
+    cdef Hit *hits
+    cdef Cols c
+    out = new_columns(bd[nk], 0, 0, 0)      # a row for every candidate: trimmed at the end
+    keys = np.empty(bd[nk], np.int64)
+    cdef int64_t *kc = <int64_t *>cnp.PyArray_DATA(keys)
+    cols_of(out, &c)
+    span.n = 0
+    span.refs = NULL
+    for i in range(bd[nk]):
+        lo = min(lo, offs[i])
+        hi = max(hi, offs[i])
+    for i in range(nk):
+        most = max(most, bd[i + 1] - bd[i])
+    hits = <Hit *>PyMem_Malloc(max(1, min(bd[nk], BLOCK + most)) * sizeof(Hit))
+    try:
+        if hits == NULL:
+            raise MemoryError()
+        pin_span(log, lo, hi, &span)
+        try:
+            while i0 < nk:
+                i1 = i0 + 1
+                while i1 < nk and bd[i1 + 1] - bd[i0] <= BLOCK:
+                    i1 += 1
+                block.p = ks.p + i0
+                block.n = ks.n + i0
+                with nogil:
+                    nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
+                if loose:
+                    nh = drop_unsure(hits, nh, topic)
+                body = topics = props = 0
+                for i in range(nh):
+                    body += hits[i].r.body_len
+                    topics += hits[i].r.topic_len
+                    props += hits[i].r.props_len
+                if i0 == 0:         # room for all at the first block's sizes, and a tenth more
+                    scale = 1.1 * bd[nk] / max(1, bd[i1])
+                    reserve_data(out, &c, <int64_t>(body * scale), <int64_t>(topics * scale), <int64_t>(props * scale))
+                reserve_data(out, &c, body, topics, props)
+                with nogil:
+                    for i in range(nh):
+                        fill_at(&c, rows, hits[i].p, &hits[i].r)
+                        kc[rows] = i0 + hits[i].key
+                        rows += 1
+                i0 = i1
+        finally:
+            unpin_span(log, &span)
+    finally:
+        PyMem_Free(hits)
+    trim(out, rows, &c)
+    out["key"] = keys[:rows]
+    out["count"] = rows
+    return out
 
 
 cdef int build_lists(const Hit *hits, Py_ssize_t nh, list owners, list result, Py_ssize_t i0, Py_ssize_t i1) except -1:

@@ -4,7 +4,8 @@ Workload (issues 2 and 3): ``messages`` messages of ``body_size`` bytes to topic
 8 queues round robin, one key each, tags ``TagA``, async flush; then every queue read back
 with ``get_messages(max_count=32)`` and the whole log scanned in commitlog order; then
 ``LOOKUPS`` random keys (at most one per message) looked up, one call per key (``query_by_key``: the messages back)
-and in one ``query_keys`` call. The peers do the same work with what they have: sqlite3
+and in one ``query_keys`` call, and in one ``query_keys_columns`` call (the messages as numpy
+columns). The peers do the same work with what they have: sqlite3
 (WAL, batched transactions, a (queue, offset) primary key paged ``ORDER BY qoff LIMIT 32``;
 an index on the key column, built untimed, for lookups), LMDB if installed (one key per
 (queue, offset), cursor reads; lookups go key -> (queue, offset) in a second database,
@@ -63,7 +64,7 @@ class Rmqstore:
         self.batch = batch
         self.labels = {"write": f"put_batch({batch})" if batch else "put", "dispatch": "dispatch catch-up",
                        "read": "get_messages/32", "scan": "scan", "lookup": "query_by_key",
-                       "lookup_batch": "query_keys"}
+                       "lookup_batch": "query_keys", "lookup_columns": "query_keys_columns"}
         self.store = MessageStore(directory, (config or StoreConfig()).with_(default_queue_nums=QUEUES))
 
     def prepare(self, items):
@@ -127,6 +128,11 @@ class Rmqstore:
     def lookup_batch(self, keys):
         """One query_keys call for all the keys."""
         return len(keys), sum(len(m.body) for found in self.store.query_keys(TOPIC, keys) for m in found)
+
+    def lookup_columns(self, keys):
+        """One query_keys_columns call for all the keys."""
+        cols = self.store.query_keys_columns(TOPIC, keys)
+        return len(keys), len(cols["body_data"])
 
     def close(self):
         self.store.close()
@@ -380,8 +386,8 @@ def run(directory=None, messages=1_000_000, body_size=128, batch=0, peers=True, 
     afterwards). Returns rows (system, kind, label, count, seconds, body_bytes) where kind
     is "write", "dispatch" (rmqstore: waiting for the consume queues after the last put;
     body_bytes is then the lag in bytes when it started), "read" (every queue, pages of 32),
-    "scan", "lookup" (LOOKUPS keys, one call each) or "lookup_batch" (the same in one
-    call; count is then keys, not messages)."""
+    "scan", "lookup" (LOOKUPS keys, one call each), "lookup_batch" or "lookup_columns" (the
+    same in one call; count is then keys, not messages)."""
     tmp = directory is None
     directory = tempfile.mkdtemp(prefix="rmqstore-bench-") if tmp else str(directory)
     items = workload(messages, body_size)
@@ -410,7 +416,7 @@ def run(directory=None, messages=1_000_000, body_size=128, batch=0, peers=True, 
                     rows.append((cls.name, kind, system.labels[kind], n, time.perf_counter() - t, nbytes))
                 if hasattr(system, "prepare_lookup"):
                     keys = system.prepare_lookup(lookup_keys(items, min(LOOKUPS, messages)))
-                    for kind in ("lookup", "lookup_batch"):
+                    for kind in ("lookup", "lookup_batch", "lookup_columns"):
                         if hasattr(system, kind):
                             t = time.perf_counter()
                             n, nbytes = getattr(system, kind)(keys)

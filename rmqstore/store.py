@@ -740,6 +740,22 @@ class MessageStore:
                                                       self.commitlog.segments.segments)
 
     @_gated
+    def query_keys_columns(self, topic: str, keys: Sequence[str], max_num: int = 64, begin: int = 0,
+                           end: int | None = None) -> dict[str, np.ndarray]:
+        """query_keys' messages as numpy columns: no Python object a message, and all but the
+        columns' allocation with the GIL released, so threads run it in parallel.
+
+        Args:
+            as query_keys.
+
+        Returns:
+            read_queue_columns' columns, a row a message found, key by key in ``keys``
+            order and each key's newest first, with ``key`` (int64): the index in ``keys``
+            of the row's key."""
+        return self._index_or_raise().view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch,
+                                                      self.commitlog.segments.segments, True)
+
+    @_gated
     def query_by_uniq_key(self, topic: str, uniq_key: str) -> _message.MessageExt:
         """The newest message of ``topic`` whose UNIQ_KEY is ``uniq_key``.
 

@@ -32,7 +32,8 @@ CALLS = {
     "read_queue_columns": ("T", 0, 0, 1), "get_messages": ("T", 0, 0, 4), "offset_by_time": ("T", 0, 0),
     "commit_offset": ("g", "T", 0, 1), "committed_offset": ("g", "T", 0), "query_offsets": ("T", "k", 4, 0, None),
     "query_by_key": ("T", "k", 4, 0, None), "query_by_uniq_key": ("T", "u"), "put": (Message("T", b"x"), 0),
-    "scan": (0, None, False), "query_keys": ("T", ["k"], 4, 0, None), "wait_dispatched": (1.0,),
+    "scan": (0, None, False), "query_keys": ("T", ["k"], 4, 0, None),
+    "query_keys_columns": ("T", ["k"], 4, 0, None), "wait_dispatched": (1.0,),
     "verify": (None, 10), "clean_expired": (None, True), "rebuild": (None,),
 }
 
@@ -64,12 +65,13 @@ def test_bad_arguments_are_invalid_argument_errors(store, name):
     assert bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
 
 
+@pytest.mark.parametrize("call", ["query_keys", "query_keys_columns"])
 @pytest.mark.parametrize("bad", [b for b in BAD if b != "1"], ids=repr)   # "1" is a valid key
-def test_bad_items_in_query_keys_are_invalid_argument_errors(store, bad):
+def test_bad_items_in_query_keys_are_invalid_argument_errors(store, bad, call):
     """An item of the keys sequence is checked like query_by_key's key: a lone surrogate
     was a bare UnicodeEncodeError from the batch path."""
     with pytest.raises(InvalidArgumentError):
-        store.query_keys("T", ["k", bad])
+        getattr(store, call)("T", ["k", bad])
 
 
 class Name(str):

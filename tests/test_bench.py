@@ -17,7 +17,8 @@ def test_run_counts(tmp_path):
         if kind != "dispatch":
             assert nbytes == 200 * 16, (name, kind)
     kinds = [(r[0], r[1]) for r in rows if r[0] == "rmqstore"]
-    assert kinds == [("rmqstore", k) for k in ("write", "dispatch", "read", "scan", "lookup", "lookup_batch")]
+    assert kinds == [("rmqstore", k) for k in ("write", "dispatch", "read", "scan", "lookup", "lookup_batch",
+                                                       "lookup_columns")]
     assert "lookup" in {r[1] for r in rows if r[0] == "sqlite3"}
     assert "200 messages x 16 B" in lines[0]
     assert list(tmp_path.iterdir()) == []

@@ -68,6 +68,9 @@ def test_fixture_query_offsets_and_query_by_key(fixture_store):
             assert [m.phy_offset for m in msgs] == real
             batch = store.query_keys(q["topic"], [q["key"], q["key"]], q["maxNum"], q["begin"], q["end"])
             assert [[m.phy_offset for m in ms] for ms in batch] == [real, real]
+            cols = store.query_keys_columns(q["topic"], [q["key"], q["key"]], q["maxNum"], q["begin"], q["end"])
+            assert cols["key"].tolist() == [0] * len(real) + [1] * len(real)
+            assert cols["phy_offset"].tolist() == real + real
     assert collisions > 0   # AaAa/AaBB/BBAa/BBBB share a hash: RocketMQ returns each other's messages
 
 
@@ -343,7 +346,42 @@ def test_query_keys_matches_a_scan_oracle(tmp_path):
             assert store.query_by_key("T", k) == want, k
             assert not gc.is_tracked(msgs)
         assert any(len(x) > 1 for x in got)
+        cols = store.query_keys_columns("T", probes)
     assert [m.body for m in got[3]] == [m.body for m in sorted(oracle["k3"], key=lambda m: -m.phy_offset)]
+    _assert_columns_are_messages(cols, got)
+
+
+def _assert_columns_are_messages(cols, found):
+    """query_keys_columns' rows are query_keys' messages, key by key, field by field."""
+    rows = [(i, m) for i, msgs in enumerate(found) for m in msgs]
+    assert cols["count"] == len(rows) and cols["key"].tolist() == [i for i, _ in rows]
+    for name in ("phy_offset", "queue_id", "queue_offset", "store_timestamp", "born_timestamp", "sys_flag",
+                 "body_crc", "store_size", "reconsume_times"):
+        assert cols[name].tolist() == [getattr(m, name) for _, m in rows], name
+    for part, attr in (("body", "body"), ("topic", "topic")):
+        data, at = cols[part + "_data"], cols[part + "_offsets"]
+        values = [bytes(data[at[j]:at[j + 1]]) for j in range(len(rows))]
+        assert values == [getattr(m, attr) if part == "body" else m.topic.encode() for _, m in rows], part
+
+
+def test_query_keys_columns_own_their_memory_and_hold_the_rows_found(tmp_path):
+    """The columns own their memory (the store can close under them), are cut to the rows
+    found (keys never stored, and a topic that holds none of the keys, give no row), and
+    an empty key list gives empty columns."""
+    cfg = StoreConfig(warm_mapped_file=False, **SMALL_INDEX)
+    with MessageStore(tmp_path / "s", cfg) as store:
+        for i in range(3000):
+            store.put(Message("T", bytes([i % 251]) * (1 + i % 700), keys=[f"k{i}", f"g{i % 3}"]))
+        store.wait_dispatched(5)
+        keys = [f"k{i}" for i in range(0, 3000, 7)] + ["nope", "g1"]
+        found = store.query_keys("T", keys)
+        cols = store.query_keys_columns("T", keys)
+        other = store.query_keys_columns("U", keys)
+        empty = store.query_keys_columns("T", [])
+    _assert_columns_are_messages(cols, found)
+    assert len(found[-1]) == 64 and not found[-2]
+    assert other["count"] == 0 and len(other["body_offsets"]) == 1 and len(other["body_data"]) == 0
+    assert empty["count"] == 0 and len(empty["key"]) == 0
 
 
 def test_a_clock_set_back_does_not_stall_the_next_index_file(tmp_path, monkeypatch):

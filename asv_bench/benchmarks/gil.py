@@ -56,15 +56,15 @@ class StoreGIL(StoreCase):
     should take about half as long; track_speedup reports loop / parallel (medians of 5
     rounds after a warm-up, the order alternating between rounds). Only meaningful on a
     machine with THREADS idle cores. Verifies run at once (only a rebuild waits for them)."""
-    params = [["query_keys", "read_queue_columns", "verify"]]
+    params = [["query_keys", "query_keys_columns", "read_queue_columns", "verify"]]
     param_names = ["call"]
 
     def setup(self, call):
         self.make(128, fill=True)
         s = self.store
         keys = [f"key-{i}" for i in range(0, len(self.msgs), 4)]
-        if call == "query_keys":
-            self.work = lambda: s.query_keys(TOPIC, keys)
+        if call.startswith("query_keys"):
+            self.work = lambda: getattr(s, call)(TOPIC, keys)
         elif call == "read_queue_columns":
             self.work = lambda: [s.read_queue_columns(TOPIC, q) for q in range(QUEUES)]
         else:

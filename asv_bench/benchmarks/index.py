@@ -1,4 +1,4 @@
-"""Key lookups on an indexed store: query_by_key one call per key, query_keys in one call,
+"""Key lookups on an indexed store: query_by_key one call per key, query_keys and query_keys_columns in one call,
 query_offsets (RocketMQ's hash-only answer), and index build with put; peers in the same
 run: sqlite3 with an indexed key column, LMDB key -> commitlog offset."""
 import random
@@ -62,6 +62,9 @@ class StoreQuery(_Case):
 
     def time_query_keys(self, n):
         self.store.query_keys(TOPIC, self.probes)
+
+    def time_query_keys_columns(self, n):
+        self.store.query_keys_columns(TOPIC, self.probes)
 
 
 class StoreIndexBuild(_Case):
