@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import stat
+import struct
 
 from rmqstore._segment import FAULT_FSYNC, FAULT_OPEN, fault_point
 from rmqstore.errors import (
@@ -125,16 +126,38 @@ def open_file(path, flags, mode=0o600):
 
 
 def lock_writer(store, mode):
-    """A descriptor of ``store/lock`` holding an exclusive flock: whoever holds it is the
-    store's one writer (a MessageStore opened for writing, a Spark rebuild into the store),
-    until the descriptor is closed. StoreLockedError when another process holds it."""
+    """A descriptor of ``store/lock`` holding the store's writer locks: whoever holds it is
+    the store's one writer (a MessageStore opened for writing, a Spark rebuild into the
+    store), until the descriptor is closed. StoreLockedError when another process holds it.
+
+    Two locks, as two kinds of writer take them: an exclusive flock (rmqstore's own), and
+    a write lock on byte 0, RocketMQ's: a broker's ``DefaultMessageStore.start`` takes
+    ``FileChannel.tryLock(0, 1, false)``, a POSIX record lock, which no flock sees on
+    Linux. Ours is an open-file-description lock: it conflicts with the broker's, and no
+    other descriptor of the file this process closes lets it go, as a POSIX one would."""
     fd = open_file(os.path.join(store, "lock"), os.O_RDWR | os.O_CREAT, mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        _lock_first_byte(fd)
+    except OSError as e:
         os.close(fd)
-        raise StoreLockedError(f"{store}: another process has the store open for writing") from None
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise_errno(e.errno, os.path.join(store, "lock"), "lock")
+        raise StoreLockedError(f"{store}: another process (an rmqstore writer, or a RocketMQ broker) has the "
+                               "store open for writing") from None
     return fd
+
+
+_FLOCK = struct.Struct("hhqqi4x")   # Linux's struct flock: l_type, l_whence, l_start, l_len, l_pid
+
+
+def _lock_first_byte(fd):
+    """A write lock on byte 0 of ``fd``'s file, as RocketMQ's broker takes it (OSError
+    EAGAIN/EACCES when another process holds a lock there)."""
+    if hasattr(fcntl, "F_OFD_SETLK"):
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+    else:                       # no OFD locks (not Linux): a POSIX record lock
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
 
 
 MAX_WHOLE_FILE = 256 << 20   # a file read whole (consumer offsets, pop state): 10x a big broker's

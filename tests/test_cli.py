@@ -345,7 +345,7 @@ def test_ctrl_c_exits_130(small_store):
 def test_bench_runs_the_workload(tmp_path):
     rows = run_json("bench", "--messages", 300, "--body-size", 64, "--no-peers", "--dir", tmp_path)
     assert {r["operation"]: r["count"] for r in rows} == {"write": 300, "dispatch": 300, "read": 300, "scan": 300,
-                                                          "lookup": 300, "lookup_batch": 300}
+                                                          "lookup": 300, "lookup_batch": 300, "lookup_columns": 300}
     assert {r["system"] for r in rows} == {"rmqstore"}
 
 

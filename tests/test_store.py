@@ -19,6 +19,7 @@ from rmqstore import (
     MessageTooLargeError,
     StoreClosedError,
     StoreConfig,
+    StoreLockedError,
     StoreReadOnlyError,
 )
 
@@ -362,6 +363,61 @@ def test_second_writer_gets_store_locked(tmp_path):
         assert ro.returncode == 0
     p = subprocess.run([sys.executable, "-c", code], env=env, timeout=120)
     assert p.returncode == 0
+
+
+BROKER_LOCK = """
+import java.io.RandomAccessFile;
+import java.nio.channels.FileLock;
+public class BrokerLock {   // the lock a RocketMQ broker takes in DefaultMessageStore.start()
+    public static void main(String[] a) throws Exception {
+        RandomAccessFile f = new RandomAccessFile(a[0], "rw");
+        FileLock lock = f.getChannel().tryLock(0, 1, false);
+        System.out.println(lock == null ? "busy" : "locked");
+        System.out.flush();
+        System.in.read();   // held until the test closes our stdin
+    }
+}
+"""
+
+
+def test_a_rocketmq_broker_and_a_writer_lock_each_other_out(tmp_path):
+    """A broker locks byte 0 of ``store/lock`` with FileChannel.tryLock, a POSIX record
+    lock that a flock does not see: a writer opened beside a running broker and ran
+    recovery under it, and a broker started beside a writer. Now each refuses the other,
+    and a read-only open still works beside a broker. (A real JVM takes the lock.)"""
+    import shutil
+    if shutil.which("javac") is None:
+        pytest.skip("needs a JDK (javac): the broker's lock is taken by Java's own FileChannel")
+    (tmp_path / "BrokerLock.java").write_text(BROKER_LOCK)
+    subprocess.run(["javac", "BrokerLock.java"], cwd=tmp_path, check=True, timeout=120)
+    root = tmp_path / "s"
+    with MessageStore(root, _cfg()) as store:
+        store.put(Message("T", b"x"))
+
+    def broker():
+        p = subprocess.Popen(["java", "-cp", str(tmp_path), "BrokerLock", str(root / "lock")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        return p, p.stdout.readline().strip()
+
+    p, said = broker()
+    try:
+        assert said == "locked"
+        with pytest.raises(StoreLockedError, match="RocketMQ broker"):
+            MessageStore(root, _cfg())
+        with MessageStore(root, _cfg(), read_only=True) as ro:
+            assert ro.get_by_offset(0).body == b"x"
+    finally:
+        p.communicate("", timeout=60)
+    with MessageStore(root, _cfg()) as store:
+        p, said = broker()
+        p.communicate("", timeout=60)
+        assert said == "busy"
+        with pytest.raises(StoreLockedError):       # and a second writer in this process
+            MessageStore(root, _cfg())
+        assert store.put(Message("T", b"y")).phy_offset > 0    # whose failed open let no lock go
+        p, said = broker()
+        p.communicate("", timeout=60)
+        assert said == "busy"
 
 
 def test_read_only_refuses_writes(tmp_path):
