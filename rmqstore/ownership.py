@@ -52,7 +52,12 @@ EXIT_WAIT = 2.0
 
 
 def _close_at_exit() -> None:
+    """Close the writers left open at interpreter exit. New operations are refused first
+    (daemon threads still calling the store get StoreClosedError), so a thread that keeps
+    calling cannot hold the close off; one still inside after EXIT_WAIT leaves the store
+    unclosed (``abort`` stays: the next open recovers, as after a crash)."""
     for store in list(_writers):
+        store._gate.closing = True
         give_up = time.monotonic() + EXIT_WAIT
         while store._gate.others_running() and time.monotonic() < give_up:
             time.sleep(0.001)
