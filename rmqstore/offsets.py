@@ -27,13 +27,15 @@ class _Unparsable(CorruptStoreError):
 class ConsumerOffsets:
     """``{"offsetTable": {"topic@group": {"0": 12, ...}}}``, written atomically (temp file,
     fsync, rename, fsync dir) by ``persist``, which first keeps the version it replaces in
-    ``.bak`` (RocketMQ's MixAll.string2File); thread-safe."""
+    ``.bak`` (RocketMQ's MixAll.string2File); thread-safe. The file's other members (a
+    5.x broker's ``dataVersion`` and ``pullOffsetTable``) are written back as read."""
 
     def __init__(self, root, file_mode=0o600, dir_mode=0o700):
         self.path = os.path.join(str(root), "config", "consumerOffset.json")
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         self.table = {}
+        self.members = {"offsetTable": None}   # the file's members in order (offsetTable's from ``table``)
         self.dirty = False
         self._saved = None   # the bytes of the last good version read or written: the next .bak
         self._lock = threading.Lock()
@@ -46,7 +48,7 @@ class ConsumerOffsets:
         persist. An unreadable file with no readable ``.bak``, or a directory, FIFO or link
         in its place, is a CorruptStoreError."""
         try:
-            self.table, self._saved = self._read(self.path)
+            self.table, self.members, self._saved = self._read(self.path)
         except FileNotFoundError:
             self._from_backup(None)
         except _Unparsable as e:
@@ -56,7 +58,7 @@ class ConsumerOffsets:
     def _from_backup(self, failure):
         bak = self.path + ".bak"
         try:
-            self.table, self._saved = self._read(bak)
+            self.table, self.members, self._saved = self._read(bak)
         except FileNotFoundError:
             if failure is not None:
                 raise failure from None
@@ -68,8 +70,9 @@ class ConsumerOffsets:
         self.dirty = True
 
     def _read(self, path):
-        """(table, the file's bytes) of the file at ``path``. FileNotFoundError; _Unparsable
-        for what the bytes hold; CorruptStoreError for what is there instead of a file."""
+        """(table, the file's members, the file's bytes) of the file at ``path``.
+        FileNotFoundError; _Unparsable for what the bytes hold; CorruptStoreError for what
+        is there instead of a file."""
         try:
             raw = read_file(path)
         except FileNotFoundError:
@@ -81,7 +84,7 @@ class ConsumerOffsets:
             table = data.get("offsetTable", {}) if isinstance(data, dict) else None
             if not isinstance(table, dict):
                 raise _Unparsable(f"{path}: no offsetTable object")
-            return {k: self._queue_offsets(path, k, v) for k, v in table.items()}, raw
+            return {k: self._queue_offsets(path, k, v) for k, v in table.items()}, {**data, "offsetTable": None}, raw
         except (ValueError, UnicodeDecodeError) as e:
             raise _Unparsable(f"{path}: {e}") from None
 
@@ -125,7 +128,8 @@ class ConsumerOffsets:
         with self._lock:
             if not self.dirty:
                 return
-            body = {"offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in self.table.items()}}
+            table = {k: {str(q): o for q, o in sorted(v.items())} for k, v in self.table.items()}
+            body = {k: table if k == "offsetTable" else v for k, v in self.members.items()}
             self.dirty = False
         data = json.dumps(body, indent=2, ensure_ascii=False).encode()
         try:

@@ -2,6 +2,7 @@
 field and the range), values read from disk are checked before use, and a store path that
 is not a directory is a clear StoreError."""
 import dataclasses
+import json
 import os
 import shutil
 import struct
@@ -162,7 +163,6 @@ def test_checkpoint_timestamps_out_of_range_with_abort(tmp_path, stamp):
     {"T@g": {"٣": 3}}, {"T@g": {"0": None}},
 ], ids=repr)
 def test_bad_consumer_offsets_are_corrupt_store_errors(tmp_path, table):
-    import json
     root, _ = _written(tmp_path)
     (root / "config" / "consumerOffset.json").write_text(json.dumps({"offsetTable": table}))
     with pytest.raises(CorruptStoreError, match="consumerOffset.json"):
@@ -186,7 +186,6 @@ def test_consumer_offsets_at_their_limits_load(tmp_path):
 
 
 def _offsets_file(root, suffix=""):
-    import json
     with open(root / "config" / f"consumerOffset.json{suffix}", encoding="utf-8") as f:
         return json.load(f)["offsetTable"]
 
@@ -203,6 +202,25 @@ def test_consumer_offsets_keep_the_version_they_replace_in_bak(tmp_path):
     with MessageStore(root, StoreConfig(**BASE)) as s:
         s.commit_offset("g", "T", 0, 5)
     assert _offsets_file(root) == {"T@g": {"0": 5}} and _offsets_file(root, ".bak") == {"T@g": {"0": 4}}
+
+
+def test_consumer_offsets_keep_the_members_a_broker_writes_beside_the_table(tmp_path):
+    """A 5.x broker's consumerOffset.json also holds dataVersion and pullOffsetTable; a
+    commit rewrote the file with the offsetTable alone, dropping them from the broker's
+    config. They are now written back as read, in the file's order."""
+    root, _ = _written(tmp_path)
+    path = root / "config" / "consumerOffset.json"
+    version = {"counter": 7, "stateVersion": 0, "timestamp": 1700000000000}
+    pulls = {"T@g": {"0": 2}}
+    path.write_text(json.dumps({"dataVersion": version, "offsetTable": {"T@g": {"0": 2}, "%RETRY%g@g": {"0": 1}},
+                                "pullOffsetTable": pulls}))
+    with MessageStore(root, StoreConfig(**BASE)) as s:
+        s.commit_offset("g", "T", 0, 4)
+    with open(path) as f:
+        doc = json.load(f)
+    assert list(doc) == ["dataVersion", "offsetTable", "pullOffsetTable"]
+    assert doc["dataVersion"] == version and doc["pullOffsetTable"] == pulls
+    assert doc["offsetTable"] == {"T@g": {"0": 4}, "%RETRY%g@g": {"0": 1}}
 
 
 @pytest.mark.parametrize("damage", [None, b"", b"{garbage", b"[]", b'{"offsetTable": {"T@g": {"0": "x"}}}'],
