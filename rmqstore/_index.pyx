@@ -709,29 +709,29 @@ cdef enum:
                             # back costs more, and may wait out another thread's switch interval
 
 
-cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd,
-                      list spares):
-    """For each key i, the messages at ``offs[bd[i]:bd[i+1]]`` (ascending), newest first,
+cdef class HitSink:
+    """What keyed_hits hands each block of keys' hits to."""
+    cdef int take(self, Hit *hits, Py_ssize_t nh, Py_ssize_t i0, Py_ssize_t i1) except -1:
+        return 0
+
+
+cdef int keyed_hits(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd,
+                    HitSink sink) except -1:
+    """For each key i, the records at ``offs[bd[i]:bd[i+1]]`` (ascending), newest first,
     that really are ``topic``'s and hold the key: hash collisions, other topics, records
     gone (retention, past a recovered end) or invalid are skipped, and an offset listed
-    twice (UNIQ_KEY equal to a KEYS token) gives one message.
+    twice (UNIQ_KEY equal to a KEYS token) gives one record.
 
-    Keys go in blocks of about BLOCK offsets (so the working set stays in cache): the
-    records are found and checked in place, then copied, with the GIL released (from
-    RELEASE_MIN records on), into
-    shared bytes objects of about CHUNK bytes that their messages hold (reusing the
-    ``spares`` no message holds any more, see reuse_chunk). The lists hold
-    only messages, which are not GC-tracked, so they are untracked too: a batch of them
-    does not set off garbage collections (a list a caller makes part of a cycle leaks)."""
-    cdef Py_ssize_t tlen, i, i0 = 0, i1, nh, most = 0, next_spare = 0
+    Keys go in blocks of about BLOCK offsets (so the working set stays in cache): each
+    block's records are found and checked in place, with the GIL released (from
+    RELEASE_MIN records on), and handed to ``sink`` while pinned and in cache."""
+    cdef Py_ssize_t tlen, i, i0 = 0, i1, nh, most = 0
     cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
     cdef bint loose = "\ufffd" in topic
     cdef int64_t lo = 0x7FFFFFFFFFFFFFFF, hi = -1
     cdef Span span
     cdef Keys block
     cdef Hit *hits
-    cdef list result = [None] * nk
-    PyObject_GC_UnTrack(<void *>result)     # tracked again once filled: collections meanwhile skip it
     span.n = 0
     span.refs = NULL
     for i in range(bd[nk]):
@@ -758,80 +758,96 @@ cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const 
                     nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
                 if loose:
                     nh = drop_unsure(hits, nh, topic)
-                build_lists(hits, nh, share_copies(hits, nh, spares, &next_spare), result, i0, i1)
+                sink.take(hits, nh, i0, i1)
                 i0 = i1
         finally:
             unpin_span(log, &span)
     finally:
         PyMem_Free(hits)
-    PyObject_GC_Track(<void *>result)
-    return result
+    return 0
+
+
+cdef class MessageLists(HitSink):
+    """keyed_hits' records as a list of messages a key: copied, with the GIL released
+    (from RELEASE_MIN records on), into shared bytes objects of about CHUNK bytes that
+    their messages hold (reusing the ``spares`` no message holds any more, see
+    reuse_chunk). The lists hold only messages, which are not GC-tracked, so they are
+    untracked too: a batch of them does not set off garbage collections (a list a caller
+    makes part of a cycle leaks)."""
+    cdef list result
+    cdef list spares
+    cdef Py_ssize_t next_spare
+
+    def __cinit__(self, Py_ssize_t nk, list spares not None):
+        self.result = [None] * nk
+        PyObject_GC_UnTrack(<void *>self.result)    # tracked again once filled: collections meanwhile skip it
+        self.spares = spares
+        self.next_spare = 0
+
+    cdef int take(self, Hit *hits, Py_ssize_t nh, Py_ssize_t i0, Py_ssize_t i1) except -1:
+        return build_lists(hits, nh, share_copies(hits, nh, self.spares, &self.next_spare), self.result, i0, i1)
+
+
+cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd,
+                      list spares):
+    """keyed_hits' messages, a list a key (MessageLists)."""
+    cdef MessageLists lists = MessageLists(nk, spares)
+    keyed_hits(log, topic, ks, nk, offs, bd, lists)
+    PyObject_GC_Track(<void *>lists.result)
+    return lists.result
+
+
+cdef class MessageColumns(HitSink):
+    """keyed_hits' records as decode_entries' columns (read_queue_columns' layout) and
+    ``key`` (int64: each row's index in the keys): no object a message, the copying with
+    the GIL released. The fixed-width columns have a row for every candidate (cut at the
+    end); the data columns are sized from the first block and grow by doubling."""
+    cdef dict out
+    cdef Cols c
+    cdef object keys
+    cdef int64_t *kc
+    cdef Py_ssize_t rows, candidates
+
+    def __cinit__(self, Py_ssize_t candidates):
+        self.out = new_columns(candidates, 0, 0, 0)
+        self.keys = np.empty(candidates, np.int64)
+        self.kc = <int64_t *>cnp.PyArray_DATA(self.keys)
+        cols_of(self.out, &self.c)
+        self.rows = 0
+        self.candidates = candidates
+
+    cdef int take(self, Hit *hits, Py_ssize_t nh, Py_ssize_t i0, Py_ssize_t i1) except -1:
+        cdef int64_t body = 0, topics = 0, props = 0
+        cdef double scale
+        cdef Py_ssize_t i
+        for i in range(nh):
+            body += hits[i].r.body_len
+            topics += hits[i].r.topic_len
+            props += hits[i].r.props_len
+        if self.rows == 0:      # room for all at this block's sizes, and a tenth more
+            scale = 1.1 * self.candidates / max(1, nh)
+            reserve_data(self.out, &self.c, <int64_t>(body * scale), <int64_t>(topics * scale),
+                         <int64_t>(props * scale))
+        reserve_data(self.out, &self.c, body, topics, props)
+        with nogil:
+            for i in range(nh):
+                fill_at(&self.c, self.rows, hits[i].p, &hits[i].r)
+                self.kc[self.rows] = i0 + hits[i].key
+                self.rows += 1
+        return 0
+
+    cdef dict finish(self):
+        trim(self.out, self.rows, &self.c)
+        self.out["key"] = self.keys[:self.rows]
+        self.out["count"] = self.rows
+        return self.out
 
 
 cdef dict keyed_columns(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd):
-    """keyed_batch's messages as decode_entries' columns (read_queue_columns' layout) and
-    ``key`` (int64: each row's index in the keys), rows key by key, each key's newest first.
-    No object a message: keys go in blocks of about BLOCK offsets, each block's records
-    checked (find_hits) and copied into the columns while in cache, with the GIL released."""
-    cdef Py_ssize_t tlen, i, i0 = 0, i1, nh, rows = 0, most = 0
-    cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
-    cdef bint loose = "\ufffd" in topic
-    cdef int64_t lo = 0x7FFFFFFFFFFFFFFF, hi = -1, body, topics, props
-    cdef double scale
-    cdef Span span
-    cdef Keys block
-    cdef Hit *hits
-    cdef Cols c
-    out = new_columns(bd[nk], 0, 0, 0)      # a row for every candidate: trimmed at the end
-    keys = np.empty(bd[nk], np.int64)
-    cdef int64_t *kc = <int64_t *>cnp.PyArray_DATA(keys)
-    cols_of(out, &c)
-    span.n = 0
-    span.refs = NULL
-    for i in range(bd[nk]):
-        lo = min(lo, offs[i])
-        hi = max(hi, offs[i])
-    for i in range(nk):
-        most = max(most, bd[i + 1] - bd[i])
-    hits = <Hit *>PyMem_Malloc(max(1, min(bd[nk], BLOCK + most)) * sizeof(Hit))
-    try:
-        if hits == NULL:
-            raise MemoryError()
-        pin_span(log, lo, hi, &span)
-        try:
-            while i0 < nk:
-                i1 = i0 + 1
-                while i1 < nk and bd[i1 + 1] - bd[i0] <= BLOCK:
-                    i1 += 1
-                block.p = ks.p + i0
-                block.n = ks.n + i0
-                with nogil:
-                    nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
-                if loose:
-                    nh = drop_unsure(hits, nh, topic)
-                body = topics = props = 0
-                for i in range(nh):
-                    body += hits[i].r.body_len
-                    topics += hits[i].r.topic_len
-                    props += hits[i].r.props_len
-                if i0 == 0:         # room for all at the first block's sizes, and a tenth more
-                    scale = 1.1 * bd[nk] / max(1, bd[i1])
-                    reserve_data(out, &c, <int64_t>(body * scale), <int64_t>(topics * scale), <int64_t>(props * scale))
-                reserve_data(out, &c, body, topics, props)
-                with nogil:
-                    for i in range(nh):
-                        fill_at(&c, rows, hits[i].p, &hits[i].r)
-                        kc[rows] = i0 + hits[i].key
-                        rows += 1
-                i0 = i1
-        finally:
-            unpin_span(log, &span)
-    finally:
-        PyMem_Free(hits)
-    trim(out, rows, &c)
-    out["key"] = keys[:rows]
-    out["count"] = rows
-    return out
+    """keyed_hits' records as columns (MessageColumns), rows key by key, each key's newest first."""
+    cdef MessageColumns cols = MessageColumns(bd[nk])
+    keyed_hits(log, topic, ks, nk, offs, bd, cols)
+    return cols.finish()
 
 
 cdef int build_lists(const Hit *hits, Py_ssize_t nh, list owners, list result, Py_ssize_t i0, Py_ssize_t i1) except -1:
