@@ -99,6 +99,17 @@ def test_writer_round_trip_and_save_modes(spark, tmp_path):
     jobs.write(df.limit(7), out, mode="overwrite", **WRITE_OPTIONS)
     assert spark.read.format("rocketmq").load(str(out)).count() == 7
     assert not os.path.exists(out / "_temporary")
+    # overwrite removes only its own stores, none while one is open, and no other store
+    parts = sorted(p for p in os.listdir(out) if not p.startswith("_"))
+    with MessageStore(out / parts[0], StoreConfig(**{**SMALL_INDEX, "commitlog_file_size": 1 << 20})):
+        with pytest.raises(Exception, match="open for writing"):
+            jobs.write(df.limit(3), out, mode="overwrite", **WRITE_OPTIONS)
+    assert sorted(p for p in os.listdir(out) if not p.startswith("_")) == parts
+    assert spark.read.format("rocketmq").load(str(out)).count() == 7
+    broker = _varied_store(out / "store")
+    with pytest.raises(Exception, match=r"did not write: \['store'\]"):
+        jobs.write(df.limit(3), out, mode="overwrite", **WRITE_OPTIONS)
+    assert batch.count_records(broker)[0] == 300 and sorted(os.listdir(out)) == sorted(parts + ["_SUCCESS", "store"])
 
 
 def _records(path):

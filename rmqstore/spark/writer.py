@@ -4,9 +4,10 @@ Each task writes its rows into a store of its own with ``MessageStore.put_arrow`
 columns go to the append kernel with no Python object per row; consume queues and index
 files built by the store's dispatcher, so every store is byte-compatible with a broker's),
 first under ``dir/_temporary/<job>/``; the driver's commit moves the stores to
-``dir/part-<task>-<job>`` (``mode("overwrite")`` first removes the stores already in
-``dir``) and writes ``dir/_SUCCESS``: JSON ``{"stores": {name: [messages, commitlog
-bytes]}}`` of the stores this job wrote, as Hadoop's S3A committers put a summary there
+``dir/part-<task>-<job>`` (``mode("overwrite")`` first removes the stores an earlier
+write left in ``dir``, and refuses a ``dir`` holding any other store) and writes
+``dir/_SUCCESS``: JSON ``{"stores": {name: [messages, commitlog bytes]}}`` of the
+stores this job wrote, as Hadoop's S3A committers put a summary there
 (``jobs.write`` reports it without reading the stores back); an abort removes them.
 ``mode("error")`` / ``mode("ignore")`` are ``jobs.write``'s (Spark's Python data sources
 take only append and overwrite).
@@ -25,6 +26,7 @@ here) and ``flushIntervalMs`` (100 here; see ``store_config``).
 import dataclasses
 import json
 import os
+import re
 import shutil
 import uuid
 
@@ -33,6 +35,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from rmqstore import MessageStore, StoreConfig
 from rmqstore.arguments import decimal_int
 from rmqstore.errors import InvalidArgumentError
+from rmqstore.files import lock_writer
 from rmqstore.spark.source import check_options, enclosing_store
 
 REQUIRED = ("topic", "body")
@@ -127,6 +130,35 @@ def stores_in(path):
             if os.path.isdir(os.path.join(path, d, "commitlog"))]
 
 
+PART = re.compile(r"part-\d{5,}-[0-9a-f]{12}-[0-9a-f]{6}")   # the name write() gives a task's store
+
+
+def replace_parts(path):
+    """What overwrite removes: the stores under ``path`` this writer wrote (PART names).
+    Any other store there (a broker's) makes it an InvalidArgumentError, checked before
+    a task runs: overwrite never deletes a store the writer did not make."""
+    stores = stores_in(path)
+    others = [os.path.basename(p) for p in stores if not PART.fullmatch(os.path.basename(p))]
+    if others:
+        raise InvalidArgumentError(f"rocketmq writer: {path} holds store(s) this writer did not write: {others}; "
+                                   "mode overwrite replaces only its own part-* stores (write elsewhere)")
+    return stores
+
+
+def remove_stores(paths, mode):
+    """Remove the stores ``paths``, all or none: each is first locked as a writer locks it
+    (StoreLockedError when a writer or a broker has one open)."""
+    fds = []
+    try:
+        for p in paths:
+            fds.append(lock_writer(p, mode))
+        for p in paths:
+            shutil.rmtree(p)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 class StoreWriter(DataSourceArrowWriter):
     """One store per task under ``path``; see the module doc."""
 
@@ -139,6 +171,8 @@ class StoreWriter(DataSourceArrowWriter):
                                        f"{enclosing_store(self.path)}; write the new stores elsewhere")
         self.config = store_config(options)
         self.overwrite = overwrite
+        if overwrite and os.path.isdir(self.path):
+            replace_parts(self.path)
         self.job = uuid.uuid4().hex[:12]
         self.temp = os.path.join(self.path, "_temporary", self.job)
 
@@ -152,8 +186,7 @@ class StoreWriter(DataSourceArrowWriter):
 
     def commit(self, messages):
         if self.overwrite:
-            for old in stores_in(self.path):
-                shutil.rmtree(old)
+            remove_stores(replace_parts(self.path), self.config.file_mode)
         written = {}
         for m in messages:
             if m is not None and m.messages:
