@@ -382,20 +382,21 @@ def systems():
 
 def run(directory=None, messages=1_000_000, body_size=128, batch=0, peers=True, config=None, out=print):
     """Run the workload on rmqstore (with ``config``, default: RocketMQ's defaults and 8
-    queues) and the peers under ``directory`` (a temporary one by default, removed
-    afterwards). Returns rows (system, kind, label, count, seconds, body_bytes) where kind
+    queues) and the peers in a new directory inside ``directory`` (default: the system's
+    temporary directory), removed afterwards: nothing already in ``directory`` is touched.
+    Returns rows (system, kind, label, count, seconds, body_bytes) where kind
     is "write", "dispatch" (rmqstore: waiting for the consume queues after the last put;
     body_bytes is then the lag in bytes when it started), "read" (every queue, pages of 32),
     "scan", "lookup" (LOOKUPS keys, one call each), "lookup_batch" or "lookup_columns" (the
     same in one call; count is then keys, not messages)."""
-    tmp = directory is None
-    directory = tempfile.mkdtemp(prefix="rmqstore-bench-") if tmp else str(directory)
+    if directory is not None:
+        os.makedirs(directory, exist_ok=True)
+    directory = tempfile.mkdtemp(prefix="rmqstore-bench-", dir=directory)
     items = workload(messages, body_size)
     rows = []
     try:
         for cls in systems() if peers else [Rmqstore]:
             path = os.path.join(directory, cls.name.replace("+", "-"))
-            shutil.rmtree(path, ignore_errors=True)
             system = cls(path, batch=batch, config=config) if cls is Rmqstore else cls(path, batch=batch)
             try:
                 data = system.prepare(items)
@@ -425,8 +426,7 @@ def run(directory=None, messages=1_000_000, body_size=128, batch=0, peers=True, 
                 system.close()
                 shutil.rmtree(path, ignore_errors=True)
     finally:
-        if tmp:
-            shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
     if out is not None:
         out(format_table(rows, messages, body_size))
     return rows
@@ -448,7 +448,8 @@ def format_table(rows, messages, body_size):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m rmqstore.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    p.add_argument("--dir", default=None, help="where to make the work directory, removed afterwards (default: "
+                   "the system's temporary directory)")
     p.add_argument("--messages", type=int, default=1_000_000, metavar="N", help="messages to put (1000000)")
     p.add_argument("--body-size", type=int, default=128, metavar="BYTES", help="body size (128)")
     p.add_argument("--batch", type=int, default=0, help="put_batch of this many (0: put in a loop)")

@@ -98,8 +98,11 @@ def get_one(directory, reads, seed=0):
 
 
 def run(directory=None, messages=300_000, body_size=128, sync_messages=2_000, segment=SEGMENT):
-    """Every measurement above; returns {name: percentiles}."""
-    work = directory or tempfile.mkdtemp(prefix="rmq-latency-")
+    """Every measurement above, its stores in a new directory inside ``directory`` (kept)
+    or in the system's temporary directory (removed); returns {name: percentiles}."""
+    if directory is not None:
+        os.makedirs(directory, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="rmq-latency-", dir=directory)
     body = os.urandom(body_size)
     try:
         results = put_async(os.path.join(work, "async"), messages, body, segment)
@@ -123,7 +126,8 @@ def format_table(results):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m rmqstore.latency", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
+    p.add_argument("--dir", default=None, help="where to make the work directory, kept afterwards (default: the "
+                   "system's temporary directory, removed after)")
     p.add_argument("--messages", type=int, default=300_000, help="async puts (300000)")
     p.add_argument("--sync-messages", type=int, default=2_000, help="SYNC puts per thread count (2000)")
     p.add_argument("--body-size", type=int, default=128, help="bytes per body (128)")

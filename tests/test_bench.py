@@ -94,9 +94,35 @@ def test_latency_run_times_every_call(tmp_path):
                              "put SYNC, 1 thread(s)", "put SYNC, 8 thread(s)"]
     assert results["put async"]["calls"] == 3000 and results["put SYNC, 8 thread(s)"]["calls"] == 16
     from rmqstore import MessageStore
-    with MessageStore(tmp_path / "async", read_only=True) as s:
+    work, = tmp_path.iterdir()      # a directory of its own inside the one given
+    with MessageStore(work / "async", read_only=True) as s:
         segments_used = {m.phy_offset // (64 << 10) for m in s.scan()}
     assert results["put async at rollover"]["calls"] == len(segments_used) - 1 > 0
     for p in results.values():
         assert 0 < p["p50"] <= p["p99"] <= p["p99.9"] <= p["max"]
     assert "p99.9 µs" in latency.format_table(results).splitlines()[0]
+
+
+def test_work_directories_leave_what_is_there_alone(tmp_path, capsys):
+    """--dir names where the bench, latency and demo work, not what they may remove or write
+    into: the bench removed DIR/rmqstore, DIR/lmdb... (a checkout named rmqstore, say), the
+    latency run wrote into a store at DIR/async, the demo appended to DIR/broker-0. Bench and
+    latency now work in a new directory inside DIR; the demo takes only a new or empty one."""
+    import pytest
+
+    from rmqstore import Message, MessageStore, latency
+    from rmqstore.spark import demo
+    (tmp_path / "rmqstore").mkdir()
+    (tmp_path / "rmqstore" / "keep").write_text("mine")
+    bench.run(tmp_path, messages=50, body_size=8, config=SMALL, out=None)
+    assert [p.name for p in tmp_path.iterdir()] == ["rmqstore"]
+    assert (tmp_path / "rmqstore" / "keep").read_text() == "mine"
+    with MessageStore(tmp_path / "async", SMALL) as s:
+        s.put(Message("T", b"only"))
+    latency.run(str(tmp_path), messages=100, body_size=8, sync_messages=4, segment=64 << 10)
+    with MessageStore(tmp_path / "async", SMALL, read_only=True) as s:
+        assert [m.body for m in s.scan()] == [b"only"]
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--dir", str(tmp_path), "--stores", "1", "--messages", "10"])
+    assert e.value.code == 2 and "new or empty" in capsys.readouterr().err
+    assert not (tmp_path / "broker-0").exists()

@@ -39,12 +39,16 @@ def _rate(what, count, nbytes, secs):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m rmqstore.spark.demo",
                                  description=" ".join(__doc__.split("\n\n")[0].replace("``", "").split()))
-    ap.add_argument("--dir", help="work directory, kept afterwards (default: a temporary one, removed)")
+    ap.add_argument("--dir", help="work directory, new or empty, kept afterwards (default: a temporary one, "
+                    "removed)")
     ap.add_argument("--stores", type=int, default=3, metavar="N", help="store directories to write (3)")
     ap.add_argument("--messages", type=int, default=100_000, metavar="N",
                     help="messages per store, 256-byte bodies over 4 topics (100000)")
     ap.add_argument("--master", help="Spark master URL (default: spark-submit's, $SPARK_MASTER or local[*])")
     args = ap.parse_args(argv)
+    if args.dir and os.path.exists(args.dir) and (not os.path.isdir(args.dir) or os.listdir(args.dir)):
+        ap.error(f"--dir {args.dir}: must be a new or empty directory (the demo writes stores named broker-N, "
+                 "parquet/ and rewritten/ in it)")
     root = args.dir or tempfile.mkdtemp(prefix="rmqstore-demo-")
     from rmqstore.spark import jobs, session
     t0 = time.perf_counter()
