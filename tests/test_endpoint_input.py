@@ -3,6 +3,8 @@ messages, unknown topics with auto-create off, bad filter expressions, stale rec
 unsupported calls. Each gets a clear status (or gRPC error) and the endpoint keeps serving."""
 import os
 import socket
+import threading
+import time
 
 import pytest
 
@@ -204,3 +206,34 @@ def test_store_closed_under_the_endpoint(tmp_path):
             got = list(s.ReceiveMessage(req, timeout=10))
             assert [r.status.code for r in got] == [Code.INTERNAL_SERVER_ERROR]
         ep.stop()   # raised StoreClosedError
+
+
+def test_waiting_consumers_cannot_take_every_worker(tmp_path):
+    """Each long-polling receive holds a worker thread; with as many waiting as workers, a
+    send queued behind them until a poll ended (a DoS by consumers alone). Past the
+    long-poll share (all but a quarter of the workers, at least 2 kept) a receive now
+    answers at once, and a send is served while the others still wait."""
+    with running(tmp_path / "s", workers=4) as (_store, _ep, addr):
+        channel, s = stub(addr)
+        with channel:
+            _route_ok(s)
+            done = []
+
+            def wait_long():
+                req = service_pb2.ReceiveMessageRequest(batch_size=8)
+                req.group.name, req.message_queue.topic.name = "G", "Known"
+                req.long_polling_timeout.seconds = 8
+                got = list(s.ReceiveMessage(req, timeout=30))
+                done.append([r.status.code for r in got])
+            polls = [threading.Thread(target=wait_long) for _ in range(4)]
+            for t in polls:
+                t.start()
+            give_up = time.monotonic() + 6     # well before the 8 s polls end
+            while len(done) < 2 and time.monotonic() < give_up:
+                time.sleep(0.05)
+            assert done == [[Code.MESSAGE_NOT_FOUND]] * 2      # two wait, two answered at once
+            res = s.SendMessage(_send_request("Other", b"x"), timeout=30)
+            assert res.status.code == Code.OK and len(done) == 2     # served while two polls still wait
+            for t in polls:
+                t.join()
+            assert done == [[Code.MESSAGE_NOT_FOUND]] * 4

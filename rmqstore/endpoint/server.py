@@ -39,6 +39,8 @@ class Endpoint:
         host, sep, port = listen.rpartition(":")
         if not sep or not port.isdigit():
             raise InvalidArgumentError(f"listen address {listen!r} is not host:port")
+        if type(workers) is not int or workers < 1:
+            raise InvalidArgumentError(f"workers must be a positive int, not {workers!r}")
         self.store = store
         self.state = PopState(store.path, store.config.file_mode, store.config.dir_mode)
         self.pop = Pop(store, self.state, max_attempts)
@@ -52,7 +54,7 @@ class Endpoint:
         advertised = "127.0.0.1" if bare in ("0.0.0.0", "", "localhost") else "::1" if bare == "::" else bare
         self.address = f"{host}:{self.port}"
         self.service = MessagingService(store, self.pop, Routes(store, auto_create), _endpoints(advertised, self.port),
-                                        max_attempts, fifo_groups)
+                                        max_attempts, fifo_groups, long_polls=max(0, workers - max(2, workers // 4)))
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self.server)
         self.server.start()
         self._stopped = threading.Event()

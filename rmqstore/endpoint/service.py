@@ -74,7 +74,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """The servicer: routes, send, POP receive/ack, settings exchange."""
 
     def __init__(self, store: MessageStore, pop: Pop, routes: Routes, endpoints: definition_pb2.Endpoints,
-                 max_attempts: int, fifo_groups: frozenset[str] = frozenset()) -> None:
+                 max_attempts: int, fifo_groups: frozenset[str] = frozenset(), long_polls: int = 48) -> None:
+        """``long_polls``: receives that may wait for messages at once (each holds a worker
+        thread); past them a receive answers at once, so waiting consumers can never take
+        every worker and leave sends, acks and heartbeats queued behind them."""
+        self.long_polls = threading.BoundedSemaphore(long_polls)
         self.store = store
         self.pop = pop
         self.routes = routes
@@ -187,7 +191,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             start = request.message_queue.id % len(queues) if request.message_queue.id >= 0 else 0
             queues = queues[start:] + queues[:start]
             deadline = time.monotonic() + min(MAX_POLL_S, _ms(request.long_polling_timeout) / 1000)
-            got = self._poll(context, group, topic, queues, expression, request.batch_size, invisible, deadline)
+            if self.long_polls.acquire(blocking=False):
+                try:
+                    got = self._poll(context, group, topic, queues, expression, request.batch_size, invisible,
+                                     deadline)
+                finally:
+                    self.long_polls.release()
+            else:   # as many waiting as may: look once, the client polls again
+                got = self._poll(context, group, topic, queues, expression, request.batch_size, invisible, 0.0)
         except RequestError as e:
             yield _status(service_pb2.ReceiveMessageResponse(), e.code, str(e))
             return
