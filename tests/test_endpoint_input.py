@@ -208,15 +208,29 @@ def test_store_closed_under_the_endpoint(tmp_path):
         ep.stop()   # raised StoreClosedError
 
 
-def test_waiting_consumers_cannot_take_every_worker(tmp_path):
-    """Each long-polling receive holds a worker thread; with as many waiting as workers, a
-    send queued behind them until a poll ended (a DoS by consumers alone). Past the
-    long-poll share (all but a quarter of the workers, at least 2 kept) a receive now
-    answers at once, and a send is served while the others still wait."""
+def test_connected_clients_and_waiting_consumers_cannot_take_every_worker(tmp_path):
+    """Each client's telemetry stream and each long-polling receive holds a worker thread;
+    with as many of them as workers, every other call queued behind them (a DoS by idle
+    clients alone). Of 4 workers, 2 are now kept for short calls, one may hold a telemetry
+    stream (a second client is refused with RESOURCE_EXHAUSTED) and one a waiting receive
+    (others answer at once), and sends and routes are served meanwhile."""
     with running(tmp_path / "s", workers=4) as (_store, _ep, addr):
         channel, s = stub(addr)
         with channel:
             _route_ok(s)
+            hold = threading.Event()
+
+            def settings():
+                cmd = service_pb2.TelemetryCommand()
+                cmd.settings.publishing.topics.add().name = "Known"
+                yield cmd
+                hold.wait(30)
+            first = s.Telemetry(settings())
+            assert next(first).status.code == Code.OK
+            second = s.Telemetry(settings())
+            with pytest.raises(grpc.RpcError) as e:
+                next(second)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "clients connected" in e.value.details()
             done = []
 
             def wait_long():
@@ -225,15 +239,18 @@ def test_waiting_consumers_cannot_take_every_worker(tmp_path):
                 req.long_polling_timeout.seconds = 8
                 got = list(s.ReceiveMessage(req, timeout=30))
                 done.append([r.status.code for r in got])
-            polls = [threading.Thread(target=wait_long) for _ in range(4)]
+            polls = [threading.Thread(target=wait_long) for _ in range(3)]
             for t in polls:
                 t.start()
-            give_up = time.monotonic() + 6     # well before the 8 s polls end
+            give_up = time.monotonic() + 6     # well before the 8 s poll ends
             while len(done) < 2 and time.monotonic() < give_up:
                 time.sleep(0.05)
-            assert done == [[Code.MESSAGE_NOT_FOUND]] * 2      # two wait, two answered at once
+            assert done == [[Code.MESSAGE_NOT_FOUND]] * 2      # one waits, two answered at once
             res = s.SendMessage(_send_request("Other", b"x"), timeout=30)
-            assert res.status.code == Code.OK and len(done) == 2     # served while two polls still wait
+            assert res.status.code == Code.OK and len(done) == 2     # served while one poll still waits
+            _route_ok(s)
             for t in polls:
                 t.join()
-            assert done == [[Code.MESSAGE_NOT_FOUND]] * 4
+            assert done == [[Code.MESSAGE_NOT_FOUND]] * 3
+            hold.set()
+            first.cancel()

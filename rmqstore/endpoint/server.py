@@ -35,7 +35,7 @@ class Endpoint:
     which the caller owns)."""
 
     def __init__(self, store: MessageStore, listen: str = "127.0.0.1:8081", auto_create: bool = True,
-                 max_attempts: int = 17, fifo_groups: frozenset[str] = frozenset(), workers: int = 64) -> None:
+                 max_attempts: int = 17, fifo_groups: frozenset[str] = frozenset(), workers: int = 256) -> None:
         host, sep, port = listen.rpartition(":")
         if not sep or not port.isdigit():
             raise InvalidArgumentError(f"listen address {listen!r} is not host:port")
@@ -53,8 +53,9 @@ class Endpoint:
         bare = host.strip("[]")
         advertised = "127.0.0.1" if bare in ("0.0.0.0", "", "localhost") else "::1" if bare == "::" else bare
         self.address = f"{host}:{self.port}"
+        held = max(0, workers - max(2, workers // 4))   # a quarter (2 at least) kept for the short calls
         self.service = MessagingService(store, self.pop, Routes(store, auto_create), _endpoints(advertised, self.port),
-                                        max_attempts, fifo_groups, long_polls=max(0, workers - max(2, workers // 4)))
+                                        max_attempts, fifo_groups, sessions=held // 2, long_polls=held - held // 2)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self.server)
         self.server.start()
         self._stopped = threading.Event()

@@ -13,6 +13,7 @@ import time
 import zlib
 from typing import Any, Callable, Iterator, TypeVar
 
+import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from rmqstore.endpoint.codec import RequestError, to_proto, to_store
@@ -74,10 +75,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """The servicer: routes, send, POP receive/ack, settings exchange."""
 
     def __init__(self, store: MessageStore, pop: Pop, routes: Routes, endpoints: definition_pb2.Endpoints,
-                 max_attempts: int, fifo_groups: frozenset[str] = frozenset(), long_polls: int = 48) -> None:
-        """``long_polls``: receives that may wait for messages at once (each holds a worker
-        thread); past them a receive answers at once, so waiting consumers can never take
-        every worker and leave sends, acks and heartbeats queued behind them."""
+                 max_attempts: int, fifo_groups: frozenset[str] = frozenset(), sessions: int = 96,
+                 long_polls: int = 96) -> None:
+        """A telemetry stream (each client keeps one open) and a receive waiting for messages
+        each hold a worker thread: ``sessions`` streams may be open at once (past them a
+        client is refused with RESOURCE_EXHAUSTED) and ``long_polls`` receives may wait (past
+        them a receive answers at once), so connected clients and waiting consumers can
+        never take every worker and leave sends, acks and routes queued behind them."""
+        self.sessions = threading.BoundedSemaphore(sessions)
+        self.session_limit = sessions
         self.long_polls = threading.BoundedSemaphore(long_polls)
         self.store = store
         self.pop = pop
@@ -117,12 +123,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def Telemetry(self, request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
         """Settings exchange: each settings command is answered with the server's settings."""
         client = _client_id(context)
+        if not self.sessions.acquire(blocking=False):
+            log.warning("client %s from %s refused: %d clients connected", client, context.peer(), self.session_limit)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.session_limit} clients connected, the most this "
+                          "endpoint serves (rmqstore serve --workers)")
         log.info("client %s connected from %s", client, context.peer())
         try:
             for cmd in request_iterator:
                 if cmd.HasField("settings"):
                     yield self._settings(cmd.settings)
         finally:
+            self.sessions.release()
             log.info("client %s disconnected", client)
 
     def _settings(self, asked: definition_pb2.Settings) -> service_pb2.TelemetryCommand:
