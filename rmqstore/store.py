@@ -746,7 +746,7 @@ class MessageStore:
         columns' allocation with the GIL released, so threads run it in parallel.
 
         Args:
-            as query_keys.
+            topic, keys, max_num, begin, end: as query_keys.
 
         Returns:
             read_queue_columns' columns, a row a message found, key by key in ``keys``
