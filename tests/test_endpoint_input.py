@@ -254,3 +254,24 @@ def test_connected_clients_and_waiting_consumers_cannot_take_every_worker(tmp_pa
             assert done == [[Code.MESSAGE_NOT_FOUND]] * 3
             hold.set()
             first.cancel()
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:70000", "127.0.0.1:65536", "999.1.1.1:80", "192.0.2.1:80",
+                                    "127.0.0.1:\u0661\u0662", "in-use"])
+def test_a_listen_address_that_cannot_be_bound_is_refused(tmp_path, listen):
+    """A port above 65535 was taken modulo 65536 (":70000" listened on 4464), and an
+    address grpc cannot bind (not an IP, not this host's, a port in use) raised grpc's bare
+    RuntimeError, a traceback from ``rmqstore serve``: now InvalidArgumentError, with the
+    consumption state closed and the store still open and whole."""
+    from rmqstore import MessageStore
+    from rmqstore.endpoint import Endpoint
+    from rmqstore.errors import InvalidArgumentError
+    with socket.socket() as busy, MessageStore(tmp_path / "s") as store:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        if listen == "in-use":
+            listen = f"127.0.0.1:{busy.getsockname()[1]}"
+        store.put(Message("T", b"kept"))
+        with pytest.raises(InvalidArgumentError, match="listen"):
+            Endpoint(store, listen)
+        assert [m.body for m in store.scan()] == [b"kept"]

@@ -37,8 +37,8 @@ class Endpoint:
     def __init__(self, store: MessageStore, listen: str = "127.0.0.1:8081", auto_create: bool = True,
                  max_attempts: int = 17, fifo_groups: frozenset[str] = frozenset(), workers: int = 256) -> None:
         host, sep, port = listen.rpartition(":")
-        if not sep or not port.isdigit():
-            raise InvalidArgumentError(f"listen address {listen!r} is not host:port")
+        if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
+            raise InvalidArgumentError(f"listen address {listen!r} is not host:port (port 0..65535)")
         if type(workers) is not int or workers < 1:
             raise InvalidArgumentError(f"workers must be a positive int, not {workers!r}")
         self.store = store
@@ -46,10 +46,13 @@ class Endpoint:
         self.pop = Pop(store, self.state, max_attempts)
         self.server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rmqstore-endpoint"),
                                   options=[("grpc.max_receive_message_length", store.config.max_message_size + 65536)])
-        self.port = self.server.add_insecure_port(listen)
+        try:   # grpcio before 1.58 returns 0 for an address it cannot bind, later ones raise RuntimeError
+            self.port = self.server.add_insecure_port(listen)
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
             self.state.close()
-            raise InvalidArgumentError(f"cannot listen on {listen!r}")
+            raise InvalidArgumentError(f"cannot listen on {listen!r} (in use, not this host's, or not an address)")
         bare = host.strip("[]")
         advertised = "127.0.0.1" if bare in ("0.0.0.0", "", "localhost") else "::1" if bare == "::" else bare
         self.address = f"{host}:{self.port}"
