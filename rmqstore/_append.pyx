@@ -792,11 +792,17 @@ cdef class Appender:
             qids = [queue_id_arg(q) for q in queue_id]
         else:
             queue_id = queue_id_arg(queue_id)
-        if isinstance(msgs, (str, bytes, Message)) or not hasattr(msgs, "__iter__"):
+        it = None
+        if not isinstance(msgs, (str, bytes, Message)):
+            try:   # what iter() refuses (an int, a 0-d numpy array despite its __iter__) is no iterable
+                it = iter(msgs)
+            except TypeError:
+                pass
+        if it is None:
             raise InvalidArgumentTypeError(f"put_batch takes an iterable of Message, not {type(msgs).__name__}")
         self._acquire()
         try:
-            for m in msgs:
+            for m in it:
                 if not isinstance(m, Message):
                     raise InvalidArgumentTypeError(f"put_batch: {type(m).__name__} where a Message is due")
                 if qids is not None:

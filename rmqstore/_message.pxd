@@ -30,6 +30,7 @@ cdef class MessageExt:
     cdef readonly int64_t store_offset   # where the record was read (== phy_offset when sane)
 
 cpdef str text_arg(str name, object s)
+cpdef str keys_text(object keys)
 cdef object body_arg(object body)
 cdef MessageExt build_ext(const char *p, RecView *r, int64_t store_offset)
 cdef MessageExt ext_in(bytes owner, Py_ssize_t at, RecView *r, int64_t store_offset)

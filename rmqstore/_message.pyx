@@ -36,6 +36,21 @@ cpdef str text_arg(str name, object s):
     return s
 
 
+cpdef str keys_text(object keys):
+    """A sequence of str keys as the KEYS value, joined by spaces; InvalidArgumentTypeError
+    for bytes and anything iter() refuses (a 0-d numpy array too, despite its __iter__)."""
+    if isinstance(keys, (bytes, bytearray)):
+        it = None
+    else:
+        try:
+            it = iter(keys)
+        except TypeError:
+            it = None
+    if it is None:
+        raise InvalidArgumentTypeError(f"keys must be a str or a sequence of str, not {type(keys).__name__}")
+    return " ".join([text_arg("key", k) for k in it])
+
+
 cdef object body_arg(object body):
     """``body`` if it is a bytes-like object (bytes, bytearray, memoryview, numpy bytes...)."""
     if isinstance(body, str) or not PyObject_CheckBuffer(body):
@@ -92,10 +107,7 @@ cdef class Message:
         if tags is not None:
             props["TAGS"] = text_arg("tags", tags)
         if keys is not None:
-            if isinstance(keys, (bytes, bytearray)) or not hasattr(keys, "__iter__"):
-                raise InvalidArgumentTypeError(f"keys must be a str or a sequence of str, not {type(keys).__name__}")
-            props["KEYS"] = text_arg("keys", keys) if isinstance(keys, str) else \
-                " ".join([text_arg("key", k) for k in keys])
+            props["KEYS"] = text_arg("keys", keys) if isinstance(keys, str) else keys_text(keys)
         if delay_level is not None:
             delay_level = int_arg("delay_level", delay_level, 0, 0x7FFFFFFF)
             if delay_level:

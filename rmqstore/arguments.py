@@ -53,8 +53,13 @@ def _callable(name: str, v: Any) -> Any:
 
 
 def _str_sequence(name: str, v: Any) -> Any:
-    """A list/tuple-like of str (each element is checked where it is used)."""
-    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+    """A list/tuple-like of str (each element is checked where it is used). Iterable is
+    what iter() takes: a 0-d numpy array has __iter__ but refuses it."""
+    try:
+        iter(v)
+    except TypeError:
+        _bad_type(name, v, "a sequence of str")
+    if isinstance(v, (str, bytes)):
         _bad_type(name, v, "a sequence of str")
     return v
 

@@ -17,7 +17,7 @@ import numpy as np
 
 import rmqstore._pack as _pack
 import rmqstore._properties as _properties
-from rmqstore._message import Message, int_arg, text_arg
+from rmqstore._message import Message, int_arg, keys_text, text_arg
 from rmqstore._record import gets_cq_entry, pack_host, pack_hosts
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 from rmqstore.topics import SCHEDULE_TOPIC
@@ -186,13 +186,13 @@ def _set_in_place(n: int, props: Mapping[str, str | None], set_by: dict[str, lis
 
 def _row_text(name: str, value: Any) -> Any:
     """A row's value that is not a plain str as the str it is stored as: a str subclass by
-    its value, KEYS given as a sequence of str joined by spaces (other values as they are:
-    the kernel refuses them)."""
+    its value, KEYS given as anything but bytes or an int as keys_text joins them (other
+    values as they are: the kernel refuses them)."""
     if isinstance(value, str):
         return text_arg(name, value)
     if name != "KEYS" or isinstance(value, (bytes, bytearray)) or not hasattr(value, "__iter__"):
         return value
-    return " ".join(text_arg("key", x) for x in value)
+    return keys_text(value)
 
 
 def topic_column(topics: Any, n: int) -> tuple[list[str], np.ndarray | None]:

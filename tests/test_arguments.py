@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from rmqstore import (
@@ -448,3 +449,20 @@ def test_get_message_result_built_right_is_the_one_get_messages_makes(store):
 def test_decode_stats_refuses_arguments():
     with pytest.raises(InvalidArgumentTypeError):
         batch.DecodeStats(1)
+
+
+@pytest.mark.parametrize("call", ["query_keys", "put_batch", "put_columns keys", "Message keys"])
+@pytest.mark.parametrize("zero_d", [np.array(1), np.array("k"), np.array(b"k")], ids=["int", "str", "bytes"])
+def test_a_0d_array_where_a_sequence_is_due_is_an_invalid_argument(store, call, zero_d):
+    """A 0-d numpy array has ``__iter__`` but iter() refuses it: taken for a sequence (keys,
+    messages) it gave numpy's bare TypeError "iteration over a 0-d array". Now iterable
+    means what iter() takes, and a 0-d array is InvalidArgumentTypeError; nothing is stored."""
+    end = store.max_phy_offset
+    run = {"query_keys": lambda: store.query_keys("T", zero_d),
+           "put_batch": lambda: store.put_batch(zero_d),
+           "put_columns keys": lambda: store.put_columns("T", [b"x"], keys=[zero_d]),
+           "Message keys": lambda: store.put(Message("T", b"x", keys=zero_d))}[call]
+    with pytest.raises(InvalidArgumentTypeError, match="ndarray"):
+        run()
+    assert store.max_phy_offset == end
+    assert [r.body for r in store.query_by_key("T", "k")] == [b"kept"]
