@@ -23,8 +23,8 @@ from rmqstore._segment cimport MappedSegment, SegmentList, check, ensure, write_
 from rmqstore._gate cimport Gate
 from rmqstore._gate import MISSING, misfit
 import numpy as np
-from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, ReentrantCallError,
-                             StoreClosedError)
+from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, InvalidTopicError, MessageTooLargeError,
+                             ReentrantCallError, StoreClosedError)
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
@@ -786,6 +786,7 @@ cdef class Appender:
         return self._put_batch(msgs, queue_id)
 
     cdef list _put_batch(self, object msgs, object queue_id):
+        # an error checking message i names it: "put_batch message i: ...", .message_index i
         cdef list plans = [], out = [], qids = None
         cdef Py_ssize_t i = 0
         if isinstance(queue_id, (list, tuple)):
@@ -804,13 +805,16 @@ cdef class Appender:
         try:
             for m in it:
                 if not isinstance(m, Message):
-                    raise InvalidArgumentTypeError(f"put_batch: {type(m).__name__} where a Message is due")
+                    raise batch_error(InvalidArgumentTypeError(f"{type(m).__name__} where a Message is due"), i)
                 if qids is not None:
                     if i >= len(qids):
                         raise InvalidArgumentError(f"put_batch: more messages than the {len(qids)} queue ids")
                     queue_id = qids[i]
-                    i += 1
-                plans.append(self._plan(<Message>m, queue_id))
+                try:
+                    plans.append(self._plan(<Message>m, queue_id))
+                except (InvalidArgumentError, InvalidTopicError, MessageTooLargeError) as e:
+                    raise batch_error(e, i) from None
+                i += 1
             if qids is not None and i != len(qids):
                 raise InvalidArgumentError(f"put_batch: {i} messages for {len(qids)} queue ids")
             ts = now_ms()
@@ -1117,6 +1121,13 @@ cdef class Appender:
         if res.phy_offset + res.size >= self.warm_mark:
             self._warm_now(self.seg)
         return res
+cdef object batch_error(object e, Py_ssize_t i):
+    """``e``, raised checking put_batch's message ``i``, as an error of its type naming it."""
+    err = type(e)(f"put_batch message {i}: {e}")
+    err.message_index = i
+    return err
+
+
 cdef class StoreWriter:
     """MessageStore.put and put_batch as one C call each: the store's operation gate, the
     writable check, the append and, in SYNC mode, the wait for the flush, with no Python

@@ -382,7 +382,8 @@ class MessageStore:
 
         Raises:
             as put; all or nothing: a bad message anywhere, or a full disk, stores none
-            (a KeyboardInterrupt during the write is raised after the whole batch)."""
+            (a KeyboardInterrupt during the write is raised after the whole batch). An
+            error about message i says "put_batch message i: ..." and has ``message_index`` i."""
         return self._writer.put_batch(msgs, queue_id)
 
     @_gated

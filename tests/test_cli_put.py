@@ -64,7 +64,11 @@ GOOD = {"topic": "T1", "body": "ok"}
                                  # nested past json's recursion: a traceback (RecursionError) before
                                  "[" * 100_000,
                                  # a key given twice: json kept the last ("T2") silently
-                                 '{"topic": "T1", "topic": "T2", "body": "x"}'])
+                                 '{"topic": "T1", "topic": "T2", "body": "x"}',
+                                 # refused by put_batch, not by the line's checks: the error named
+                                 # no line and did not say the chunk was refused
+                                 json.dumps({"topic": "T1", "body": "x", "properties": {"a\x01": "b"}}),
+                                 json.dumps({"topic": "T1", "body": "x", "properties": {"DELAY": "abc"}})])
 def test_a_bad_line_stores_none_of_its_chunk(tmp_path, bad):
     store = tmp_path / "s"
     put(store, GOOD, extra=("--create", *map(str, SMALL)))
@@ -83,7 +87,7 @@ def test_an_oversized_record_after_other_queues_stores_none_of_its_chunk(tmp_pat
     put(store, GOOD, extra=("--create", "--segment-size", 4096))
     lines = _lines({**GOOD, "queueId": 0}, {**GOOD, "queueId": 2}, GOOD, {"topic": "T1", "body": "x" * 5000})
     p = run("put", store, stdin=lines, expect=1)
-    assert "exceeds the limit" in p.stderr
+    assert "stdin line 4" in error_line(p) and "exceeds the limit" in p.stderr
     assert len(run("dump", store).stdout.splitlines()) == 1
     out = run("put", store, "--json", stdin=_lines({**GOOD, "queueId": 0}, {**GOOD, "queueId": 2}, GOOD)).stdout
     assert [json.loads(x)["queueId"] for x in out.splitlines() if "queueId" in x][:2] == [0, 2]

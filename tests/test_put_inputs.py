@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from rmqstore import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    InvalidTopicError,
     Message,
     MessageStore,
+    MessageTooLargeError,
     StoreConfig,
     StoreError,
 )
@@ -354,3 +356,18 @@ def test_put_from_a_thread_with_the_smallest_stack(tmp_path):
             assert [s.get_by_offset(r.phy_offset).properties["p"] for r in out] == ["v", "v" * 600, "v" * 32000]
         print("ok")
     """)
+
+
+@pytest.mark.parametrize("bad,error", [(Message("T", b"x", properties={"a\x01": "b"}), InvalidArgumentError),
+                                       (Message("T", b"x", properties={"DELAY": "abc"}), InvalidArgumentError),
+                                       (Message("a/b", b"x"), InvalidTopicError),
+                                       (Message("T", b"x" * 70_000), MessageTooLargeError),
+                                       ("not a message", InvalidArgumentTypeError)])
+def test_put_batch_names_the_message_it_refuses(tmp_path, bad, error):
+    """A batch refused for one message said why but not which message: now the error (of the
+    same type) starts "put_batch message i:" and carries ``message_index`` i; nothing is stored."""
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16)) as store:
+        with pytest.raises(error, match="^put_batch message 2: ") as e:
+            store.put_batch([Message("T", b"a"), Message("T", b"b"), bad, Message("T", b"c")])
+        assert e.value.message_index == 2
+        assert store.max_phy_offset == 0

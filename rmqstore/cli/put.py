@@ -93,10 +93,16 @@ def _parse_chunk(chunk, config):
     return out
 
 
-def _put_chunk(store, parsed):
+def _put_chunk(store, chunk, parsed):
     """Write a checked chunk as one put_batch, each message with its queue id (None: round
-    robin): all or nothing."""
-    return store.put_batch([m for m, _ in parsed], [q for _, q in parsed])
+    robin): all or nothing. A message put_batch refuses (a property it cannot encode, a
+    record too large) is a CommandError naming its line."""
+    try:
+        return store.put_batch([m for m, _ in parsed], [q for _, q in parsed])
+    except StoreError as e:
+        if getattr(e, "message_index", None) is None:
+            raise
+        raise CommandError(f"stdin line {chunk[e.message_index][0]}: {e}") from None
 
 
 def _remove_new_entries(path, before):
@@ -124,15 +130,12 @@ def cmd_put(args):
             lines = f"lines {chunk[0][0]}-{chunk[-1][0]}"
             try:
                 parsed = _parse_chunk(chunk, config)
+                if store is None:   # a new store is created only once the first chunk is good
+                    store = MessageStore(args.store, config)
+                results = _put_chunk(store, chunk, parsed)
             except CommandError as e:
                 raise CommandError(f"{e}; chunk of stdin {lines} refused, none of it stored "
                                    f"({stored} message(s) of earlier chunks stored)") from None
-            if store is None:   # a new store is created only once the first chunk is good
-                store = MessageStore(args.store, config)
-            try:
-                results = _put_chunk(store, parsed)
-            except CommandError as e:
-                raise CommandError(f"stdin {lines}: {e}; {stored} message(s) of earlier chunks stored") from None
             stored, chunks = stored + len(results), chunks + 1
             if args.json:
                 for r in results:
