@@ -24,9 +24,10 @@ from endpoint_client import consumer, message, producer, receive_all  # noqa: E4
 def _start(store, log):
     """``rmqstore serve`` on a free port (sync flush); (process, address) once it listens."""
     with open(log, "ab") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "rmqstore.cli", "serve", str(store), "--listen", "127.0.0.1:0",
-                                 "--sync-flush", "--segment-size", str(1 << 20), "--index-slots", "1024",
-                                 "--index-entries", "8192"], stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen([sys.executable, "-m", "rmqstore.cli", "serve", str(store), "--create",
+                                 "--listen", "127.0.0.1:0", "--sync-flush", "--segment-size", str(1 << 20),
+                                 "--index-slots", "1024", "--index-entries", "8192"],
+                                stdout=subprocess.DEVNULL, stderr=err)
     for _ in range(600):
         text = open(log, encoding="utf-8", errors="replace").read().split("=== start")[-1]
         if "listening on " in text:

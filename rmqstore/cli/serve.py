@@ -4,11 +4,13 @@ import dataclasses
 import logging
 import sys
 
-from rmqstore.cli.common import CommandError, positive_int, store_config
+from rmqstore.cli.common import CommandError, positive_int, require_store, store_config
 from rmqstore.store import MessageStore
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if not args.create:
+        require_store(args.store)
     try:
         from rmqstore.endpoint import serve
     except ImportError as e:
@@ -28,9 +30,12 @@ def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser
              store_opts: argparse.ArgumentParser) -> None:
     p = sub.add_parser("serve", parents=[store_opts], help="serve the store to RocketMQ 5 clients (gRPC)",
                        description="Run a single-node RocketMQ 5 endpoint (the proxy's gRPC MessagingService) "
-                       "on STORE, created if missing, until SIGINT or SIGTERM; then flush and close. Official "
-                       "clients produce and consume through it unchanged.")
+                       "on STORE (with --create, made if it is not a store yet) until SIGINT or SIGTERM; then "
+                       "flush and close. Official clients produce and consume through it unchanged.")
     p.add_argument("store")
+    p.add_argument("--create", action="store_true",
+                   help="create the store if it does not exist (refused without it, so a mistyped path "
+                   "does not become a new store)")
     p.add_argument("--listen", default="127.0.0.1:8081", metavar="HOST:PORT",
                    help="address to listen on (default loopback 127.0.0.1:8081)")
     p.add_argument("--no-auto-create", action="store_true",
