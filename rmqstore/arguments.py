@@ -64,7 +64,7 @@ def _str_sequence(name: str, v: Any) -> Any:
     return v
 
 
-def _path(name: str, v: Any) -> Any:
+def path_arg(name: str, v: Any) -> Any:
     """A str or os.PathLike naming a file or directory (not empty, no NUL, encodable), as
     a plain str: a str subclass's or path object's own methods run no later (its
     __fspath__ once, here: failing or returning neither str nor bytes is refused)."""
@@ -110,8 +110,8 @@ ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
     "Progress | None": (_gate.ARG_OTHER, _callable),
     "Sequence[str]": (_gate.ARG_OTHER, _str_sequence),
     "Sequence[str] | None": (_gate.ARG_OTHER, lambda name, v: v if v is None else _str_sequence(name, v)),
-    "str | os.PathLike[str]": (_gate.ARG_OTHER, _path),
-    "str | os.PathLike[str] | None": (_gate.ARG_OTHER, lambda name, v: v if v is None else _path(name, v)),
+    "str | os.PathLike[str]": (_gate.ARG_OTHER, path_arg),
+    "str | os.PathLike[str] | None": (_gate.ARG_OTHER, lambda name, v: v if v is None else path_arg(name, v)),
     "StoreConfig | None": (_gate.ARG_OTHER, _config),
     "dict[str, Any]": (_gate.ARG_OTHER, _dict),
     "Sequence[dict[str, Any]]": (_gate.ARG_OTHER, _dicts),

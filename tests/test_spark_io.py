@@ -400,3 +400,26 @@ def test_a_stream_at_the_end_of_data_finds_no_hole(tmp_path, monkeypatch):
             assert reader.latestOffset({store: end}) == {store: end}
         st.put(Message("T", b"more"))
         assert reader.latestOffset({store: end}) == {store: st.max_phy_offset}
+
+
+def test_spark_job_paths_are_checked_as_paths(tmp_path):
+    """A path with a NUL given to a job's output (``jobs.export``/``write``/``rebuild``, the
+    writer) raised a bare ValueError from os.path; and one store path given as a str, not a
+    list, was taken character by character ("no RocketMQ store at /the/store", which was
+    one). Now a str or PathLike is one path, and a path that cannot be one (empty, NUL, not
+    a path) is an InvalidArgumentError, raised before Spark is asked for anything."""
+    from rmqstore.spark import jobs
+    from rmqstore.spark.source import find_stores
+    from rmqstore.spark.writer import StoreWriter
+    store = str(_varied_store(tmp_path / "s", n=3))
+    assert find_stores(store) == find_stores(tmp_path / "s") == find_stores([store]) == [store]
+    calls = [lambda p: jobs.export(None, [store], p), lambda p: jobs.write(None, p),
+             lambda p: jobs.rebuild(None, store, p), lambda p: StoreWriter(p, {}, True),
+             lambda p: find_stores([store, p])]
+    for bad in ("a\x00b", "", 5):
+        for call in calls:
+            with pytest.raises(InvalidArgumentError, match="(?i)path"):
+                call(bad)
+    with pytest.raises(InvalidArgumentError, match="a path or a list of paths"):
+        find_stores(None)
+    assert sorted(os.listdir(tmp_path)) == ["s"]

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from rmqstore import MessageStore, _record, batch
+from rmqstore.arguments import path_arg
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher, deliver_time
@@ -21,7 +22,7 @@ from rmqstore.errors import InvalidArgumentError
 from rmqstore.files import lock_writer
 from rmqstore.index import IndexService
 from rmqstore.segments import segment_name
-from rmqstore.spark.source import NAME, Scan, enclosing_store, find_stores, plan
+from rmqstore.spark.source import NAME, Scan, enclosing_store, find_stores, plan, store_paths
 
 _ENTRY = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _HOLE = (0, 0x7FFFFFFF, 0)   # RocketMQ's fillPreBlank entry
@@ -36,7 +37,7 @@ def _tasks(spark):
 def read(spark, stores, **options):
     """The stores as a DataFrame (the "rocketmq" source; ``options`` as strings)."""
     options.setdefault("minPartitions", _tasks(spark))
-    return spark.read.format(NAME).options(**{k: str(v) for k, v in options.items()}).load(list(stores))
+    return spark.read.format(NAME).options(**{k: str(v) for k, v in options.items()}).load(store_paths(stores))
 
 
 def _export_part(scan, index, part, out_dir, compression, row_group_rows, sort_by):
@@ -103,7 +104,7 @@ def _export_dir(out_dir, stores):
     or an earlier export's output. Anything else is refused (InvalidArgumentError), as
     nothing but an export's own files may be deleted: a symlink, a file, a directory of
     other files, a store or a directory holding or inside one of ``stores``."""
-    out = os.path.abspath(out_dir)
+    out = os.path.abspath(path_arg("out_dir", out_dir))
     real = os.path.realpath(out)
     for s in map(os.path.realpath, stores):
         if os.path.commonpath([real, s]) in (real, s):
@@ -174,7 +175,7 @@ def write(df, out_dir, mode="error", **options):
     if mode not in WRITE_MODES:
         raise InvalidArgumentError(f"write mode must be one of {WRITE_MODES}, not {mode!r}")
     t0 = time.perf_counter()
-    out_dir = os.path.abspath(out_dir)
+    out_dir = os.path.abspath(path_arg("out_dir", out_dir))
     before = set(stores_in(out_dir)) if os.path.isdir(out_dir) else set()
     if before and mode in ("error", "errorifexists"):
         raise InvalidArgumentError(f"{out_dir}: already holds {len(before)} RocketMQ store(s) (mode {mode!r})")
@@ -330,7 +331,7 @@ def rebuild(spark, store, out_dir=None, config=None):
     t0 = time.perf_counter()
     cfg = config or StoreConfig()
     store = find_stores([store])[0]
-    out_dir = os.path.abspath(out_dir or store)
+    out_dir = os.path.abspath(store if out_dir is None else path_arg("out_dir", out_dir))
     around = enclosing_store(out_dir)
     if around is not None and not around == os.path.realpath(out_dir) == os.path.realpath(store):
         raise InvalidArgumentError(f"rebuild: --out {out_dir} is inside the store {around}, not the one rebuilt")

@@ -54,8 +54,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from rmqstore import batch
-from rmqstore.arguments import decimal_int
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError, StoreIOError
+from rmqstore.arguments import decimal_int, path_arg
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError, StoreIOError
 from rmqstore.files import parse_json
 
 log = logging.getLogger(__name__)
@@ -106,10 +106,22 @@ def projection(schema, options):
     return names
 
 
+def store_paths(paths):
+    """``paths`` as a list of path strings: one str or os.PathLike is one path (not its
+    characters), else each item must be one (non-empty, no NUL: InvalidArgumentError)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    elif isinstance(paths, (bytes, bytearray)) or not hasattr(paths, "__iter__"):
+        raise InvalidArgumentTypeError(f"stores must be a path or a list of paths, not {type(paths).__name__}")
+    return [path_arg("store path", p) for p in paths]
+
+
 def find_stores(paths):
-    """Store directories (holding ``commitlog/``) named by ``paths``: globs expanded, a
-    directory that is not a store contributes its store subdirectories. Sorted, unique."""
+    """Store directories (holding ``commitlog/``) named by ``paths`` (see store_paths):
+    globs expanded, a directory that is not a store contributes its store subdirectories.
+    Sorted, unique."""
     out = set()
+    paths = store_paths(paths)
     for p in paths:
         matches = sorted(glob.glob(os.path.expanduser(p))) or [p]
         for m in matches:
@@ -126,7 +138,7 @@ def find_stores(paths):
 def enclosing_store(path):
     """The store directory ``path`` is or lies inside (its nearest ancestor holding
     ``commitlog/``), or None: no job writes its output there."""
-    p = os.path.realpath(path)
+    p = os.path.realpath(path_arg("output path", path))
     while True:
         if os.path.isdir(os.path.join(p, "commitlog")):
             return p

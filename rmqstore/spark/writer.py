@@ -33,7 +33,7 @@ import uuid
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from rmqstore import MessageStore, StoreConfig
-from rmqstore.arguments import decimal_int
+from rmqstore.arguments import decimal_int, path_arg
 from rmqstore.errors import InvalidArgumentError
 from rmqstore.files import lock_writer
 from rmqstore.spark.source import check_options, enclosing_store
@@ -163,7 +163,7 @@ class StoreWriter(DataSourceArrowWriter):
     """One store per task under ``path``; see the module doc."""
 
     def __init__(self, path, options, overwrite):
-        self.path = os.path.abspath(path)
+        self.path = os.path.abspath(path_arg("path", path))
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise InvalidArgumentError(f"rocketmq writer: {self.path} is not a directory")
         if enclosing_store(self.path):
