@@ -3,6 +3,7 @@ It opens and closes the components and delegates to them; the rules live in the 
 names (dispatch.py, consume_queue.py, consumer.py, maintenance/)."""
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import logging
@@ -36,6 +37,7 @@ from rmqstore.errors import (
     ReentrantCallError,
     StoreClosedError,
     StoreError,
+    StoreNotFoundError,
     StoreReadOnlyError,
 )
 from rmqstore.files import create_new, lock_writer, store_dir
@@ -107,7 +109,8 @@ class MessageStore:
 
         Raises:
             InvalidArgumentError: a bad argument. StoreNotFoundError: no directory
-            (read-only). StoreLockedError: another writer holds it. CorruptStoreError,
+            (read-only), or no commitlog/ in it to rebuild from (``rebuild=True``).
+            StoreLockedError: another writer holds it. CorruptStoreError,
             StoreIOError: files it cannot use. DerivedFileError: a consume-queue or index
             file it cannot use (``rebuild=True`` regenerates them)."""
         self.path = os.path.abspath(str(path))
@@ -120,6 +123,9 @@ class MessageStore:
         self._maintenance = SharedLock()   # verifies run together; a rebuild (it swaps the dispatcher), a clean alone
         self._gate = _gate.Gate(self.path, self._check_open)   # see _gate.pyx; put and put_batch pass it too
         self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
+        if rebuild and not os.path.isdir(os.path.join(self.path, "commitlog")):   # before anything is made
+            raise StoreNotFoundError(errno.ENOENT, "not a store to rebuild (no commitlog/ directory); its "
+                                     "consumequeue/ and index/ were left alone", self.path)
         store_dir(self.path, not read_only, cfg.dir_mode)
         if not read_only:
             self._acquire_lock(cfg)

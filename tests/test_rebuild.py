@@ -15,6 +15,7 @@ from rmqstore import (
     Message,
     MessageStore,
     StoreConfig,
+    StoreNotFoundError,
     StoreReadOnlyError,
 )
 
@@ -290,3 +291,21 @@ def test_rebuild_never_cuts_the_commitlog(tmp_path):
         MessageStore(root, _cfg(), rebuild=True)
     assert e.value.offset == victim and tree_state(root) == before
     assert "recover" in run("rebuild", root, "--yes", expect=1).stderr and tree_state(root) == before
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_rebuild_of_a_directory_that_is_no_store_removes_nothing(tmp_path, read_only):
+    """``MessageStore(path, rebuild=True)`` on a directory with no commitlog/ (a mistyped
+    path, a web root with an ``index/``) removed its ``consumequeue/`` and ``index/`` with
+    everything in them, and made a new store there. Now it is a StoreNotFoundError and the
+    directory is left exactly as it was (no lock, checkpoint or commitlog/ made)."""
+    d = tmp_path / "site"
+    (d / "index").mkdir(parents=True)
+    (d / "index" / "page.html").write_text("precious")
+    (d / "consumequeue" / "T").mkdir(parents=True)
+    (d / "consumequeue" / "T" / "notes").write_text("mine")
+    before = sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+    with pytest.raises(StoreNotFoundError, match="not a store to rebuild"):
+        MessageStore(d, rebuild=True, read_only=read_only)
+    assert sorted(str(p.relative_to(d)) for p in d.rglob("*")) == before
+    assert (d / "index" / "page.html").read_text() == "precious"
