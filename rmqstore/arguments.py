@@ -110,6 +110,7 @@ ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
     "Progress | None": (_gate.ARG_OTHER, _callable),
     "Sequence[str]": (_gate.ARG_OTHER, _str_sequence),
     "Sequence[str] | None": (_gate.ARG_OTHER, lambda name, v: v if v is None else _str_sequence(name, v)),
+    "Iterable[str]": (_gate.ARG_OTHER, _str_sequence),
     "str | os.PathLike[str]": (_gate.ARG_OTHER, path_arg),
     "str | os.PathLike[str] | None": (_gate.ARG_OTHER, lambda name, v: v if v is None else path_arg(name, v)),
     "StoreConfig | None": (_gate.ARG_OTHER, _config),

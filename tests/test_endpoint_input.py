@@ -275,3 +275,22 @@ def test_a_listen_address_that_cannot_be_bound_is_refused(tmp_path, listen):
         with pytest.raises(InvalidArgumentError, match="listen"):
             Endpoint(store, listen)
         assert [m.body for m in store.scan()] == [b"kept"]
+
+
+@pytest.mark.parametrize("kwargs", [dict(workers=0), dict(max_attempts=0), dict(max_attempts=None), dict(listen=None),
+                                    dict(listen=8081), dict(fifo_groups="G1"), dict(fifo_groups=[1]),
+                                    dict(auto_create="no"), dict(store=None)])
+def test_endpoint_arguments_are_checked(tmp_path, kwargs):
+    """Endpoint's (and serve's) own arguments went unchecked: workers=0 was a bare
+    ValueError from the thread pool, listen=None an AttributeError, max_attempts 0 or None
+    and auto_create "no" were taken (every message dead-lettered, or a TypeError in each
+    receive), and fifo_groups="G1" made the groups "G" and "1". Now each is an
+    InvalidArgumentError before anything is bound or opened."""
+    from rmqstore import MessageStore
+    from rmqstore.endpoint import Endpoint
+    from rmqstore.errors import InvalidArgumentError
+    with MessageStore(tmp_path / "s") as store:
+        args = {"store": store, "listen": "127.0.0.1:0", **kwargs}
+        with pytest.raises(InvalidArgumentError):
+            Endpoint(args.pop("store"), **args)
+    assert not os.path.exists(tmp_path / "s" / "config" / "popState.json")

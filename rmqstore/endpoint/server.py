@@ -5,17 +5,20 @@ import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2_grpc
 
+from rmqstore._message import text_arg
+from rmqstore.arguments import checked
 from rmqstore.endpoint.pop import Pop
 from rmqstore.endpoint.routes import Routes
 from rmqstore.endpoint.service import MessagingService
 from rmqstore.endpoint.state import PopState
-from rmqstore.errors import InvalidArgumentError, StoreClosedError
+from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, StoreClosedError
 from rmqstore.store import MessageStore
 
 log = logging.getLogger("rmqstore.endpoint")
@@ -34,13 +37,17 @@ class Endpoint:
     ends the calls in progress, flushes and closes the consumption state (not the store,
     which the caller owns)."""
 
+    @checked(skip=1)
     def __init__(self, store: MessageStore, listen: str = "127.0.0.1:8081", auto_create: bool = True,
-                 max_attempts: int = 17, fifo_groups: frozenset[str] = frozenset(), workers: int = 256) -> None:
+                 max_attempts: int = 17, fifo_groups: Iterable[str] = (), workers: int = 256) -> None:
+        if not isinstance(store, MessageStore):
+            raise InvalidArgumentTypeError(f"Endpoint serves a MessageStore, not {type(store).__name__}")
+        if max_attempts < 1 or workers < 1:
+            raise InvalidArgumentError(f"max_attempts ({max_attempts}) and workers ({workers}) must be at least 1")
+        fifo_groups = frozenset(text_arg("fifo group", g) for g in fifo_groups)
         host, sep, port = listen.rpartition(":")
         if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
             raise InvalidArgumentError(f"listen address {listen!r} is not host:port (port 0..65535)")
-        if type(workers) is not int or workers < 1:
-            raise InvalidArgumentError(f"workers must be a positive int, not {workers!r}")
         self.store = store
         self.state = PopState(store.path, store.config.file_mode, store.config.dir_mode)
         self.pop = Pop(store, self.state, max_attempts)
