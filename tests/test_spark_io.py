@@ -423,3 +423,22 @@ def test_spark_job_paths_are_checked_as_paths(tmp_path):
     with pytest.raises(InvalidArgumentError, match="a path or a list of paths"):
         find_stores(None)
     assert sorted(os.listdir(tmp_path)) == ["s"]
+
+
+@pytest.mark.parametrize("job,kwargs", [("export", dict(row_group_rows="x")), ("export", dict(row_group_rows=None)),
+                                        ("export", dict(row_group_rows=1.5)), ("export", dict(sort_by="topic")),
+                                        ("export", dict(sort_by=5)), ("rebuild", dict(config=5)),
+                                        ("rebuild", dict(config="x"))])
+def test_spark_job_options_are_checked(tmp_path, job, kwargs):
+    """jobs.export(row_group_rows="x") raised a bare TypeError, row_group_rows=1.5 went on
+    to Spark, sort_by="topic" was read as the columns t, o, p, i, c, and jobs.rebuild(
+    config=5) an AttributeError from deep inside: each is now an InvalidArgumentError
+    before Spark is used or a file made."""
+    from rmqstore.spark import jobs
+    store = str(_varied_store(tmp_path / "s", n=3))
+    call = {"export": lambda: jobs.export(None, [store], tmp_path / "out", **kwargs),
+            "rebuild": lambda: jobs.rebuild(None, store, tmp_path / "out", **kwargs)}[job]
+    with pytest.raises(InvalidArgumentError) as e:
+        call()
+    assert "'t', 'o'" not in str(e.value)   # sort_by="topic" named the unknown columns t, o, p, i, c
+    assert sorted(os.listdir(tmp_path)) == ["s"]

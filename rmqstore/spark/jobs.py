@@ -5,16 +5,19 @@ Each job is a function taking a SparkSession and returning a result plus a summa
 ``rmqstore spark export|rebuild|query|verify`` (rmqstore.cli.spark) runs them from a shell.
 Spark's console progress bar shows progress.
 """
+from __future__ import annotations
+
 import json
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from rmqstore import MessageStore, _record, batch
-from rmqstore.arguments import path_arg
+from rmqstore.arguments import checked
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher, deliver_time
@@ -104,7 +107,7 @@ def _export_dir(out_dir, stores):
     or an earlier export's output. Anything else is refused (InvalidArgumentError), as
     nothing but an export's own files may be deleted: a symlink, a file, a directory of
     other files, a store or a directory holding or inside one of ``stores``."""
-    out = os.path.abspath(path_arg("out_dir", out_dir))
+    out = os.path.abspath(out_dir)
     real = os.path.realpath(out)
     for s in map(os.path.realpath, stores):
         if os.path.commonpath([real, s]) in (real, s):
@@ -119,7 +122,9 @@ def _export_dir(out_dir, stores):
     return out
 
 
-def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_rows=1 << 17, sort_by=None):
+@checked()
+def export(spark, stores, out_dir: str | os.PathLike[str], mode: str = "fail", compression: str = "snappy",
+           row_group_rows: int = 1 << 17, sort_by: Sequence[str] | None = None):
     """Write the stores' messages to Parquet under ``out_dir`` (new, empty or an earlier
     export's, which is replaced; anything else is refused, see ``_export_dir``), partitioned by
     topic and store date (UTC) in the Hive layout ``spark.read.parquet`` reads back (with
@@ -164,7 +169,8 @@ def export(spark, stores, out_dir, mode="fail", compression="snappy", row_group_
 WRITE_MODES = ("error", "errorifexists", "ignore", "append", "overwrite")
 
 
-def write(df, out_dir, mode="error", **options):
+@checked()
+def write(df, out_dir: str | os.PathLike[str], mode: str = "error", **options):
     """Write DataFrame ``df`` as RocketMQ stores under ``out_dir`` (the "rocketmq" writer:
     one store per task; ``options`` as its StoreConfig options, e.g. ``indexSlots``), with
     Spark's save modes: error (default; errorifexists) refuses a directory that already
@@ -175,7 +181,7 @@ def write(df, out_dir, mode="error", **options):
     if mode not in WRITE_MODES:
         raise InvalidArgumentError(f"write mode must be one of {WRITE_MODES}, not {mode!r}")
     t0 = time.perf_counter()
-    out_dir = os.path.abspath(path_arg("out_dir", out_dir))
+    out_dir = os.path.abspath(out_dir)
     before = set(stores_in(out_dir)) if os.path.isdir(out_dir) else set()
     if before and mode in ("error", "errorifexists"):
         raise InvalidArgumentError(f"{out_dir}: already holds {len(before)} RocketMQ store(s) (mode {mode!r})")
@@ -319,7 +325,8 @@ def rebuild_index(store, out_root, config=None):
             index.close()
 
 
-def rebuild(spark, store, out_dir=None, config=None):
+@checked()
+def rebuild(spark, store, out_dir: str | os.PathLike[str] | None = None, config: StoreConfig | None = None):
     """Rebuild a store's consume queues and index files from its commitlog into
     ``out_dir/consumequeue/`` and ``out_dir/index/`` (default ``out_dir``: the store; both
     must be empty or absent), byte-identical to what incremental dispatch writes. Consume
@@ -331,7 +338,7 @@ def rebuild(spark, store, out_dir=None, config=None):
     t0 = time.perf_counter()
     cfg = config or StoreConfig()
     store = find_stores([store])[0]
-    out_dir = os.path.abspath(store if out_dir is None else path_arg("out_dir", out_dir))
+    out_dir = os.path.abspath(out_dir or store)
     around = enclosing_store(out_dir)
     if around is not None and not around == os.path.realpath(out_dir) == os.path.realpath(store):
         raise InvalidArgumentError(f"rebuild: --out {out_dir} is inside the store {around}, not the one rebuilt")
