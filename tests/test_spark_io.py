@@ -442,3 +442,24 @@ def test_spark_job_options_are_checked(tmp_path, job, kwargs):
         call()
     assert "'t', 'o'" not in str(e.value)   # sort_by="topic" named the unknown columns t, o, p, i, c
     assert sorted(os.listdir(tmp_path)) == ["s"]
+
+
+@pytest.mark.parametrize("layout", [{"_SUCCESS": "", "topic=T/notes.csv": "mine"},
+                                    {"topic=T/date=2026-01-01/data.csv": "mine"},
+                                    {"topic=T/date=2026-01-01/part-00000-0.parquet/x": "a dir"},
+                                    {"_SUCCESS/x": "a dir"}])
+def test_export_replaces_no_other_data_partitioned_by_topic(tmp_path, layout):
+    """export replaces an earlier export's directory, and took any directory whose entries
+    were named ``topic=...`` (plus ``_SUCCESS``) for one: another tool's data partitioned by
+    topic (``topic=T/notes.csv``) was deleted. Now only ``topic=T/date=D/part-*.parquet``
+    files count, and anything else is refused and left as it was."""
+    from rmqstore.spark import jobs
+    store = str(_varied_store(tmp_path / "s", n=3))
+    out = tmp_path / "data"
+    for rel, text in layout.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    with pytest.raises(InvalidArgumentError, match="export did not write"):
+        jobs.export(None, [store], out)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before

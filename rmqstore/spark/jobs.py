@@ -97,9 +97,21 @@ def _export_parts(stores, tasks, hi=EXPORT_SPLIT[1]):
     return plan(stores, split)
 
 
-def _is_export(names):
-    """True when directory entries ``names`` are what an export leaves (finished or not)."""
-    return all(n in ("_SUCCESS", "_temporary") or n.startswith("topic=") for n in names)
+def _is_export(out):
+    """True when directory ``out`` holds only what an export leaves (finished or not):
+    ``_SUCCESS``, ``_temporary/`` and ``topic=T/date=D/part-*.parquet`` files, none a link.
+    Another tool's data partitioned by topic is not taken for one."""
+    def only(path, test):
+        with os.scandir(path) as it:
+            return all(test(e) and not e.is_symlink() for e in it)
+
+    def day(e):
+        return e.name.startswith("date=") and e.is_dir() and only(e.path, lambda f: f.is_file() and
+                                                                   f.name.startswith("part-") and
+                                                                   f.name.endswith(".parquet"))
+    return only(out, lambda e: (e.name, e.is_file()) == ("_SUCCESS", True) or
+                (e.name, e.is_dir()) == ("_temporary", True) or
+                (e.name.startswith("topic=") and e.is_dir() and only(e.path, day)))
 
 
 def _export_dir(out_dir, stores):
@@ -116,7 +128,7 @@ def _export_dir(out_dir, stores):
         raise InvalidArgumentError(f"export: --out {out} is inside the store {enclosing_store(out)}")
     if os.path.islink(out) or (os.path.lexists(out) and not os.path.isdir(out)):
         raise InvalidArgumentError(f"export: --out {out} is not a directory (a symlink or a file)")
-    if os.path.isdir(out) and not _is_export(os.listdir(out)):
+    if os.path.isdir(out) and not _is_export(out):
         raise InvalidArgumentError(f"export: --out {out} holds files an export did not write; export replaces "
                                    "its directory, so give a new or empty one (or an earlier export's)")
     return out
