@@ -172,7 +172,7 @@ def export(spark, stores, out_dir: str | os.PathLike[str], mode: str = "fail", c
         shutil.rmtree(out_dir)
     os.makedirs(out_dir)
     done = spark.sparkContext.parallelize(list(enumerate(parts)), max(1, len(parts))) \
-        .map(lambda ip: _export_part(scan, *ip, out_dir, compression, row_group_rows, sort_by)).collect()
+        .map(lambda ip: _export_part(scan, ip[0], ip[1], out_dir, compression, row_group_rows, sort_by)).collect()
     shutil.rmtree(os.path.join(out_dir, "_temporary"), ignore_errors=True)
     open(os.path.join(out_dir, "_SUCCESS"), "wb").close()
     return _summary("export", t0, sum(n for n, _ in done), sum(b for _, b in done), out=out_dir)
