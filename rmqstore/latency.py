@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from rmqstore import Message, MessageStore, StoreConfig
+from rmqstore.errors import InvalidArgumentError
 
 TOPIC = "latency"
 QUEUES = 8
@@ -99,7 +100,12 @@ def get_one(directory, reads, seed=0):
 
 def run(directory=None, messages=300_000, body_size=128, sync_messages=2_000, segment=SEGMENT):
     """Every measurement above, its stores in a new directory inside ``directory`` (kept)
-    or in the system's temporary directory (removed); returns {name: percentiles}."""
+    or in the system's temporary directory (removed); returns {name: percentiles}.
+    InvalidArgumentError, before anything is made, for counts that leave a queue empty or
+    make no call."""
+    if messages < QUEUES or sync_messages < 1 or body_size < 0:
+        raise InvalidArgumentError(f"latency needs at least {QUEUES} messages (one a queue), a SYNC message and a "
+                                   f"body size >= 0, not {messages}, {sync_messages}, {body_size}")
     if directory is not None:
         os.makedirs(directory, exist_ok=True)
     work = tempfile.mkdtemp(prefix="rmq-latency-", dir=directory)
@@ -132,7 +138,10 @@ def main(argv=None):
     p.add_argument("--sync-messages", type=int, default=2_000, help="SYNC puts per thread count (2000)")
     p.add_argument("--body-size", type=int, default=128, help="bytes per body (128)")
     a = p.parse_args(argv)
-    print(format_table(run(a.dir, a.messages, a.body_size, a.sync_messages)))
+    try:
+        print(format_table(run(a.dir, a.messages, a.body_size, a.sync_messages)))
+    except InvalidArgumentError as e:
+        p.error(str(e))
 
 
 if __name__ == "__main__":

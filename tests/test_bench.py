@@ -1,5 +1,7 @@
 """rmqstore.bench: a tiny run of the standard workload counts every message on every system
 (and every key looked up finds its one message)."""
+import pytest
+
 from rmqstore import StoreConfig, bench
 
 from conftest import SMALL_INDEX
@@ -126,3 +128,13 @@ def test_work_directories_leave_what_is_there_alone(tmp_path, capsys):
         demo.main(["--dir", str(tmp_path), "--stores", "1", "--messages", "10"])
     assert e.value.code == 2 and "new or empty" in capsys.readouterr().err
     assert not (tmp_path / "broker-0").exists()
+
+
+@pytest.mark.parametrize("counts", [dict(messages=5), dict(messages=-1), dict(sync_messages=0), dict(body_size=-1)])
+def test_latency_counts_that_cannot_run_are_invalid_arguments(tmp_path, counts):
+    """latency.run(messages=5) (fewer than its 8 queues) died in random.randrange with a
+    bare ValueError, after making its stores; now an InvalidArgumentError, nothing made."""
+    from rmqstore import InvalidArgumentError, latency
+    with pytest.raises(InvalidArgumentError, match="at least 8 messages"):
+        latency.run(str(tmp_path), **{"messages": 100, "sync_messages": 2, **counts})
+    assert list(tmp_path.iterdir()) == []
