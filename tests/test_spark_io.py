@@ -463,3 +463,32 @@ def test_export_replaces_no_other_data_partitioned_by_topic(tmp_path, layout):
     with pytest.raises(InvalidArgumentError, match="export did not write"):
         jobs.export(None, [store], out)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+
+
+def test_overwrite_refuses_a_link_named_as_its_own_store(tmp_path):
+    """``mode("overwrite")`` took a symlink named ``part-*`` (to a store elsewhere) for one
+    of its own stores: the commit removed the real part-* stores, then failed on the link
+    with a bare OSError ("Cannot call rmtree on a symbolic link"), half done. Now a link is
+    a store the writer did not write: refused before a task runs, every file left as it was;
+    a broker's store and files that are no store are kept too."""
+    from rmqstore.spark.writer import StoreWriter
+    out = tmp_path / "brokers"
+    _varied_store(out / "broker-a", n=5)
+    _varied_store(tmp_path / "elsewhere", n=3)
+    (out / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    with pytest.raises(InvalidArgumentError, match="broker-a"):
+        StoreWriter(str(out), {}, True)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    shutil.rmtree(out / "broker-a")
+    os.symlink(tmp_path / "elsewhere", out / "part-00000-0123456789ab-abcdef")
+    with pytest.raises(InvalidArgumentError, match="part-00000"):
+        StoreWriter(str(out), {}, True)
+    os.unlink(out / "part-00000-0123456789ab-abcdef")
+    _varied_store(out / "part-00001-0123456789ab-abcdef", n=2)
+    w = StoreWriter(str(out), {}, True)
+    w.commit([])
+    assert sorted(os.listdir(out)) == ["_SUCCESS", "notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"
+    with MessageStore(tmp_path / "elsewhere", read_only=True) as st:
+        assert sum(1 for _ in st.scan()) == 3

@@ -134,11 +134,12 @@ PART = re.compile(r"part-\d{5,}-[0-9a-f]{12}-[0-9a-f]{6}")   # the name write() 
 
 
 def replace_parts(path):
-    """What overwrite removes: the stores under ``path`` this writer wrote (PART names).
-    Any other store there (a broker's) makes it an InvalidArgumentError, checked before
-    a task runs: overwrite never deletes a store the writer did not make."""
+    """What overwrite removes: the stores under ``path`` this writer wrote (PART names,
+    real directories). Any other store there (a broker's, or a link to one) makes it an
+    InvalidArgumentError, checked before a task runs: overwrite never deletes a store the
+    writer did not make."""
     stores = stores_in(path)
-    others = [os.path.basename(p) for p in stores if not PART.fullmatch(os.path.basename(p))]
+    others = [os.path.basename(p) for p in stores if not PART.fullmatch(os.path.basename(p)) or os.path.islink(p)]
     if others:
         raise InvalidArgumentError(f"rocketmq writer: {path} holds store(s) this writer did not write: {others}; "
                                    "mode overwrite replaces only its own part-* stores (write elsewhere)")
