@@ -29,8 +29,8 @@ def _cpu_seconds(pid):
 
 def _start(store, log):
     with open(log, "ab") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "rmqstore.cli", "serve", store, "--listen", "127.0.0.1:0",
-                                 "--segment-size", str(64 << 20), "--index-slots", "65536",
+        proc = subprocess.Popen([sys.executable, "-m", "rmqstore.cli", "serve", store, "--create",
+                                 "--listen", "127.0.0.1:0", "--segment-size", str(64 << 20), "--index-slots", "65536",
                                  "--index-entries", "262144"], stdout=subprocess.DEVNULL, stderr=err)
     for _ in range(300):
         text = open(log, encoding="utf-8", errors="replace").read()
