@@ -119,13 +119,15 @@ def java_hash(s):
 # ---------------------------------------------------------------------------- hosts
 
 def pack_host(host):
-    """'ip:port' / '[v6]:port' / (ip, port) -> address bytes + big-endian port (8 or 20 bytes)."""
+    """'ip:port' / '[v6]:port' / (ip, port) -> address bytes + big-endian port (8 or 20 bytes).
+    The port is 0..65535: RocketMQ's decoder makes an InetSocketAddress of it, which
+    refuses any other, so a record holding one could not be consumed."""
     import ipaddress
     from rmqstore._message import int_arg, text_arg
     if isinstance(host, (tuple, list)):
         if len(host) != 2:
             raise InvalidArgumentError(f"host {host!r} is not an (ip, port) pair")
-        ip, port = text_arg("host ip", host[0]), int_arg("host port", host[1], 0, 0x7FFFFFFF)
+        ip, port = text_arg("host ip", host[0]), int_arg("host port", host[1], 0, 65535)
     else:
         ip, sep, digits = text_arg("host", host).lstrip("/").rpartition(":")
         if not sep:
@@ -137,14 +139,14 @@ def pack_host(host):
         addr = ipaddress.ip_address(ip)
     except ValueError as e:
         raise InvalidArgumentError(f"host {host!r}: {e}") from None
-    if not 0 <= port <= 0x7FFFFFFF:
-        raise InvalidArgumentError(f"host {host!r}: port out of range")
+    if not 0 <= port <= 65535:
+        raise InvalidArgumentError(f"host {host!r}: port {port} is not in 0..65535")
     return addr.packed + port.to_bytes(4, "big")
 
 
 cdef int pack_v4(const char *s, Py_ssize_t n, char *out) noexcept nogil:
     """``a.b.c.d:port`` in its plain form (decimal octets <= 255 without leading zeros, a
-    port of 1 to 10 digits <= 2^31 - 1) packed into ``out`` (8 bytes): 1, else 0 (not that
+    port of 1 to 10 digits <= 65535) packed into ``out`` (8 bytes): 1, else 0 (not that
     form: pack_host decides)."""
     cdef Py_ssize_t i = 0, start
     cdef int part
@@ -154,7 +156,7 @@ cdef int pack_v4(const char *s, Py_ssize_t n, char *out) noexcept nogil:
         while i < n and i - start < 10 and 48 <= <uint8_t>s[i] <= 57:
             v = v * 10 + (s[i] - 48)
             i += 1
-        if i == start or (part < 4 and (v > 255 or (i - start > 1 and s[start] == 48))) or v > 0x7FFFFFFF:
+        if i == start or (part < 4 and (v > 255 or (i - start > 1 and s[start] == 48))) or v > 65535:
             return 0
         if part < 4:
             out[part] = <char>v

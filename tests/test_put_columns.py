@@ -271,7 +271,7 @@ def test_put_batch_takes_a_queue_id_per_message(tmp_path):
         assert sum(1 for _ in s.scan()) == 3
 
 
-HOSTS = [None, "10.1.2.3:4567", "[fe80::1:2]:9876", "0.0.0.0:0", "[::]:2147483647"]
+HOSTS = [None, "10.1.2.3:4567", "[fe80::1:2]:9876", "0.0.0.0:0", "[::]:65535"]
 SYS_FLAGS = [0, 0x1, 0x4, 0x8, 0xC, 0x30 | 0x1, 0x400]   # compressed, PREPARED, COMMIT, ROLLBACK, host bits, other
 
 
@@ -402,6 +402,8 @@ def test_put_arrow_delays_as_put(tmp_path):
     ({"flag": True}, InvalidArgumentTypeError),
     ({"born_host": [None, "nohost", None]}, InvalidArgumentError),
     ({"born_host": "1.2.3.4:99999999999"}, InvalidArgumentError),
+    ({"born_host": ["1.2.3.4:65536", None, None]}, InvalidArgumentError),     # RocketMQ's decoder refuses it
+    ({"born_host": [None, "[::1]:65536", None]}, InvalidArgumentError),
     ({"born_host": [None, 5, None]}, InvalidArgumentTypeError),
     ({"queue_ids": [0, None, -2]}, InvalidArgumentError),
 ])
@@ -452,7 +454,7 @@ def test_put_arrow_of_no_rows_puts_none(tmp_path):
         assert s.max_phy_offset == 0
 
 
-@pytest.mark.parametrize("host", ["1.2.3.4:5", "255.255.255.255:2147483647", "0.0.0.0:0", "10.0.0.1:0080",
+@pytest.mark.parametrize("host", ["1.2.3.4:5", "255.255.255.255:65535", "1.2.3.4:65536", "0.0.0.0:0", "10.0.0.1:0080",
                                   "/10.0.0.1:80", "[::1]:80", "[fe80::a:b]:1", "01.2.3.4:5", "256.1.1.1:1",
                                   "1.2.3.4:2147483648", "1.2.3.4:12345678901", "1.2.3:4", "1.2.3.4", "1.2.3.4:",
                                   ":5", "1.2.3.4:+5", "1.2.3.4.5:6", "a.b.c.d:1", ""])
