@@ -103,6 +103,32 @@ def test_state_snapshot_nested_too_deeply_is_corrupt(tmp_path):
     st.close()
 
 
+@pytest.mark.parametrize("snapshot,log_record", [
+    ({"version": 2, "seq": 0, "queues": []}, None),
+    ({"seq": 0, "queues": []}, None),
+    ({"version": 1, "seq": 0, "queues": [["G", "T", 0, -5, []]]}, None),
+    (None, ["x", "G", "T", 0, 5]),
+    (None, ["n", "G", "T", 0, -1]),
+], ids=["later-version", "no-version", "negative-next", "unknown-record", "negative-next-record"])
+def test_state_of_another_format_is_corrupt(tmp_path, snapshot, log_record):
+    """A snapshot of another version (or none), a negative next offset, or a log record of
+    a kind this version does not write was read as if it were this format, silently; it
+    is now a CorruptStoreError naming the file, and the files are left as they were."""
+    import json
+    (tmp_path / "config").mkdir()
+    files = {}
+    if snapshot is not None:
+        files["popState.json"] = json.dumps(snapshot).encode()
+    if log_record is not None:
+        text = json.dumps(log_record).encode()
+        files["popState.log"] = b"%x " % zlib.crc32(text) + text + b"\n"
+    for name, data in files.items():
+        (tmp_path / "config" / name).write_bytes(data)
+    with pytest.raises(CorruptStoreError, match="not consumption state"):
+        PopState(str(tmp_path))
+    assert {n: (tmp_path / "config" / n).read_bytes() for n in files} == files
+
+
 def test_state_replays_log_and_stops_at_a_torn_tail(tmp_path):
     st = _state_with_entries(tmp_path)
     log = tmp_path / "config" / "popState.log"

@@ -102,10 +102,12 @@ class PopState:
                 snap = parse_json(read_file(path))
             except FileNotFoundError:
                 snap = {"version": 1, "seq": 0, "queues": []}
+            if snap["version"] != 1:    # a later format: reading it as this one would lose its state
+                raise ValueError(f"version {snap['version']!r}, not 1")
             self._seq = _int(snap["seq"])
             for g, t, q, nxt, pending in snap["queues"]:
                 qs = self.queue((str(g), str(t), _queue_id(q)))
-                qs.next = _int(nxt)
+                qs.next = _int(nxt, 0, what="a queue offset")
                 for off, until, att, seq, fifo in pending:
                     qs.pending[_int(off)] = [_int(until), _int(att), _int(seq), _int(fifo)]
             path = self.log_path
@@ -141,7 +143,9 @@ class PopState:
         elif op == "a":
             qs.pending.pop(_int(rec[4]), None)
         elif op == "n":
-            qs.next = max(qs.next, _int(rec[4]))
+            qs.next = max(qs.next, _int(rec[4], 0, what="a queue offset"))
+        else:
+            raise ValueError(f"record kind {op!r} (not r, a or n)")
 
     def _compact(self) -> None:
         """Write the whole state as a new snapshot, then start an empty log."""
