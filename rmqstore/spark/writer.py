@@ -52,8 +52,8 @@ def store_config(options):
     unused at close; flushing every 100 ms sends the pages to disk while the task writes,
     leaving little for close to sync; and the task's own thread builds the consume queues
     and index after each batch (write_store), with the batch still in the CPU's caches and
-    no reput thread to wake per append and hand the GIL to (a task's CPU per MB: 15% less
-    alone, 20% less in a Spark worker on a busy machine)."""
+    no reput thread to wake per append and hand the GIL to (in a Spark worker, 0.89 ms of
+    CPU per MB of commitlog instead of 1.10, Arrow's reading of the batches aside)."""
     defaults = StoreConfig(**BULK)
     fields = {name.replace("_", ""): name for name in StoreConfig.names()}
     check_options(options, ("path", *(_camel(n) for n in StoreConfig.names())), "writer")
