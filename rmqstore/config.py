@@ -71,6 +71,7 @@ class StoreConfig:
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     strict_topic_names: bool = True
     warm_mapped_file: bool = True
+    background_dispatch: bool = True   # False: consume queues and index built by wait_dispatched() / close()
     warm_ahead_bytes: int = 16 * 1024 * 1024
     reserve_ahead_bytes: int = 16 * 1024 * 1024   # disk blocks allocated ahead of a writer; 0: whole files
     file_mode: int = 0o600

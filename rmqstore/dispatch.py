@@ -57,18 +57,24 @@ class DispatchBatch:
 class Dispatcher:
     """ReputMessageService: reads the commitlog from ``reput_from`` in batches (record
     parsing with the GIL released) and hands each batch to every registered consumer, in
-    order. Runs on its own thread once started; ``catch_up()`` runs it inline (recovery)."""
+    order. Runs on its own thread once started; ``catch_up()`` runs it inline (recovery).
+    Without ``background`` no thread is started: ``wait_dispatched`` dispatches in the
+    calling thread (a bulk load: no thread to wake per append, the batch just written still
+    in the CPU's caches)."""
 
-    def __init__(self, commitlog: CommitLog, reput_from: int = 0, batch_records: int = 4096) -> None:
+    def __init__(self, commitlog: CommitLog, reput_from: int = 0, batch_records: int = 4096,
+                 background: bool = True) -> None:
         self.commitlog = commitlog
         self.reput_from = reput_from
         self.batch_records = batch_records
+        self.background = background
         self.consumers: list[Callable[[DispatchBatch], Any]] = []
         self.error: BaseException | None = None   # why dispatch stopped for good (a corrupt record, a bug)
         self.stalled: OSError | None = None       # the OSError it is retrying after (full disk)
         self._topic_numbers: dict[bytes, int] = {}   # topic bytes -> index in _topic_names
         self._topic_names: list[str] = []
         self._cond = threading.Condition()
+        self._run_lock = threading.Lock()   # one run_once at a time (the thread's, or callers' without it)
         self._wake = Waker()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -83,6 +89,10 @@ class Dispatcher:
 
     def run_once(self) -> bool:
         """Dispatch one batch; returns False when there was nothing to do."""
+        with self._run_lock:
+            return self._run_once()
+
+    def _run_once(self) -> bool:
         cl = self.commitlog
         if self.error is not None or self.reput_from >= cl.max_offset:
             return False
@@ -117,6 +127,9 @@ class Dispatcher:
             pass
 
     def start(self) -> None:
+        """Start the reput thread (none without ``background``)."""
+        if not self.background:
+            return
         self._thread = threading.Thread(target=self._loop, name="rmq-reput", daemon=True)
         self._thread.start()
 
@@ -168,12 +181,16 @@ class Dispatcher:
         """Block until everything written before the call is dispatched; False on timeout.
         Raises what stopped dispatch for good (CorruptRecordError at a bad record, or the
         consumer's own exception), and StoreIOError when it is stalled by an I/O error
-        (full disk) and no timeout was given."""
+        (full disk) and no timeout was given. Without ``background`` it dispatches in the
+        calling thread, ``timeout`` aside (an OSError stops it as a stall does)."""
         target = self.commitlog.max_offset
-        self._wake.set()
-        with self._cond:
-            self._cond.wait_for(lambda: self.reput_from >= target or self.error is not None or self._stop
-                                     or (timeout is None and self.stalled is not None), timeout)
+        if not self.background:
+            self._dispatch_here()
+        else:
+            self._wake.set()
+            with self._cond:
+                self._cond.wait_for(lambda: self.reput_from >= target or self.error is not None or self._stop
+                                         or (timeout is None and self.stalled is not None), timeout)
         if self.reput_from < target:
             if self.error is not None:
                 raise self.error
@@ -182,8 +199,18 @@ class Dispatcher:
                 raise StoreIOError(e.errno, f"dispatch stalled: {e.strerror or e}", e.filename) from e
         return self.reput_from >= target
 
+    def _dispatch_here(self) -> None:
+        """wait_dispatched without ``background``: dispatch until caught up or stopped."""
+        try:
+            while not self._stop and self.run_once():
+                pass
+            self.stalled = None
+        except OSError as e:   # (e.g. no room for a new CQ file) the next call retries the batch
+            self.stalled = e
+
     def stop(self) -> None:
-        """Stop the reput thread; waiters in wait_dispatched return (False if not reached)."""
+        """Stop dispatch: the reput thread ends, waiters in wait_dispatched return (False if
+        not reached); a batch being dispatched by a caller is finished first."""
         self._stop = True
         self._wake.set()
         with self._cond:
@@ -191,6 +218,8 @@ class Dispatcher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        with self._run_lock:
+            pass
 
 
 def deliver_time(level: str | None, store_ts: int, tags_code: int, delays: Sequence[int]) -> int:
@@ -259,9 +288,9 @@ class ConsumeQueueBuilder:
 
 
 def new_dispatcher(commitlog: CommitLog, reput_from: int, cq_builder: ConsumeQueueBuilder,
-                   index: IndexService | None) -> Dispatcher:
+                   index: IndexService | None, background: bool = True) -> Dispatcher:
     """The store's dispatcher: consume queues first, then the index (when enabled)."""
-    d = Dispatcher(commitlog, reput_from)
+    d = Dispatcher(commitlog, reput_from, background=background)
     d.add(cq_builder)
     if index is not None:
         d.add(index.dispatch)

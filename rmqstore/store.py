@@ -241,7 +241,8 @@ class MessageStore:
         if self.index is not None and self.index.resume_offset is not None:
             reput = max(min(reput, self.index.resume_offset), self.commitlog.min_offset)
         self._cq_builder = ConsumeQueueBuilder(self.consume_queues, cfg.delay_levels_ms())
-        self.dispatcher = new_dispatcher(self.commitlog, reput, self._cq_builder, self.index)
+        self.dispatcher = new_dispatcher(self.commitlog, reput, self._cq_builder, self.index,
+                                         cfg.background_dispatch)
         if not self.read_only:
             d = self.dispatcher
             before = d.reput_from
@@ -550,7 +551,8 @@ class MessageStore:
     # -- dispatch state -------------------------------------------------------------------
     @checked(skip=1)
     def wait_dispatched(self, timeout: float | None = None) -> bool:
-        """Wait until the consume queues and index hold every message put so far.
+        """Wait until the consume queues and index hold every message put so far (without
+        ``background_dispatch``: build them, in this thread).
 
         Args:
             timeout: seconds to wait at most (None: no limit).

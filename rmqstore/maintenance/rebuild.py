@@ -94,7 +94,8 @@ def fresh_logics(root: str, config: StoreConfig, commitlog: CommitLog, checkpoin
     if index is not None:
         index = IndexService(root, cfg, checkpoint).load(True, commitlog.max_offset)
     builder = ConsumeQueueBuilder(table, cfg.delay_levels_ms())
-    return table, index, builder, new_dispatcher(commitlog, commitlog.min_offset, builder, index)
+    return table, index, builder, new_dispatcher(commitlog, commitlog.min_offset, builder, index,
+                                                 cfg.background_dispatch)
 
 
 def dispatch_all(commitlog: CommitLog, table: ConsumeQueueTable, d: Dispatcher,

@@ -21,7 +21,8 @@ of these fields, see ``put_arrow``); the columns a store assigns (``store``,
 ``store_timestamp``, ``store_host``) are ignored. Options: StoreConfig fields in camelCase
 (``commitlogFileSize``, ``indexSlots``, ``messageVersion``, ``storeHost``,
 ``strictTopicNames``...), RocketMQ's defaults otherwise, but for ``warmMappedFile`` (false
-here) and ``flushIntervalMs`` (100 here; see ``store_config``).
+here), ``flushIntervalMs`` (100 here) and ``backgroundDispatch`` (false here; see
+``store_config``).
 """
 import dataclasses
 import json
@@ -43,7 +44,7 @@ ASSIGNED = ("store", "queue_offset", "phy_offset", "store_size", "msg_id", "body
             "store_host")
 
 
-BULK = dict(warm_mapped_file=False, flush_interval_ms=100)
+BULK = dict(warm_mapped_file=False, flush_interval_ms=100, background_dispatch=False)
 
 
 def store_config(options):
@@ -51,8 +52,11 @@ def store_config(options):
     (``path`` aside, another option is an InvalidArgumentError), with BULK's defaults: a
     task writes its store in one go, so faulting pages in as it writes costs less than a
     background thread faulting them ahead and a next segment made ahead, most often removed
-    unused at close; and flushing every 100 ms sends the pages to disk while the task
-    writes, leaving little for close to sync."""
+    unused at close; flushing every 100 ms sends the pages to disk while the task writes,
+    leaving little for close to sync; and the task's own thread builds the consume queues
+    and index after each batch (write_store), with the batch still in the CPU's caches and
+    no reput thread to wake per append and hand the GIL to (in a Spark worker, 0.89 ms of
+    CPU per MB of commitlog instead of 1.10, Arrow's reading of the batches aside)."""
     defaults = StoreConfig(**BULK)
     fields = {name.replace("_", ""): name for name in StoreConfig.names()}
     check_options(options, ("path", *(_camel(n) for n in StoreConfig.names())), "writer")
@@ -107,9 +111,11 @@ class Written(WriterCommitMessage):
 
 def write_store(path, config, batches):
     """Write the rows of Arrow ``batches`` into a new store at ``path``, one ``put_arrow``
-    per batch (columns straight to the append kernel, rows in order, queue ids per row);
-    waits for its consume queues and index. Returns (messages, commitlog bytes of their
-    records). A row with no topic or body is an InvalidArgumentError naming it."""
+    per batch (columns straight to the append kernel, rows in order, queue ids per row),
+    each followed by ``wait_dispatched`` (which, without ``background_dispatch``, builds
+    the batch's consume-queue and index entries in this thread). Returns (messages,
+    commitlog bytes of their records). A row with no topic or body is an
+    InvalidArgumentError naming it."""
     count = nbytes = 0
     with MessageStore(path, config) as store:
         for rb in batches:
@@ -120,7 +126,7 @@ def write_store(path, config, batches):
                     raise InvalidArgumentError(f"rocketmq writer: row {row} has no {name}")
             nbytes += int(store.put_arrow(rb)["size"].sum())
             count += rb.num_rows
-        store.wait_dispatched()
+            store.wait_dispatched()
     return count, nbytes
 
 
