@@ -1121,6 +1121,8 @@ cdef class Appender:
         if res.phy_offset + res.size >= self.warm_mark:
             self._warm_now(self.seg)
         return res
+
+
 cdef object batch_error(object e, Py_ssize_t i):
     """``e``, raised checking put_batch's message ``i``, as an error of its type naming it."""
     err = type(e)(f"put_batch message {i}: {e}")
