@@ -153,8 +153,8 @@ def replace_parts(path):
 
 
 def remove_stores(paths, mode):
-    """Remove the stores ``paths``, all or none: each is first locked as a writer locks it
-    (StoreLockedError when a writer or a broker has one open)."""
+    """Remove the stores ``paths`` once every one of them is locked as a writer locks it:
+    when a writer or a broker has one open (StoreLockedError), none is removed."""
     fds = []
     try:
         for p in paths:
