@@ -465,14 +465,15 @@ cdef class Flatten:
 
 
 def scan_segment(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_crc, bint check_place=False):
-    """Walk records from ``pos`` with the GIL released. Returns (end_pos, count, status)
-    where status (a _record.Status) is END (zero TOTALSIZE / limit), BLANK (BLANK record:
-    end_pos is the file end) or why the record at end_pos is invalid. ``check_place`` also
+    """Walk records from ``pos`` with the GIL released. Returns (end_pos, count, status,
+    last_ts) where status (a _record.Status) is END (zero TOTALSIZE / limit), BLANK (BLANK
+    record: end_pos is the file end) or why the record at end_pos is invalid, and last_ts
+    is the store time of the last valid record passed (0: none). ``check_place`` also
     stops at a record whose PHYSICALOFFSET field is not where it lies (verify; recovery,
     like RocketMQ's, does not look at that field)."""
     cdef RecView r
     cdef int code = REC_END
-    cdef int64_t count = 0, base_offset = seg.base_offset
+    cdef int64_t count = 0, last_ts = 0, base_offset = seg.base_offset
     cdef const char *base
     limit = seg.pin_range(pos, limit)
     base = seg.m.base
@@ -487,13 +488,14 @@ def scan_segment(MappedSegment seg not None, int64_t pos, int64_t limit, bint ch
                     break
                 pos += r.total
                 count += 1
+                last_ts = r.store_ts
             if pos >= limit and code == REC_OK:
                 code = REC_END
     finally:
         unpin(seg)
     if code == REC_BLANK:
         pos += r.total
-    return (pos, count, status_of(code))
+    return (pos, count, status_of(code), last_ts)
 
 
 DISPATCH_DTYPE = np.dtype([("phy_offset", "<i8"), ("size", "<i4"), ("queue_id", "<i4"),

@@ -239,7 +239,7 @@ def end_offset(store_path: str | os.PathLike[str], hint: int = 0) -> int:
             pos = hint - base if base <= hint < base + size else 0
             _read.check_start(seg, pos, 0)
             # check_place: a record still being written (its PHYSICALOFFSET not there yet) ends the data
-            end, _, status = _read.scan_segment(seg, pos, size, False, True)
+            end, _, status, _ = _read.scan_segment(seg, pos, size, False, True)
         finally:
             seg.close()
         if end > 0 or status != "end" or base <= hint:
@@ -254,7 +254,7 @@ def count_records(store_path: str | os.PathLike[str]) -> tuple[int, int]:
     for path, base, size in segment_files(store_path):
         seg = MappedSegment(path, base, 0, readonly=True)
         try:
-            end, count, status = _read.scan_segment(seg, 0, size, False)
+            end, count, status, _ = _read.scan_segment(seg, 0, size, False)
             _refuse_hole(seg, path, end, size, status)
         finally:
             seg.close()
@@ -279,10 +279,10 @@ def advance(store_path: str | os.PathLike[str], start: int, max_bytes: int) -> i
             if pos == start:
                 _read.check_start(seg, rel, 0)
             # a record header at least: a window of 1..7 bytes would read TOTALSIZE's zero high byte as an end
-            end, count, status = _read.scan_segment(seg, rel, min(size, rel + max(budget, 8)), False)
+            end, count, status, _ = _read.scan_segment(seg, rel, min(size, rel + max(budget, 8)), False)
             if count == 0 and pos == start and status not in ("end", "blank") and rel + 4 <= size:
                 total = int.from_bytes(seg.read(rel, 4), "big", signed=True)   # one record over budget
-                end, count, status = _read.scan_segment(seg, rel, min(size, rel + max(total, 0)), False)
+                end, count, status, _ = _read.scan_segment(seg, rel, min(size, rel + max(total, 0)), False)
             _refuse_hole(seg, path, end, size, status, False)
         finally:
             seg.close()

@@ -16,11 +16,16 @@ Durability invariants (what recovery may assume, see flush.py, and what it resto
    dispatch then starts at the furthest consume-queue entry (or, after an unclean
    shutdown, at the verified segment) and re-creates whatever is missing. Re-dispatching
    an entry that already exists is a no-op.
-5. After an unclean shutdown the whole tail of the segment holding the recovered end is
-   checked for stale bytes (pages of a torn write may reach the disk out of order), not
-   just the first page after it, and zero-filled when any are found.
+5. The whole tail of the segment holding the recovered end is checked for stale bytes
+   (pages of a torn write may reach the disk out of order; a page of zeros may hide data
+   after it), not just the first page after it, and zero-filled when any are found.
 6. A segment whose first record does not parse is never a starting point: recovery then
    starts earlier (at worst at the first segment) instead of failing to open.
+7. Recovery cuts only what a crash can have left: a torn tail written after the last flush.
+   Data after the cut point that was already durable (anything after a clean shutdown; after
+   an unclean one, records stored up to the checkpoint's physicMsgTimestamp) means the log
+   is damaged, not torn: a writer open then raises CorruptRecordError and changes nothing,
+   unless asked to cut (``CUT_ANY``: ``rmqstore recover --yes``). RocketMQ cuts either way.
 """
 import errno
 import logging
@@ -49,6 +54,7 @@ class RecoveryReport:
     index_entries_dropped: int = 0
     records_redispatched: int = 0
     stop_reason: str = "end"
+    cuts_durable_data: bool = False   # invariant 7: a plain writer open refuses this cut
     seconds: float = 0.0
     notes: list = field(default_factory=list)
 
@@ -77,10 +83,14 @@ def _start_index(segments, clean, checkpoint, index_enabled):
     return 0
 
 
-def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, progress=None, keep=False):
-    """Find the end of valid data, truncate after it; returns a RecoveryReport. ``keep``:
-    CorruptRecordError instead when that would discard data (a rebuild, which regenerates
-    derived files, never cuts the commitlog; ``rmqstore recover`` does)."""
+CUT_NONE, CUT_TORN, CUT_ANY = "none", "torn", "any"   # what a writer's recovery may cut (invariant 7)
+
+
+def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, progress=None, cut=CUT_TORN):
+    """Find the end of valid data, truncate after it; returns a RecoveryReport. ``cut``:
+    what a writer may discard: CUT_TORN a torn tail only (invariant 7), CUT_ANY whatever
+    follows the first invalid record (``rmqstore recover --yes``), CUT_NONE nothing (a
+    rebuild, which regenerates derived files); past that, CorruptRecordError and no change."""
     t0 = time.monotonic()
     rep = RecoveryReport(clean_shutdown=clean)
     segs = commitlog.segments.segments
@@ -90,8 +100,10 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     rep.start_offset = segs[i].base_offset
     end = rep.start_offset
     next_log = t0 + _PROGRESS_SECONDS
+    last_ts = 0
     for seg in segs[i:]:
-        pos, count, status = _read.scan_segment(seg, 0, seg.size, check_crc)
+        pos, count, status, ts = _read.scan_segment(seg, 0, seg.size, check_crc)
+        last_ts = ts or last_ts
         if seg.faulted:   # the zeros it read are a file changed under it, not the end of data: cut nothing
             raise StoreIOError(errno.EIO, "recovery: the file changed under its mapping (truncated by another "
                                           "process, or a page could not be read back)", seg.path)
@@ -109,20 +121,30 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
         end = seg.base_offset + pos
         if status != "end":
             rep.stop_reason = f"{status} at commitlog offset {end}"
-            if commitlog.readonly:   # maybe a record a live writer is still copying in
-                log.info("read-only open: valid data ends at %d (%s)", end, status)
-            else:
-                log.warning("recovery: %s; truncating", rep.stop_reason)
         break
     rep.end_offset = end
-    if keep and not commitlog.readonly and commitlog.segments.bytes_after(end):
-        raise CorruptRecordError(f"{commitlog.segments.directory}: recovery would cut the commitlog at offset {end} "
-                                 f"({rep.stop_reason}), {commitlog.segments.bytes_after(end)} bytes of data after "
-                                 "it; a rebuild never cuts it: 'rmqstore recover STORE' shows the cut, --yes makes "
-                                 "it", end)
+    after = _data_after(segs, end)
+    flushed = checkpoint.physic_msg_timestamp if checkpoint.existed else 0
+    # invariant 7: store times grow along the log, so a last valid record older than the
+    # last flush has flushed records after it
+    if after and not clean and not last_ts and i:   # none before the cut in the segments scanned
+        last_ts = _read.scan_segment(segs[i - 1], 0, segs[i - 1].size, False)[3]
+    rep.cuts_durable_data = after and (clean or last_ts < flushed)
+    if after:
+        why = ("a clean shutdown had flushed" if clean else "the checkpoint counts as flushed"
+               ) if rep.cuts_durable_data else "a crash left unflushed (a torn tail)"
+        if commitlog.readonly:   # maybe a record a live writer is still copying in
+            log.info("read-only open: valid data ends at %d (%s; %s)", end, rep.stop_reason, why)
+        elif cut == CUT_NONE or (cut == CUT_TORN and rep.cuts_durable_data):
+            raise CorruptRecordError(f"{commitlog.segments.directory}: recovery would cut the commitlog at offset "
+                                     f"{end} ({rep.stop_reason}) and discard the data after it, which {why}: "
+                                     "nothing was changed. 'rmqstore recover STORE' shows the cut; back the store "
+                                     "up, then 'rmqstore recover --yes STORE' makes it", end)
+        else:
+            log.warning("recovery: %s (%s); truncating", rep.stop_reason, why)
     if not commitlog.readonly:
         rep.commitlog_bytes_truncated = commitlog.segments.truncate(end)
-        if not clean:
+        if after:   # the probe truncate() makes misses data past a page of zeros
             rep.commitlog_bytes_truncated += _zero_stale_tail(commitlog.segments.find(end), end)
     else:   # what the writer's recovery would cut, reported; the files are left alone
         rep.commitlog_bytes_truncated = commitlog.segments.bytes_after(end)
@@ -135,23 +157,34 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     return rep
 
 
+def _data_after(segs, end):
+    """Whether any byte but zero lies at or after commitlog offset ``end`` (holes are skipped)."""
+    return any(_stale(seg, max(0, end - seg.base_offset)) for seg in segs if seg.base_offset + seg.size > end)
+
+
 def _zero_stale_tail(seg, end):
     """Invariant 5: zero-fill ``[end, segment end)`` if anything but zeros is left there;
-    returns the bytes zeroed. Only the parts the file holds data for are read: holes are
-    zeros (a 1 GiB segment with little written is checked in milliseconds, not seconds)."""
+    returns the bytes zeroed."""
     if seg is None:
         return 0
     pos = end - seg.base_offset
-    with memoryview(seg) as mv:
-        b = np.frombuffer(mv, np.uint8)
-        dirty = any(_nonzero(b, lo, hi) for lo, hi in seg.data_ranges(pos, seg.size))
-        del b
-    if not dirty:
+    if not _stale(seg, pos):
         return 0
     log.warning("recovery: stale bytes after commitlog offset %d in %s; zero-filling", end, seg.path)
     seg.zero(pos, seg.size - pos)
     seg.sync_all()
     return seg.size - pos
+
+
+def _stale(seg, pos):
+    """Whether anything but zeros lies in ``[pos, segment end)``. Only the parts the file
+    holds data for are read: holes are zeros (a 1 GiB segment with little written is
+    checked in milliseconds, not seconds)."""
+    with memoryview(seg) as mv:
+        b = np.frombuffer(mv, np.uint8)
+        dirty = any(_nonzero(b, lo, hi) for lo, hi in seg.data_ranges(pos, seg.size))
+        del b
+    return dirty
 
 
 def _nonzero(b, pos, end):

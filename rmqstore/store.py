@@ -48,7 +48,7 @@ from rmqstore.maintenance.retention import RetentionReport, clean_expired
 from rmqstore.maintenance.verify import VerifyReport
 from rmqstore.maintenance.verify import verify as verify_components
 from rmqstore.offsets import ConsumerOffsets
-from rmqstore.recovery import recover_commitlog
+from rmqstore.recovery import CUT_ANY, CUT_NONE, CUT_TORN, recover_commitlog
 from rmqstore.segments import detect_file_size
 from rmqstore.shared_lock import SharedLock
 
@@ -91,7 +91,7 @@ class MessageStore:
 
     @checked(skip=1)
     def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None, read_only: bool = False,
-                 progress: Progress | None = None, rebuild: bool = False) -> None:
+                 progress: Progress | None = None, rebuild: bool = False, repair: bool = False) -> None:
         """Open (or, writing, create) the store at ``path`` and recover it.
 
         Args:
@@ -104,13 +104,19 @@ class MessageStore:
             rebuild: do not read ``consumequeue/`` and ``index/``, whatever state they are
                 in: a writer removes them after recovery and dispatches the whole commitlog
                 again (as rebuild() does; CorruptRecordError where a bad record stops it,
-                or where recovery would cut commitlog data, which a rebuild never does);
+                or where recovery would cut commitlog data, which a rebuild does only
+                with ``repair``);
                 read-only, they are left alone and the store has none (a dry run's view).
+            repair: a writer's recovery cuts the commitlog at the first invalid record
+                even where data it holds as durable follows (``rmqstore recover --yes``).
+                Without it such an open raises CorruptRecordError and changes nothing;
+                a torn tail left by a crash is cut either way (recovery.py, invariant 7).
 
         Raises:
             InvalidArgumentError: a bad argument. StoreNotFoundError: no directory
             (read-only), or no commitlog/ in it to rebuild from (``rebuild=True``).
-            StoreLockedError: another writer holds it. CorruptStoreError,
+            StoreLockedError: another writer holds it. CorruptRecordError: damage
+            recovery would cut only with ``repair``. CorruptStoreError,
             StoreIOError: files it cannot use. DerivedFileError: a consume-queue or index
             file it cannot use (``rebuild=True`` regenerates them)."""
         self.path = os.path.abspath(str(path))
@@ -130,7 +136,7 @@ class MessageStore:
         if not read_only:
             self._acquire_lock(cfg)
         try:
-            self._open(cfg, progress, rebuild)
+            self._open(cfg, progress, rebuild, repair)
         except BaseException:
             self._release_lock()
             raise
@@ -146,7 +152,7 @@ class MessageStore:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def _open(self, cfg: StoreConfig, progress: Progress | None = None, rebuild: bool = False) -> None:
+    def _open(self, cfg: StoreConfig, progress: Progress | None, rebuild: bool, repair: bool) -> None:
         cl_size = detect_file_size([os.path.join(self.path, "commitlog")], cfg.commitlog_file_size)
         if cl_size and cl_size != cfg.commitlog_file_size:
             log.info("%s: using the store's commitlog segment size %d", self.path, cl_size)
@@ -176,7 +182,7 @@ class MessageStore:
                 with damaged_logics(self.path):
                     self.consume_queues.load()
             self.offsets.load()
-            self._recover(progress, rebuild)
+            self._recover(progress, rebuild, CUT_ANY if repair else CUT_NONE if rebuild else CUT_TORN)
             if not self.read_only:
                 self.commitlog.segments.prepare_first()
                 create_new(self.abort_path, str(os.getpid()).encode(), cfg.file_mode)
@@ -213,11 +219,11 @@ class MessageStore:
             self.query_by_key = _index.KeyLookup(   # type: ignore[method-assign]
                 self._gate, self.index, self.commitlog.segments, checks, cfg.max_msgs_num_batch).query_by_key
 
-    def _recover(self, progress: Progress | None = None, rebuild: bool = False) -> None:
+    def _recover(self, progress: Progress | None, rebuild: bool, may_cut: str) -> None:
         cfg = self.config
         self.recovery = rep = recover_commitlog(self.commitlog, self.clean_shutdown, self.checkpoint,
                                                 cfg.check_crc_on_recover, cfg.message_index_enable, progress,
-                                                keep=rebuild)
+                                                may_cut)
         if rebuild and not self.read_only:
             remove_logics(self.path)
         end = self.commitlog.max_offset

@@ -148,6 +148,13 @@ def test_recover_damaged_copy_then_verify(tmp_path, fixture_store):
     store = copy_store(fixture_store, tmp_path)
     _flip_body_byte(store, last)
     assert run("verify", store, expect=3)
+    # the broker shut down cleanly, so the message after the damaged one was durable: a
+    # plain writer refuses the store instead of cutting it; the dry run says so
+    before = tree_state(store)
+    refused = error_line(run("put", store, stdin='{"topic": "T", "body": "x"}\n', expect=1))
+    assert f"cut the commitlog at offset {last}" in refused and "recover --yes" in refused
+    assert json.loads(run("recover", store, "--json").stdout)["cutsDurableData"]
+    assert tree_state(store) == before
     rep = json.loads(run("recover", store, "--yes", "--json").stdout)
     assert rep["endOffset"] == last and rep["commitlogBytesTruncated"] > 0
     # the commitlog, CQs and index agree again; the checkpoint still counts the cut

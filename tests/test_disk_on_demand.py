@@ -158,10 +158,10 @@ def test_truncation_frees_the_cut_blocks(tmp_path):
     seg_path = tmp_path / "s" / "commitlog" / "00000000000000000000"
     assert allocated(seg_path.parent) >= 1 * MIB
     cut = results[100].phy_offset
-    with open(seg_path, "r+b") as f:   # a torn record: recovery cuts from here
+    with open(seg_path, "r+b") as f:   # a damaged record: recovery cuts from here when asked
         f.seek(cut + 8)
         f.write(b"\xff" * 4)
-    with MessageStore(tmp_path / "s", cfg) as store:
+    with MessageStore(tmp_path / "s", cfg, repair=True) as store:
         assert store.max_phy_offset == cut
     assert allocated(seg_path.parent) <= cut + 8192
     with open(seg_path, "rb") as f:

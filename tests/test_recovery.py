@@ -1,6 +1,8 @@
 """Recovery: the real RocketMQ crashed store recovers to what RocketMQ recovered; torn and
 corrupt tails made here are cut at the last valid record, zero-filled, CQ kept consistent."""
 import os
+import struct
+import time
 
 import pytest
 
@@ -83,8 +85,21 @@ def _patch(path, offset, data, cfg):
         f.write(data)
 
 
-def _crash_marker(path):
+def _crash_marker(path, flushed=0):
+    """What a crash leaves: ``abort``, and a checkpoint whose last flush (physicMsgTimestamp)
+    was at store time ``flushed`` (0: before any record these tests damage)."""
     open(os.path.join(path, "abort"), "wb").close()
+    with open(os.path.join(path, "checkpoint"), "r+b") as f:
+        f.write(struct.pack(">q", flushed))
+
+
+def _flip(path, offset, cfg):
+    fname, pos = _segment_file(path, offset, cfg)
+    with open(fname, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x01]))
 
 
 def _check_prefix(s, res, bodies, k, cfg):
@@ -104,16 +119,14 @@ def _check_prefix(s, res, bodies, k, cfg):
         assert f.read().strip(b"\0") == b""
 
 
-@pytest.mark.parametrize("clean", [False, True], ids=["abort", "clean"])
-def test_torn_last_record_is_cut(tmp_path, clean):
+def test_torn_last_record_is_cut(tmp_path):
     cfg = _cfg()
     res, bodies = _write(tmp_path, 40, cfg)
     last = res[-1]
     _patch(tmp_path, last.phy_offset + last.size // 2, b"\0" * (last.size - last.size // 2), cfg)
-    if not clean:
-        _crash_marker(tmp_path)
+    _crash_marker(tmp_path)
     with MessageStore(tmp_path, cfg) as s:
-        assert s.recovery.clean_shutdown == clean
+        assert not s.recovery.clean_shutdown and not s.recovery.cuts_durable_data
         assert s.recovery.end_offset == last.phy_offset
         assert s.recovery.stop_reason != "end"
         assert s.recovery.commitlog_bytes_truncated > 0
@@ -124,6 +137,57 @@ def test_torn_last_record_is_cut(tmp_path, clean):
     with MessageStore(tmp_path, cfg) as s:
         assert s.get_by_offset(nxt.phy_offset).body == b"after"
         assert s.max_offset(TOPIC, 1) == 20
+
+
+def _write_in_two_flushes(path, cfg, k, n):
+    """n messages, the first k flushed and stored at least 5 ms before the rest."""
+    with MessageStore(path, cfg) as s:
+        res = [s.put(Message(TOPIC, b"early-%d" % i), queue_id=i % 2) for i in range(k)]
+        s.flush()
+        time.sleep(0.005)
+        res += [s.put(Message(TOPIC, b"late-%d" % i), queue_id=i % 2) for i in range(k, n)]
+    return res, [b"early-%d" % i for i in range(k)] + [b"late-%d" % i for i in range(k, n)]
+
+
+def _damage(path, cfg, how, rec):
+    if how == "crc":
+        _flip(path, rec.phy_offset + BODY_AT, cfg)
+    elif how == "torn":
+        _patch(path, rec.phy_offset + rec.size // 2, b"\0" * (rec.size - rec.size // 2), cfg)
+    else:   # a page of zeros: the record at its start reads as the end of the data
+        _patch(path, rec.phy_offset, b"\0" * 4096, cfg)
+
+
+@pytest.mark.parametrize("how", ["crc", "torn", "zeros"])
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "abort"])
+def test_damage_to_flushed_records_is_cut_only_when_asked(tmp_path, clean, how):
+    """A record damaged where recovery would stop, with records after it that were durable:
+    everything after a clean shutdown, after a crash those stored up to the checkpoint's
+    last flush. A writer open used to cut them all (as RocketMQ does), losing acknowledged
+    messages; it now refuses and changes no byte, a read-only open shows the cut, and
+    ``repair=True`` (``rmqstore recover --yes``) makes it."""
+    cfg = _cfg()
+    res, bodies = _write_in_two_flushes(tmp_path, cfg, 20, 200)
+    k = 10
+    with MessageStore(tmp_path, cfg, read_only=True) as s:
+        flushed = s.get_by_offset(res[-1].phy_offset).store_timestamp
+    _damage(tmp_path, cfg, how, res[k])
+    if not clean:   # the crash came after the late records were flushed
+        _crash_marker(tmp_path, flushed)
+    before = tree_state(tmp_path)
+    with pytest.raises(CorruptRecordError, match=f"cut the commitlog at offset {res[k].phy_offset}.*recover --yes"):
+        MessageStore(tmp_path, cfg)
+    assert tree_state(tmp_path) == before
+    with MessageStore(tmp_path, cfg, read_only=True) as s:
+        assert s.recovery.cuts_durable_data and s.recovery.end_offset == res[k].phy_offset
+    with pytest.raises(CorruptRecordError, match="recover --yes"):
+        MessageStore(tmp_path, cfg, rebuild=True)
+    assert tree_state(tmp_path) == before
+    with MessageStore(tmp_path, cfg, repair=True, rebuild=how == "zeros") as s:
+        assert s.recovery.end_offset == res[k].phy_offset and s.recovery.cuts_durable_data
+        _check_prefix(s, res, bodies, k, cfg)
+    with MessageStore(tmp_path, cfg) as s:   # repaired: a plain open is clean again
+        _check_prefix(s, res, bodies, k, cfg)
 
 
 def test_garbage_after_last_record_is_zeroed(tmp_path):
@@ -178,20 +242,20 @@ def test_data_ranges_cover_every_written_byte(tmp_path):
         seg.close()
 
 
-def test_bad_crc_in_the_middle_truncates_there(tmp_path):
+def test_bad_crc_after_the_last_flush_is_cut_there(tmp_path):
+    """After a crash, a record stored after the checkpoint's last flush is a torn tail:
+    recovery cuts there, whatever follows."""
     cfg = _cfg()
-    res, bodies = _write(tmp_path, 60, cfg)
+    res, bodies = _write_in_two_flushes(tmp_path, cfg, 20, 60)
     k = 25
-    fname, pos = _segment_file(tmp_path, res[k].phy_offset + BODY_AT, cfg)
-    with open(fname, "r+b") as f:
-        f.seek(pos)
-        byte = f.read(1)
-        f.seek(pos)
-        f.write(bytes([byte[0] ^ 0x01]))
-    _crash_marker(tmp_path)
+    _flip(tmp_path, res[k].phy_offset + BODY_AT, cfg)
+    with MessageStore(tmp_path, cfg, read_only=True) as s:
+        early = s.get_by_offset(res[19].phy_offset).store_timestamp
+    _crash_marker(tmp_path, early)
     with MessageStore(tmp_path, cfg) as s:
         rep = s.recovery
         assert rep.stop_reason == f"body CRC mismatch at commitlog offset {res[k].phy_offset}"
+        assert not rep.cuts_durable_data
         assert rep.records_verified == k
         assert rep.consume_queue_bytes_truncated >= (60 - k) * 20
         _check_prefix(s, res, bodies, k, cfg)

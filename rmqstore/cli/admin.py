@@ -30,7 +30,8 @@ _CHUNK = 1 << 20
 def cmd_recover(args):
     files = segment_files(args.store)
     with progress(sum(n for _, _, n in files), "recover") as bar, \
-            MessageStore(args.store, store_config(args), read_only=not args.yes, progress=bar.update) as s:
+            MessageStore(args.store, store_config(args), read_only=not args.yes, progress=bar.update,
+                         repair=args.yes) as s:
         rep = camel_keys({"dry_run": not args.yes, **dataclasses.asdict(s.recovery)})
     rep["seconds"] = round(rep["seconds"], 6)
     if args.json:
@@ -138,10 +139,12 @@ def cmd_bench(args):
 
 def register(sub, json_only, store_opts):
     p = sub.add_parser("recover", parents=[store_opts], help="run crash recovery and report what it did",
-                       description="With --yes: open the store for writing, which recovers it (truncating a "
-                       "torn tail and rebuilding consume-queue entries), close it cleanly, and print the "
-                       "report. Without --yes a dry run: the store is opened read-only and the report says "
-                       "what recovery would cut; nothing changes.")
+                       description="With --yes: open the store for writing, which recovers it (truncating the "
+                       "commitlog at its first invalid record, a torn tail or damage, and rebuilding consume-queue "
+                       "entries), close it cleanly, and print the report. Without --yes a dry run: the store is "
+                       "opened read-only and the report says what recovery would cut, and whether that cut "
+                       "discards durable data (cutsDurableData: a plain writer open then refuses the store); "
+                       "nothing changes.")
     p.add_argument("store")
     p.add_argument("--yes", action="store_true", help="recover (opens the store for writing); default: a dry run")
     p.set_defaults(func=cmd_recover)

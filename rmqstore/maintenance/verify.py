@@ -113,7 +113,7 @@ class _Segment:
         records, scan status). A bad CRC or offset field is reported and stepped over."""
         seg, pos = self.seg, 0
         while True:
-            end, n, status = _read.scan_segment(seg, pos, limit, True, True)
+            end, n, status, _ = _read.scan_segment(seg, pos, limit, True, True)
             self.records += n
             if status not in _STEP_OVER:
                 break
