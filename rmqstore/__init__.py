@@ -16,6 +16,7 @@ from rmqstore.errors import (
                              MessageTooLargeError,
                              NotRecordStartError,
                              ReentrantCallError,
+                             ResourceLimitError,
                              StoreClosedError,
                              StoreError,
                              StoreIOError,
@@ -32,6 +33,6 @@ __all__ = [
     "GetMessageStatus", "StoreError", "StoreClosedError", "StoreLockedError", "StoreReadOnlyError",
     "InvalidTopicError", "InvalidArgumentError", "InvalidArgumentTypeError", "MessageTooLargeError",
     "CorruptStoreError", "DerivedFileError", "CorruptRecordError", "MessageNotFoundError", "NotRecordStartError",
-    "ReentrantCallError", "StoreIOError", "DiskFullError",
+    "ReentrantCallError", "StoreIOError", "DiskFullError", "ResourceLimitError",
     "StoreNotFoundError", "ForeignProcessError", "FrozenObjectError",
 ]

@@ -2,6 +2,7 @@
 import errno as _errno
 import inspect
 import os
+import resource
 from dataclasses import FrozenInstanceError
 
 
@@ -108,17 +109,45 @@ class DiskFullError(StoreIOError):
     """The disk (or quota) has no room for the write; nothing partial was kept."""
 
 
+class ResourceLimitError(StoreIOError):
+    """The process reached a system limit (open files, memory maps, memory) opening or
+    mapping a store file; the files are not damaged: raise the limit and open again."""
+
+
 _ERRNO_CLASSES = {
     _errno.ENOSPC: DiskFullError,
     _errno.EDQUOT: DiskFullError,
+    _errno.EMFILE: ResourceLimitError,
+    _errno.ENFILE: ResourceLimitError,
+    _errno.ENOMEM: ResourceLimitError,
+}
+_FILES_HINT = "a store keeps one open file per commitlog segment, consume-queue file and index file"
+_WHY = {
+    _errno.ELOOP: "a symlink, which store files must not be",
+    _errno.EMFILE: "too many open files: the process may have {nofile} ('ulimit -n'); " + _FILES_HINT,
+    _errno.ENFILE: "too many open files in the system (fs.file-max); " + _FILES_HINT,
+    _errno.ENOMEM: "out of memory, address space ('ulimit -v') or memory maps (vm.max_map_count: {maps}): "
+                   "a store maps each of its files",
 }
 
 
 def raise_errno(code, path, what):
     """Raise the exception for ``errno`` ``code`` met while doing ``what`` on ``path``."""
     cls = _ERRNO_CLASSES.get(code, StoreIOError)
-    why = "a symlink, which store files must not be" if code == _errno.ELOOP else os.strerror(code)
+    why = _WHY.get(code, os.strerror(code))
+    if code == _errno.EMFILE:
+        why = why.format(nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    elif code == _errno.ENOMEM:
+        why = why.format(maps=_max_map_count())
     raise cls(code, f"{what}: {why}", str(path))
+
+
+def _max_map_count():
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):   # no /proc, or no descriptor left to read it
+        return "?"
 
 
 def raise_not_regular(path, what):

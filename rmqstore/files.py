@@ -6,8 +6,10 @@ with O_EXCL. The open and fsync calls here join the fault injection of cext/rmq_
 """
 import errno
 import fcntl
+import functools
 import json
 import os
+import resource
 import stat
 import struct
 
@@ -55,6 +57,22 @@ def number_name(name, limit):
     """The int an ASCII-digit file name ``name`` spells if it is at most ``limit``, else
     None (a store's file and directory names: offsets, queue ids, times)."""
     return int(name) if name.isascii() and name.isdigit() and int(name) <= limit else None
+
+
+@functools.cache
+def raise_open_file_limit():
+    """Raise the process's soft limit on open files to its hard limit, once, as the JVM
+    (so a RocketMQ broker) and Go's runtime do at start: a store keeps one descriptor per
+    segment file, and a broker's store with a few hundred topics holds more files than
+    the common soft limit of 1024. Best effort: a limit that cannot be raised stays."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20   # the kernel's default fs.nr_open
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        except (ValueError, OSError):
+            pass
 
 
 def store_dir(path, create, mode):

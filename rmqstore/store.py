@@ -40,7 +40,7 @@ from rmqstore.errors import (
     StoreNotFoundError,
     StoreReadOnlyError,
 )
-from rmqstore.files import create_new, lock_writer, store_dir
+from rmqstore.files import create_new, lock_writer, raise_open_file_limit, store_dir
 from rmqstore.flush import FlushService
 from rmqstore.index import IndexService
 from rmqstore.maintenance.rebuild import damaged_logics, dispatch_all, fresh_logics, keep_index_geometry, remove_logics
@@ -133,6 +133,7 @@ class MessageStore:
             raise StoreNotFoundError(errno.ENOENT, "not a store to rebuild (no commitlog/ directory); its "
                                      "consumequeue/ and index/ were left alone", self.path)
         store_dir(self.path, not read_only, cfg.dir_mode)
+        raise_open_file_limit()
         if not read_only:
             self._acquire_lock(cfg)
         try:

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from rmqstore.consume_queue import ConsumeQueueTable
 from rmqstore.dispatch import ConsumeQueueBuilder, Dispatcher, new_dispatcher
-from rmqstore.errors import CorruptStoreError, DerivedFileError, DiskFullError, StoreIOError, raise_errno
+from rmqstore.errors import (
+    CorruptStoreError,
+    DerivedFileError,
+    DiskFullError,
+    ResourceLimitError,
+    StoreIOError,
+    raise_errno,
+)
 from rmqstore.files import file_size, list_dir
 from rmqstore.index import IndexService, detect_geometry
 
@@ -34,11 +41,12 @@ LOGICS = ("consumequeue", "index")
 @contextlib.contextmanager
 def damaged_logics(root: str) -> Iterator[None]:
     """Turn a consume-queue or index file an open cannot use into a DerivedFileError
-    that says how to repair it (a full disk stays a DiskFullError)."""
+    that says how to repair it (a full disk or a system limit stays what it is: no file is
+    damaged)."""
     try:
         yield
     except (CorruptStoreError, StoreIOError) as e:
-        if isinstance(e, (DiskFullError, DerivedFileError)):
+        if isinstance(e, (DiskFullError, ResourceLimitError, DerivedFileError)):
             raise
         raise DerivedFileError(f"{e}; consume queues and index files are derived from the commitlog: "
                                f"'rmqstore rebuild {root} --yes' (MessageStore(path, rebuild=True)) "
