@@ -66,20 +66,28 @@ class ConsumeQueue:
         self.segments.load()
         return self
 
-    def recover(self) -> int:
-        """Set the write position after the last valid entry (RocketMQ ConsumeQueue.recover);
-        returns the bytes cut off."""
+    def valid_end(self) -> tuple[int, int]:
+        """(the file offset after the last valid entry, the commitlog offset its message
+        ends at, -1 with none) over the last three files, as RocketMQ's ConsumeQueue.recover
+        reads them; changes nothing."""
         segs = self.segments.segments
-        if not segs:
-            return 0
-        end = segs[0].base_offset
+        end, phy_end = (segs[0].base_offset if segs else 0), -1
         for seg in segs[-3:]:
-            pos, phy_end = _cq.valid_end(seg, 0, seg.size)
+            pos, last = _cq.valid_end(seg, 0, seg.size)
             end = seg.base_offset + pos
-            if phy_end >= 0:
-                self.max_physic_offset = phy_end
+            phy_end = last if last >= 0 else phy_end
             if pos < seg.size:
                 break
+        return end, phy_end
+
+    def recover(self, valid: tuple[int, int] | None = None) -> int:
+        """Set the write position after the last valid entry (RocketMQ ConsumeQueue.recover),
+        ``valid`` if given (what valid_end returned); returns the bytes cut off."""
+        if not self.segments.segments:
+            return 0
+        end, phy_end = valid or self.valid_end()
+        if phy_end >= 0:
+            self.max_physic_offset = phy_end
         cut = self.segments.truncate(end)
         self.min_logic_offset = self.segments.min_offset
         return cut

@@ -22,10 +22,12 @@ Durability invariants (what recovery may assume, see flush.py, and what it resto
 6. A segment whose first record does not parse is never a starting point: recovery then
    starts earlier (at worst at the first segment) instead of failing to open.
 7. Recovery cuts only what a crash can have left: a torn tail written after the last flush.
-   Data after the cut point that was already durable (anything after a clean shutdown; after
-   an unclean one, records stored up to the checkpoint's physicMsgTimestamp) means the log
-   is damaged, not torn: a writer open then raises CorruptRecordError and changes nothing,
-   unless asked to cut (``CUT_ANY``: ``rmqstore recover --yes``). RocketMQ cuts either way.
+   Data after the cut point that was already durable (anything after a clean shutdown,
+   also messages the consume queues of a clean shutdown point at where only zeros are
+   left; after an unclean one, records stored up to the checkpoint's physicMsgTimestamp)
+   means the log is damaged, not torn: a writer open then raises CorruptRecordError and
+   changes nothing, unless asked to cut (``CUT_ANY``: ``rmqstore recover --yes``).
+   RocketMQ cuts either way.
 """
 import errno
 import logging
@@ -86,11 +88,15 @@ def _start_index(segments, clean, checkpoint, index_enabled):
 CUT_NONE, CUT_TORN, CUT_ANY = "none", "torn", "any"   # what a writer's recovery may cut (invariant 7)
 
 
-def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, progress=None, cut=CUT_TORN):
+def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, progress=None, cut=CUT_TORN,
+                      referenced=-1):
     """Find the end of valid data, truncate after it; returns a RecoveryReport. ``cut``:
     what a writer may discard: CUT_TORN a torn tail only (invariant 7), CUT_ANY whatever
     follows the first invalid record (``rmqstore recover --yes``), CUT_NONE nothing (a
-    rebuild, which regenerates derived files); past that, CorruptRecordError and no change."""
+    rebuild, which regenerates derived files); past that, CorruptRecordError and no change.
+    ``referenced``: the commitlog offset up to which durable messages are known to lie
+    (the consume queues' after a clean shutdown), so lost to a cut even where only zeros
+    are left of them."""
     t0 = time.monotonic()
     rep = RecoveryReport(clean_shutdown=clean)
     segs = commitlog.segments.segments
@@ -129,10 +135,13 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     # last flush has flushed records after it
     if after and not clean and not last_ts and i:   # none before the cut in the segments scanned
         last_ts = _read.scan_segment(segs[i - 1], 0, segs[i - 1].size, False)[3]
-    rep.cuts_durable_data = after and (clean or last_ts < flushed)
-    if after:
+    rep.cuts_durable_data = (after and (clean or last_ts < flushed)) or referenced > end
+    if after or rep.cuts_durable_data:
         why = ("a clean shutdown had flushed" if clean else "the checkpoint counts as flushed"
                ) if rep.cuts_durable_data else "a crash left unflushed (a torn tail)"
+        if referenced > end:
+            why += (f" (consume queues hold messages up to offset {referenced}; if instead a consume queue "
+                    "is damaged, 'rmqstore rebuild --yes STORE' regenerates them)")
         if commitlog.readonly:   # maybe a record a live writer is still copying in
             log.info("read-only open: valid data ends at %d (%s; %s)", end, rep.stop_reason, why)
         elif cut == CUT_NONE or (cut == CUT_TORN and rep.cuts_durable_data):

@@ -222,15 +222,21 @@ class MessageStore:
 
     def _recover(self, progress: Progress | None, rebuild: bool, may_cut: str) -> None:
         cfg = self.config
+        valid = {key: cq.valid_end() for key, cq in self.consume_queues.queues.items()}
+        # after a clean shutdown every consume-queue entry points at a durable message; one
+        # past the commitlog's files is a damaged entry, which recovery cuts as before
+        last = self.commitlog.segments.last
+        files_end = last.base_offset + last.size if last is not None else 0
+        referenced = max((e for _, e in valid.values() if e <= files_end), default=-1) if self.clean_shutdown else -1
         self.recovery = rep = recover_commitlog(self.commitlog, self.clean_shutdown, self.checkpoint,
                                                 cfg.check_crc_on_recover, cfg.message_index_enable, progress,
-                                                may_cut)
+                                                may_cut, referenced)
         if rebuild and not self.read_only:
             remove_logics(self.path)
         end = self.commitlog.max_offset
         damaged = end   # dispatch again from where the first damaged consume queue now ends
-        for cq in self.consume_queues.queues.values():   # read-only: positions only, files untouched
-            cut = cq.recover()
+        for key, cq in self.consume_queues.queues.items():   # read-only: positions only, files untouched
+            cut = cq.recover(valid[key])
             rep.consume_queue_bytes_truncated += cut + cq.truncate_dirty(end)
             cq.correct_min_offset(self.commitlog.min_offset)
             if cut or cq.segments.dropped:   # entries lost to damage (or a torn write), not only a crash's tail

@@ -242,6 +242,28 @@ def test_data_ranges_cover_every_written_byte(tmp_path):
         seg.close()
 
 
+def test_a_zeroed_last_segment_of_a_clean_store_is_cut_only_when_asked(tmp_path):
+    """Only zeros are left of the messages in the last segment: nothing after the cut to
+    see, but the consume queues of a clean shutdown point at them. A writer open used to
+    delete the segment and cut the queues; it now refuses, and ``repair`` cuts."""
+    cfg = _cfg(commitlog_file_size=4096)
+    res, bodies = _write(tmp_path, 120, cfg)
+    last = sorted(os.listdir(tmp_path / "commitlog"))[-1]
+    first_lost = next(i for i, r in enumerate(res) if r.phy_offset >= int(last))
+    with open(tmp_path / "commitlog" / last, "r+b") as f:
+        f.write(b"\0" * 4096)
+    before = tree_state(tmp_path)
+    with pytest.raises(CorruptRecordError, match=f"cut the commitlog at offset {int(last)}.*consume queues hold"):
+        MessageStore(tmp_path, cfg)
+    assert tree_state(tmp_path) == before
+    with MessageStore(tmp_path, cfg, read_only=True) as s:
+        assert s.recovery.cuts_durable_data
+    with MessageStore(tmp_path, cfg, repair=True) as s:
+        assert s.max_phy_offset == int(last)
+        assert [s.get_by_offset(r.phy_offset).body for r in res[:first_lost]] == bodies[:first_lost]
+        assert sum(s.max_offset(TOPIC, q) for q in (0, 1)) == first_lost
+
+
 def test_bad_crc_after_the_last_flush_is_cut_there(tmp_path):
     """After a crash, a record stored after the checkpoint's last flush is a torn tail:
     recovery cuts there, whatever follows."""
