@@ -149,6 +149,44 @@ def test_what_the_store_refuses_in_a_request_is_the_clients_error(strict):
         + store.max_offset("Known", 3) == 1
 
 
+def _stored(store, topic="Known"):
+    store.wait_dispatched(10)
+    return sum(store.max_offset(topic, q) for q in store.queue_ids(topic))
+
+
+@pytest.mark.parametrize("name", ["DELAY", "REAL_TOPIC", "TRAN_MSG", "WAIT", "TIMER_DELIVER_MS", "RECONSUME_TIME"])
+def test_system_property_names_are_refused_in_a_send(strict, name):
+    """A user property named as one of RocketMQ's system properties (MessageConst's
+    STRING_HASH_SET, which its proxy refuses): DELAY=3 was answered OK and the store's
+    delay rewrite moved the message to SCHEDULE_TOPIC_XXXX, so no consumer of the topic
+    ever got the acknowledged message. Now ILLEGAL_MESSAGE_PROPERTY_KEY, nothing stored."""
+    store, _addr, s = strict
+    req = _send_request("Known", b"x")
+    req.messages[0].user_properties[name] = "3"
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == Code.ILLEGAL_MESSAGE_PROPERTY_KEY and name in res.status.message
+    assert _stored(store) == 1 and "SCHEDULE_TOPIC_XXXX" not in store.topics()
+
+
+def test_a_send_of_several_messages_is_all_or_nothing(strict):
+    """A request of two messages whose second the store refuses (its record is over the
+    1 KiB limit, the body alone is not): the first was stored while the answer said
+    MESSAGE_BODY_TOO_LARGE, so a client retrying the request stored it twice. Now the
+    request is one put_batch: refused whole, nothing stored; a good pair is stored."""
+    store, _addr, s = strict
+    req = _send_request("Known", b"x")
+    big = req.messages.add()
+    big.CopyFrom(req.messages[0])
+    big.body, big.system_properties.message_id = b"y" * 1024, "01ABCDF0"
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == Code.MESSAGE_BODY_TOO_LARGE and len(res.entries) == 0
+    assert _stored(store) == 1
+    big.body = b"y"
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == Code.OK and [e.status.code for e in res.entries] == [Code.OK, Code.OK]
+    assert _stored(store) == 3
+
+
 def test_stale_receipts_and_unsupported_calls(strict):
     _store, _addr, s = strict
     req = service_pb2.AckMessageRequest()

@@ -159,18 +159,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def SendMessage(self, request: Any, context: Any) -> Any:
         if len(request.messages) == 0:
             raise RequestError(Code.BAD_REQUEST, "no message to send")
-        msgs = []
+        msgs, qids = [], []
         for pb in request.messages:
             if pb.system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
                 raise RequestError(Code.UNSUPPORTED, "transactional messages are not supported")
-            self.routes.queues(pb.topic.name)
-            msgs.append(to_store(pb, context.peer(), self.store.config.max_message_size))
-        res = service_pb2.SendMessageResponse()
-        for pb, msg in zip(request.messages, msgs, strict=True):
             queues = self.routes.queues(pb.topic.name)
+            msgs.append(to_store(pb, context.peer(), self.store.config.max_message_size))
             group = pb.system_properties.message_group
-            q = _hash(group) % len(queues) if group else None
-            put = self.store.put(msg, q)
+            qids.append(_hash(group) % len(queues) if group else None)
+        res = service_pb2.SendMessageResponse()   # all or nothing: a refused message stores none of the request
+        for pb, put in zip(request.messages, self.store.put_batch(msgs, qids), strict=True):
             e = res.entries.add()
             _ok(e)
             e.message_id = pb.system_properties.message_id
