@@ -51,6 +51,12 @@ cpdef str keys_text(object keys):
     return " ".join([text_arg("key", k) for k in it])
 
 
+cdef list split_keys(object text):
+    """The keys of a KEYS value as RocketMQ's index takes them: split at each space (its
+    KEY_SEPARATOR, not at other whitespace: "a\\tb" is one key), empty ones dropped."""
+    return [k for k in text.split(" ") if k] if text else []
+
+
 cdef object body_arg(object body):
     """``body`` if it is a bytes-like object (bytes, bytearray, memoryview, numpy bytes...)."""
     if isinstance(body, str) or not PyObject_CheckBuffer(body):
@@ -133,7 +139,7 @@ cdef class Message:
 
     @property
     def keys(self):
-        return self.properties.get("KEYS", "").split()
+        return split_keys(self.properties.get("KEYS"))
 
     def __repr__(self):
         return f"Message(topic={self.topic!r}, body={len(self.body)} bytes, properties={self.properties!r})"
@@ -296,7 +302,7 @@ cdef class MessageExt:
     @property
     def tags(self): return self.properties.get("TAGS")
     @property
-    def keys(self): return self.properties.get("KEYS", "").split()
+    def keys(self): return split_keys(self.properties.get("KEYS"))
     @property
     def uniq_key(self): return self.properties.get("UNIQ_KEY")
     @property

@@ -371,3 +371,24 @@ def test_put_batch_names_the_message_it_refuses(tmp_path, bad, error):
             store.put_batch([Message("T", b"a"), Message("T", b"b"), bad, Message("T", b"c")])
         assert e.value.message_index == 2
         assert store.max_phy_offset == 0
+
+
+def test_keys_split_only_at_spaces_as_the_index_and_arrow_do(tmp_path):
+    """RocketMQ's KEY_SEPARATOR is one space: a KEYS value "a\\tb  c\\u00a0d" holds the keys
+    "a\\tb" and "c\\u00a0d", as the index and the Arrow decoder (Spark's keys column) read
+    it. Message.keys and MessageExt.keys split at any whitespace and said ["a", "b", "c",
+    "d"]: keys the index does not hold, and not those it does."""
+    import rmqstore.batch as batch
+    value = "a\tb  c\u00a0d "
+    want = ["a\tb", "c\u00a0d"]
+    assert Message("T", b"x", keys=value).keys == want
+    with MessageStore(tmp_path / "s", _cfg()) as s:
+        r = s.put(Message("T", b"x", keys=value))
+        s.wait_dispatched()
+        assert s.get_by_offset(r.phy_offset).keys == want
+        assert [m.keys for m in s.scan()] == [want]
+        for k in want:
+            assert [m.phy_offset for m in s.query_by_key("T", k)] == [r.phy_offset]
+    (path, base, _size), = batch.segment_files(tmp_path / "s")
+    (rb,) = batch.iter_arrow(path, base, columns=["keys"])
+    assert rb.column("keys").to_pylist() == [want]
