@@ -98,8 +98,8 @@ cdef class Message:
     Message(topic, body=b"", tags=None, keys=None, properties=None, *, flag=0, sys_flag=0,
     born_timestamp=0, born_host=None, reconsume_times=0, prepared_transaction_offset=0,
     delay_level=None): ``topic`` a str; ``body`` any bytes-like object; ``tags`` a str;
-    ``keys`` a str of space-separated keys or a sequence of keys (each non-empty, no space); ``properties`` a mapping
-    of str to str; ``flag`` a Java int; ``born_timestamp`` ms (0: the store time);
+    ``keys`` a str of space-separated keys or a sequence of keys (each non-empty, with no
+    space); ``properties`` a mapping of str to str; ``flag`` a Java int; ``born_timestamp`` ms (0: the store time);
     ``born_host`` "ip:port" (None: the store host); ``delay_level`` a RocketMQ delay
     level (moves the message to SCHEDULE_TOPIC_XXXX until due). Raises
     InvalidArgumentError (InvalidArgumentTypeError for a wrong type) for a bad argument."""
