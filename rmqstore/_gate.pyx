@@ -56,10 +56,10 @@ cdef class Gate:
             self.idents[i] = self.idents[self.n]
 
     cdef bint swapped(self, long long generation) except -1:
-        """After a read raised StoreClosedError: whether a rebuild swapped the consume queues
-        and index since ``generation`` (read before the read began) or was swapping then, so
-        the read met files it closed; waits for the swap to end, then the read is run again
-        on the new ones (a seqlock: ``generation`` is odd during a swap)."""
+        """After a read raised StoreClosedError: whether a rebuild or retention closed files
+        since ``generation`` (read before the read began) or was closing them then, so the
+        read met one of them; waits for that step to end, then the read is run again on what
+        the store holds now (a seqlock: ``generation`` is odd during the step)."""
         if self.generation == generation and not generation & 1:
             return False
         with self.swap_lock:
@@ -178,7 +178,8 @@ def gated(method, ArgChecks checks not None, bint reads_logics=False):
     """``method`` of a store run as an operation of the store's ``_gate`` (see Gate), its
     arguments checked first, a call that does not fit its signature an
     InvalidArgumentTypeError: the whole wrapper in C. ``reads_logics``: a read of consume
-    queues or the index, run again when a rebuild closed them under it (Gate.swapped)."""
+    queues or the index, run again when a rebuild or retention closed files under it
+    (Gate.swapped)."""
     def run(self, *args, **kwargs):
         cdef Gate gate
         cdef tuple given = args

@@ -3,6 +3,7 @@ It opens and closes the components and delegates to them; the rules live in the 
 names (dispatch.py, consume_queue.py, consumer.py, maintenance/)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
@@ -129,7 +130,8 @@ class MessageStore:
         self._maintenance = SharedLock()   # verifies run together; a rebuild (it swaps the dispatcher), a clean alone
         self._gate = _gate.Gate(self.path, self._check_open)   # see _gate.pyx; put and put_batch pass it too
         self._gate.swap_lock = threading.Lock()
-        self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
+        # flush() and the flusher write the checkpoint; rebuild and retention close the files they flush
+        self._logics_lock = threading.Lock()
         if rebuild and not os.path.isdir(os.path.join(self.path, "commitlog")):   # before anything is made
             raise StoreNotFoundError(errno.ENOENT, "not a store to rebuild (no commitlog/ directory); its "
                                      "consumequeue/ and index/ were left alone", self.path)
@@ -798,8 +800,21 @@ class MessageStore:
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now, True)
         self._check_writable()
         self._refuse_reentry("clean_expired()")   # before the maintenance lock: the write lock is taken after it
-        with self._maintenance.exclusive(), self.commitlog.lock:   # not under a verify reading the files
+        # not under a verify reading the files, nor under the flusher flushing them (_logics_lock)
+        with self._maintenance.exclusive(), self.commitlog.lock, self._logics_lock, self._closing_files():
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now)
+
+    @contextlib.contextmanager
+    def _closing_files(self) -> Iterator[None]:
+        """Around a maintenance step that closes files readers may be reading (rebuild's
+        swap, retention's deletes): a read that meets one closed waits for the step to end
+        and runs again (Gate.swapped), so it never raises StoreClosedError on an open store."""
+        with self._gate.swap_lock:
+            self._gate.generation += 1
+            try:
+                yield
+            finally:
+                self._gate.generation += 1
 
     @_gated
     def verify(self, progress: Progress | None = None, max_problems: int = 1000) -> VerifyReport:
@@ -835,17 +850,13 @@ class MessageStore:
         with self._maintenance.exclusive(), self.commitlog.lock, self._logics_lock:
             self.dispatcher.stop()
             start = self.commitlog.min_offset
-            with self._gate.swap_lock:   # reads that meet the old files closed run again on the new ones
-                self._gate.generation += 1
-                try:
-                    self.consume_queues, self.index, self._cq_builder, d = fresh_logics(
-                        self.path, self.config, self.commitlog, self.checkpoint, self.consume_queues, self.index)
-                    self.dispatcher = d
-                    self._reader.rebind(self.consume_queues)
-                    if self._key_lookup is not None:
-                        self._key_lookup.rebind(self.index)
-                finally:
-                    self._gate.generation += 1
+            with self._closing_files():
+                self.consume_queues, self.index, self._cq_builder, d = fresh_logics(
+                    self.path, self.config, self.commitlog, self.checkpoint, self.consume_queues, self.index)
+                self.dispatcher = d
+                self._reader.rebind(self.consume_queues)
+                if self._key_lookup is not None:
+                    self._key_lookup.rebind(self.index)
             try:
                 dispatch_all(self.commitlog, self.consume_queues, d, progress)
             finally:
