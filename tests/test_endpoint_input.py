@@ -168,6 +168,24 @@ def test_system_property_names_are_refused_in_a_send(strict, name):
     assert _stored(store) == 1 and "SCHEDULE_TOPIC_XXXX" not in store.topics()
 
 
+@pytest.mark.parametrize("topic", ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_x"])
+def test_system_topics_are_refused(strict, topic):
+    """RocketMQ's system topics (TopicValidator.isSystemTopic), which its proxy refuses
+    ("cannot access system topic"), were served: a receive from SCHEDULE_TOPIC_XXXX handed
+    out a message the store holds there for a delay of 2 hours at once, and sends went
+    there too. Now routes, sends and receives of them answer ILLEGAL_TOPIC."""
+    store, _addr, s = strict
+    store.put(Message("Known", b"later", properties={"DELAY": "18"}))
+    store.wait_dispatched(10)
+    res = s.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name=topic)), timeout=10)
+    assert res.status.code == Code.ILLEGAL_TOPIC
+    assert s.SendMessage(_send_request(topic, b"x"), timeout=10).status.code == Code.ILLEGAL_TOPIC
+    req = service_pb2.ReceiveMessageRequest(batch_size=8)
+    req.group.name, req.message_queue.topic.name = "G", topic
+    assert [r.status.code for r in s.ReceiveMessage(req, timeout=10)] == [Code.ILLEGAL_TOPIC]
+    assert [m.body for m in store.scan()] == [b"seed", b"later"]
+
+
 def test_a_send_of_several_messages_is_all_or_nothing(strict):
     """A request of two messages whose second the store refuses (its record is over the
     1 KiB limit, the body alone is not): the first was stored while the answer said
