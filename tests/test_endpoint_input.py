@@ -124,7 +124,7 @@ def test_bad_filter_expressions(strict):
 
 
 def test_what_the_store_refuses_in_a_request_is_the_clients_error(strict):
-    """A user property, tag or message id holding a \x01/\x02 separator (or an empty
+    """A user property or message id holding a \x01/\x02 separator (or an empty
     property name) is refused by the store: INTERNAL_SERVER_ERROR before, BAD_REQUEST
     now. A consumer group outside RocketMQ's rule ("G G", over 255 characters) is
     ILLEGAL_CONSUMER_GROUP before anything is handed out (commit_offset refused it after
@@ -132,7 +132,6 @@ def test_what_the_store_refuses_in_a_request_is_the_clients_error(strict):
     store, _addr, s = strict
     for change in (lambda m: m.user_properties.update({"a\x01": "b"}), lambda m: m.user_properties.update({"": "b"}),
                    lambda m: m.user_properties.update({"a": "b\x02c"}),
-                   lambda m: setattr(m.system_properties, "tag", "a\x01b"),
                    lambda m: setattr(m.system_properties, "message_id", "01\x02AB")):
         req = _send_request("Known", b"x")
         change(req.messages[0])
@@ -184,6 +183,20 @@ def test_system_topics_are_refused(strict, topic):
     req.group.name, req.message_queue.topic.name = "G", topic
     assert [r.status.code for r in s.ReceiveMessage(req, timeout=10)] == [Code.ILLEGAL_TOPIC]
     assert [m.body for m in store.scan()] == [b"seed", b"later"]
+
+
+@pytest.mark.parametrize("tag", ["a\nb", "\x1b[2J", " ", "a\x01b", "a\x85b", "a|b"])
+def test_blank_tags_and_tags_with_control_characters_are_refused(strict, tag):
+    """RocketMQ's proxy (GrpcValidator.validateTag) refuses a blank tag and one holding '|'
+    or a control character with ILLEGAL_MESSAGE_TAG; only '|' was refused here, and a tag
+    such as "a\\nb" or "\\x1b[2J" was stored. Now all of them are, and nothing is stored."""
+    store, _addr, s = strict
+    req = _send_request("Known", b"x")
+    req.messages[0].system_properties.tag = tag
+    assert s.SendMessage(req, timeout=10).status.code == Code.ILLEGAL_MESSAGE_TAG
+    req.messages[0].system_properties.tag = "a b"
+    assert s.SendMessage(req, timeout=10).status.code == Code.OK
+    assert [m.tags for m in store.scan()] == ["TagA", "a b"]
 
 
 def test_a_send_of_several_messages_is_all_or_nothing(strict):

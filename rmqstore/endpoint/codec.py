@@ -73,8 +73,8 @@ def to_store(pb: definition_pb2.Message, peer: str, max_body: int) -> Message:
         raise RequestError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
     if len(body) > max_body:
         raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body of {len(body)} bytes is over the limit of {max_body}")
-    if "|" in sp.tag:
-        raise RequestError(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} contains '|'")
+    if "|" in sp.tag or sp.tag.isspace() or any(c < " " or "\x7f" <= c <= "\x9f" for c in sp.tag):
+        raise RequestError(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or holds '|' or a control character")
     if any(not k or any(c.isspace() for c in k) for k in sp.keys):
         raise RequestError(Code.ILLEGAL_MESSAGE_KEY, "keys must be non-empty and contain no whitespace")
     props = dict(pb.user_properties)
