@@ -199,6 +199,30 @@ def test_blank_tags_and_tags_with_control_characters_are_refused(strict, tag):
     assert [m.tags for m in store.scan()] == ["TagA", "a b"]
 
 
+def test_a_pending_message_the_queue_does_not_reach_now_is_kept(strict):
+    """A handed-out message whose invisible time passed is read again for its next
+    delivery; when the queue did not reach it (a rebuild in the same process making the
+    queue again answers NO_MESSAGE_IN_QUEUE or OFFSET_OVERFLOW_*), it was taken as removed
+    by retention and finished: never delivered again, though stored. Now it stays pending
+    and comes back once the queue reaches it; only a removed or unreadable one is finished."""
+    store, _addr, s = strict
+
+    def receive():
+        req = service_pb2.ReceiveMessageRequest(batch_size=8)
+        req.group.name, req.message_queue.topic.name = "G", "Known"
+        req.invisible_duration.seconds = 1
+        return [r.message for r in s.ReceiveMessage(req, timeout=10) if r.HasField("message")]
+    assert [(m.body, m.system_properties.delivery_attempt) for m in receive()] == [(b"seed", 1)]
+    real = store.get_messages
+    store.get_messages = lambda topic, *args, **kwargs: real("Rebuilding", *args, **kwargs)
+    try:
+        time.sleep(1.2)
+        assert receive() == []
+    finally:
+        store.get_messages = real
+    assert [(m.body, m.system_properties.delivery_attempt) for m in receive()] == [(b"seed", 2)]
+
+
 def test_a_send_of_several_messages_is_all_or_nothing(strict):
     """A request of two messages whose second the store refuses (its record is over the
     1 KiB limit, the body alone is not): the first was stored while the answer said
