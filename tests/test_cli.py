@@ -403,5 +403,6 @@ def test_an_index_of_another_geometry_says_how_to_open_it(tmp_path):
         r = s.put(Message("T", b"x", keys=["k"]))
     p = run("msg", tmp_path / "s", r.msg_id, expect=1)
     assert "--index-slots N --index-entries N" in error_line(p)
-    p = run("query", tmp_path / "s", "--topic", "T", "--key", "k", "--index-slots", 64, "--index-entries", 512, "--json")
+    p = run("query", tmp_path / "s", "--topic", "T", "--key", "k", "--index-slots", 64, "--index-entries", 512,
+            "--json")
     assert [m["commitLogOffset"] for m in json.loads(p.stdout)] == [r.phy_offset]
