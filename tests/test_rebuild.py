@@ -369,3 +369,27 @@ def test_reads_racing_a_rebuild_never_find_the_store_closed(tmp_path):
         assert [s.max_offset("T", q) for q in range(3)] == [100] * 3
         assert [len(s.get_messages("T", q, 68, 32).messages) for q in range(3)] == [32] * 3
         assert [m.body for m in s.query_by_key("T", "k299")] == [b"x299"]
+
+
+def test_a_read_run_again_after_a_rebuild_reads_a_generator_of_keys_whole(tmp_path):
+    """A read that met files a rebuild closed runs again; keys given as a generator were
+    used up by the first run, so the second answered for no key at all. Keys are now taken
+    as a list before the first run."""
+    from rmqstore import StoreClosedError
+    with _keyed_store(tmp_path / "s") as s:
+        real, calls = s._index_or_raise, []
+
+        class Closing:   # an index a rebuild closes while the query walks it
+            class view:
+                @staticmethod
+                def query_many(topic, keys, *args):
+                    list(keys)
+                    s._gate.generation += 2
+                    raise StoreClosedError("index is closed")
+
+        def closed_once():
+            calls.append(1)
+            return Closing if len(calls) == 1 else real()
+        s._index_or_raise = closed_once
+        found = s.query_keys("T", (k for k in ["k3", "k4"]))
+        assert [[m.body for m in ms] for ms in found] == [[b"x3"], [b"x4"]] and len(calls) == 2
