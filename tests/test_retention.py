@@ -176,3 +176,23 @@ def test_the_logics_flusher_outlives_retention(tmp_path):
         while time.monotonic() < deadline and not (path.exists() and "7777" in path.read_text()):
             time.sleep(0.01)
         assert json.loads(path.read_text())["offsetTable"]["Ret@G"] == {"0": 7777}
+
+
+def test_a_segment_deleted_while_the_flusher_walks_the_list_is_passed_over(tmp_path):
+    """ASYNC: retention may delete an old segment whose pages the flusher has not synced
+    (disk pressure deletes whatever the age). A flusher that read the segment list before
+    the delete met the closed segment: StoreClosedError, which ended the flusher thread
+    (and, with flusher errors failing the store, turned it read-only). A deleted segment
+    needs no flush: it is passed over and the ones after it are flushed."""
+    cfg = StoreConfig(commitlog_file_size=4096, consume_queue_entries=4, warm_mapped_file=False, **SMALL_INDEX,
+                      flush_mode="async", flush_interval_ms=1 << 30, flush_thorough_interval_ms=1 << 30)
+    with MessageStore(tmp_path / "s", cfg) as s:
+        res = [s.put(Message("Ret", b"x" * 300), queue_id=0) for _ in range(30)]
+        s.wait_dispatched()
+        segs = list(s.commitlog.segments.segments)
+        assert len(segs) > 2 and s.commitlog.flushed_offset < segs[0].size
+        segs[0].close()            # retention deletes it after the flusher read the list ...
+        s.flush()
+        assert s.commitlog.flushed_offset == s.max_phy_offset
+        s.commitlog.segments.delete_segments([segs[0]])    # ... and then takes it out of the list
+        assert s.get_by_offset(res[-1].phy_offset).body == b"x" * 300
