@@ -64,7 +64,7 @@ cdef class QueueReader:
                 generation = self.gate.generation
                 try:
                     return self.read(a[0], a[1], a[2], a[3], a[4])
-                except StoreClosedError:    # a rebuild closed the queue under the read: again, on its new one
+                except StoreClosedError:    # a rebuild or retention closed a file under it: run again
                     if not self.gate.swapped(generation):
                         raise
         finally:

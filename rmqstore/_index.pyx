@@ -615,7 +615,7 @@ cdef class KeyLookup:
                 try:
                     view = self.index.view
                     return view._query(a[0], a[1], a[2], a[3], a[4], self.cap, self.segments.segments)
-                except StoreClosedError:    # a rebuild closed the index under the query: again, on its new one
+                except StoreClosedError:    # a rebuild or retention closed a file under it: run again
                     if not self.gate.swapped(generation):
                         raise
         finally:
