@@ -223,6 +223,31 @@ def test_a_pending_message_the_queue_does_not_reach_now_is_kept(strict):
     assert [(m.body, m.system_properties.delivery_attempt) for m in receive()] == [(b"seed", 2)]
 
 
+def test_a_group_whose_dead_letter_topic_cannot_exist_is_refused(tmp_path):
+    """Groups may have 255 characters, topics 127 bytes: for a group of 123 or more, a
+    message past its last attempt could not move to "%DLQ%" + group (the store refused the
+    topic), and from then on every receive of the group answered ILLEGAL_TOPIC: its other
+    messages were never delivered. Now such a group is refused (ILLEGAL_CONSUMER_GROUP)
+    before anything is handed out; one of 122 works, dead letters included."""
+    with running(tmp_path / "s", max_attempts=1) as (store, _ep, addr):
+        store.put(Message("Known", b"m1"), queue_id=0)
+        store.wait_dispatched(10)
+        channel, s = stub(addr)
+        with channel:
+            def receive(group):
+                req = service_pb2.ReceiveMessageRequest(batch_size=8)
+                req.group.name, req.message_queue.topic.name = group, "Known"
+                req.invisible_duration.seconds = 1
+                got = list(s.ReceiveMessage(req, timeout=10))
+                return got[0].status.code, [r.message.body for r in got if r.HasField("message")]
+            assert receive("G" * 123) == (Code.ILLEGAL_CONSUMER_GROUP, [])
+            assert receive("G" * 122) == (Code.OK, [b"m1"])
+            time.sleep(1.2)
+            assert receive("G" * 122) == (Code.MESSAGE_NOT_FOUND, [])    # past its last attempt: dead-lettered
+            store.wait_dispatched(10)
+            assert [m.body for m in store.scan() if m.topic == "%DLQ%" + "G" * 122] == [b"m1"]
+
+
 def test_a_send_of_several_messages_is_all_or_nothing(strict):
     """A request of two messages whose second the store refuses (its record is over the
     1 KiB limit, the body alone is not): the first was stored while the answer said

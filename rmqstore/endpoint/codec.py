@@ -21,6 +21,7 @@ TAGS = "TAGS"
 KEYS = "KEYS"
 MESSAGE_GROUP = "__SHARDINGKEY"
 DELIVER_MS = "__STARTDELIVERTIME"
+DLQ_PREFIX = "%DLQ%"      # a group's dead-letter topic is this + the group
 MAX_DELAY_MS = 40 * 86_400_000      # how far ahead a delivery time may be
 SYSTEM_PROPERTIES = frozenset({UNIQ_KEY, TAGS, KEYS, MESSAGE_GROUP, DELIVER_MS, "DLQ_ORIGIN_TOPIC",
                                "DLQ_ORIGIN_MESSAGE_ID"})
@@ -155,5 +156,5 @@ def to_dead_letter(m: MessageExt, group: str, attempts: int) -> Message:
     props = {k: v for k, v in m.properties.items() if v is not None and k not in (TAGS, KEYS)}
     props["DLQ_ORIGIN_TOPIC"] = m.topic
     props["DLQ_ORIGIN_MESSAGE_ID"] = props.get(UNIQ_KEY) or m.msg_id
-    return Message("%DLQ%" + group, m.body, tags=m.tags, keys=m.keys or None, properties=props,
+    return Message(DLQ_PREFIX + group, m.body, tags=m.tags, keys=m.keys or None, properties=props,
                    born_timestamp=m.born_timestamp, reconsume_times=max(0, attempts - 1))
