@@ -9,7 +9,7 @@ from rmqstore._layout cimport CqEntry
 from rmqstore._segment cimport MappedSegment, queue_end, queue_find
 from rmqstore._read import gather_messages
 from rmqstore.consumer import GetMessageResult, GetMessageStatus, TagFilter, fill_result
-from rmqstore.errors import InvalidArgumentError
+from rmqstore.errors import InvalidArgumentError, StoreClosedError
 from rmqstore.topics import is_safe_dirname
 
 log = logging.getLogger("rmqstore.consumer")
@@ -57,11 +57,22 @@ cdef class QueueReader:
         if topic is MISSING or queue_id is MISSING or offset is MISSING or more or unknown:
             misfit("get_messages", (topic, queue_id, offset, max_count, tags), more, unknown)
         cdef tuple a = self.checks.run((topic, queue_id, offset, max_count, tags), None)
+        cdef long long generation
         self.gate.enter()
         try:
-            return self.read(a[0], a[1], a[2], a[3], a[4])
+            while True:
+                generation = self.gate.generation
+                try:
+                    return self.read(a[0], a[1], a[2], a[3], a[4])
+                except StoreClosedError:    # a rebuild or retention closed a file under it: run again
+                    if not self.gate.swapped(generation):
+                        raise
         finally:
             self.gate.leave()
+
+    def rebind(self, queues not None):
+        """Read the consume-queue table ``queues`` from now on (a rebuild's new one)."""
+        self.queues = queues
 
     cdef object read(self, topic, queue_id, object offset, object max_count, tags):
         """Up to ``max_count`` messages of one queue from ``offset``, filtered by a tag

@@ -2,10 +2,13 @@ cdef class Gate:
     cdef unsigned long *idents   # the thread of each operation inside (n of cap)
     cdef Py_ssize_t n, cap
     cdef public bint closing
+    cdef public long long generation   # odd while a rebuild or retention closes files readers read
+    cdef public object swap_lock       # held meanwhile (MessageStore._closing_files)
     cdef str path
     cdef object on_closing
     cpdef enter(self)
     cpdef leave(self)
+    cdef bint swapped(self, long long generation) except -1
 
 
 cdef class ArgChecks:

@@ -24,6 +24,8 @@ cdef class Gate:
             raise MemoryError()
         self.n = 0
         self.closing = False
+        self.generation = 0
+        self.swap_lock = None
         self.path = path
         self.on_closing = on_closing
 
@@ -52,6 +54,17 @@ cdef class Gate:
         if i >= 0:
             self.n -= 1
             self.idents[i] = self.idents[self.n]
+
+    cdef bint swapped(self, long long generation) except -1:
+        """After a read raised StoreClosedError: whether a rebuild or retention closed files
+        since ``generation`` (read before the read began) or was closing them then, so the
+        read met one of them; waits for that step to end, then the read is run again on what
+        the store holds now (a seqlock: ``generation`` is odd during the step)."""
+        if self.generation == generation and not generation & 1:
+            return False
+        with self.swap_lock:
+            pass
+        return True
 
     def others_running(self):
         """Whether an operation of another thread is still inside."""
@@ -161,18 +174,27 @@ def misfit(str name, tuple params, tuple more, dict unknown):
     raise InvalidArgumentTypeError(f"MessageStore.{name}(): a call that does not fit its signature")
 
 
-def gated(method, ArgChecks checks not None):
+def gated(method, ArgChecks checks not None, bint reads_logics=False):
     """``method`` of a store run as an operation of the store's ``_gate`` (see Gate), its
     arguments checked first, a call that does not fit its signature an
-    InvalidArgumentTypeError: the whole wrapper in C."""
+    InvalidArgumentTypeError: the whole wrapper in C. ``reads_logics``: a read of consume
+    queues or the index, run again when a rebuild or retention closed files under it
+    (Gate.swapped)."""
     def run(self, *args, **kwargs):
         cdef Gate gate
         cdef tuple given = args
+        cdef long long generation
         args = checks.run(args, kwargs)
         gate = self._gate
         gate.enter()
         try:
-            return method(self, *args, **kwargs)
+            while True:
+                generation = gate.generation
+                try:
+                    return method(self, *args, **kwargs)
+                except StoreClosedError:
+                    if not reads_logics or not gate.swapped(generation):
+                        raise
         except TypeError:
             check_call(method, (self, *given), kwargs)   # InvalidArgumentTypeError for a bad call
             raise

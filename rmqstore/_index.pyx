@@ -607,12 +607,23 @@ cdef class KeyLookup:
         if topic is MISSING or key is MISSING or more or unknown:
             misfit("query_by_key", (topic, key, max_num, begin, end), more, unknown)
         cdef tuple a = self.checks.run((topic, key, max_num, begin, end), None)
+        cdef long long generation
         self.gate.enter()
         try:
-            view = self.index.view
-            return view._query(a[0], a[1], a[2], a[3], a[4], self.cap, self.segments.segments)
+            while True:
+                generation = self.gate.generation
+                try:
+                    view = self.index.view
+                    return view._query(a[0], a[1], a[2], a[3], a[4], self.cap, self.segments.segments)
+                except StoreClosedError:    # a rebuild or retention closed a file under it: run again
+                    if not self.gate.swapped(generation):
+                        raise
         finally:
             self.gate.leave()
+
+    def rebind(self, index not None):
+        """Query the index service ``index`` from now on (a rebuild's new one)."""
+        self.index = index
 
 
 cdef str limits(object topic, object max_num, object begin, object end, Py_ssize_t cap,

@@ -38,7 +38,9 @@ cpdef str text_arg(str name, object s):
 
 cpdef str keys_text(object keys):
     """A sequence of str keys as the KEYS value, joined by spaces; InvalidArgumentTypeError
-    for bytes and anything iter() refuses (a 0-d numpy array too, despite its __iter__)."""
+    for bytes and anything iter() refuses (a 0-d numpy array too, despite its __iter__),
+    InvalidArgumentError for an empty key or one holding a space (RocketMQ's separator:
+    "a b" would be read back, and indexed, as the two keys "a" and "b")."""
     if isinstance(keys, (bytes, bytearray)):
         it = None
     else:
@@ -48,7 +50,17 @@ cpdef str keys_text(object keys):
             it = None
     if it is None:
         raise InvalidArgumentTypeError(f"keys must be a str or a sequence of str, not {type(keys).__name__}")
-    return " ".join([text_arg("key", k) for k in it])
+    keys = [text_arg("key", k) for k in it]
+    for k in keys:
+        if not k or " " in k:
+            raise InvalidArgumentError(f"key {k!r} is empty or holds a space, the separator of KEYS")
+    return " ".join(keys)
+
+
+cdef list split_keys(object text):
+    """The keys of a KEYS value as RocketMQ's index takes them: split at each space (its
+    KEY_SEPARATOR, not at other whitespace: "a\\tb" is one key), empty ones dropped."""
+    return [k for k in text.split(" ") if k] if text else []
 
 
 cdef object body_arg(object body):
@@ -86,8 +98,8 @@ cdef class Message:
     Message(topic, body=b"", tags=None, keys=None, properties=None, *, flag=0, sys_flag=0,
     born_timestamp=0, born_host=None, reconsume_times=0, prepared_transaction_offset=0,
     delay_level=None): ``topic`` a str; ``body`` any bytes-like object; ``tags`` a str;
-    ``keys`` a str or a sequence of str (stored space-separated); ``properties`` a mapping
-    of str to str; ``flag`` a Java int; ``born_timestamp`` ms (0: the store time);
+    ``keys`` a str of space-separated keys or a sequence of keys (each non-empty, with no
+    space); ``properties`` a mapping of str to str; ``flag`` a Java int; ``born_timestamp`` ms (0: the store time);
     ``born_host`` "ip:port" (None: the store host); ``delay_level`` a RocketMQ delay
     level (moves the message to SCHEDULE_TOPIC_XXXX until due). Raises
     InvalidArgumentError (InvalidArgumentTypeError for a wrong type) for a bad argument."""
@@ -133,7 +145,7 @@ cdef class Message:
 
     @property
     def keys(self):
-        return self.properties.get("KEYS", "").split()
+        return split_keys(self.properties.get("KEYS"))
 
     def __repr__(self):
         return f"Message(topic={self.topic!r}, body={len(self.body)} bytes, properties={self.properties!r})"
@@ -296,7 +308,7 @@ cdef class MessageExt:
     @property
     def tags(self): return self.properties.get("TAGS")
     @property
-    def keys(self): return self.properties.get("KEYS", "").split()
+    def keys(self): return split_keys(self.properties.get("KEYS"))
     @property
     def uniq_key(self): return self.properties.get("UNIQ_KEY")
     @property

@@ -12,7 +12,7 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndS
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp
+from libc.string cimport memchr, memcmp
 from rmqstore._copy cimport copy_short
 import numpy as np
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -468,6 +468,8 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
             if cols[c].off32 == NULL and cols[c].off64 == NULL:   # lists of one (or no row)
                 col_ok[c] = all_clean(&cols[c].s, 0, n, True)
             else:
+                if c == 2:
+                    check_key_lists(&cols[c], n)
                 col_ok[c] = all_clean(&cols[c].s, offset(cols[c].off32, cols[c].off64, cols[c].start),
                                       offset(cols[c].off32, cols[c].off64, cols[c].start + n), False)
     for c in range(3 if props is None else 0):   # leading columns of one string for every row: a prefix
@@ -571,6 +573,21 @@ def arrow_rows(Py_ssize_t n, props=None, list columns=None, generate=None):
         return data, offsets, delays
     finally:
         free(e)
+
+
+cdef int check_key_lists(const Lists *l, int64_t n) except -1:
+    """InvalidArgumentError naming the row of an empty key, or one holding a space (the KEYS
+    separator: "a b" would be read back, and indexed, as "a" and "b"), in a list of keys."""
+    cdef int64_t i, j, x, y, m
+    cdef const char *p
+    for i in range(n):
+        if list_at(l, i, &x, &y):
+            for j in range(x, y):
+                p = str_at(&l.s, j, &m)
+                if p != NULL and (m == 0 or memchr(p, b' ', m) != NULL):
+                    raise InvalidArgumentError(f"row {i}: key {p[:m].decode('utf-8', 'replace')!r} is empty or "
+                                               "holds a space, the separator of KEYS")
+    return 0
 
 
 cdef int64_t joined_len(const Lists *cols, const Entry *e) noexcept nogil:

@@ -53,15 +53,17 @@ def _callable(name: str, v: Any) -> Any:
 
 
 def _str_sequence(name: str, v: Any) -> Any:
-    """A list/tuple-like of str (each element is checked where it is used). Iterable is
-    what iter() takes: a 0-d numpy array has __iter__ but refuses it."""
+    """A list/tuple-like of str (each element is checked where it is used), any other
+    iterable as a list: a call run again (a read a rebuild closed files under) reads it
+    again, which a generator would not allow. Iterable is what iter() takes: a 0-d numpy
+    array has __iter__ but refuses it."""
     try:
-        iter(v)
+        it = iter(v)
     except TypeError:
         _bad_type(name, v, "a sequence of str")
     if isinstance(v, (str, bytes)):
         _bad_type(name, v, "a sequence of str")
-    return v
+    return v if type(v) in (list, tuple) else list(it)
 
 
 def path_arg(name: str, v: Any) -> Any:

@@ -130,7 +130,9 @@ class FlushService:
 
     def _periodic(self, interval_ms, least_pages, thorough_ms, flush):
         """Call ``flush(least_pages)`` every ``interval_ms``, with 0 (everything) once per
-        ``thorough_ms``; the first I/O error ends the loop (invariant 4)."""
+        ``thorough_ms``; the first I/O error ends the loop (invariant 4), and so does any
+        other error (a bug), which fails the store as an I/O error does: a flusher that
+        ended unseen would leave every later ASYNC put acknowledged and never flushed."""
         last_thorough = time.monotonic()
         while not self._stop.wait(interval_ms / 1000):
             least, now = least_pages, time.monotonic()
@@ -139,6 +141,10 @@ class FlushService:
             try:
                 flush(least)
             except (OSError, StoreReadOnlyError) as e:
+                self._fail(e)
+                return
+            except Exception as e:   # noqa: BLE001 - a bug: stop writes rather than leave them unflushed
+                log.exception("flusher failed")
                 self._fail(e)
                 return
 

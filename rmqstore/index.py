@@ -44,7 +44,9 @@ def detect_geometry(path, size, slots, entries):
         s = (size - 40) // 84
         return s, 4 * s
     raise CorruptStoreError(f"{path}: {size} bytes fits neither {slots} slots / {entries} entries "
-                            "nor a 1:4 slots-to-entries geometry")
+                            "nor a 1:4 slots-to-entries geometry (a store made with other index_slots / "
+                            "index_entries needs them given: StoreConfig, or rmqstore --index-slots N "
+                            "--index-entries N)")
 
 
 def _being_changed(error, path, newest):

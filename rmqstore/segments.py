@@ -240,13 +240,17 @@ class SegmentQueue(SegmentList):
             raise
 
     def flush(self, least_pages=0):
-        """Flush every segment from the one holding ``flushed_where``; returns whether the
-        flushed position moved. OSError propagates (the caller makes the store read-only)."""
+        """Flush every segment from the one holding ``flushed_where`` (one retention deleted
+        meanwhile is passed over); returns whether the flushed position moved. OSError
+        propagates (the caller makes the store read-only)."""
         before = self.flushed_where
         for seg in self.segments:
             if seg.base_offset + self.file_size <= self.flushed_where:
                 continue
-            seg.flush(least_pages)
+            try:
+                seg.flush(least_pages)
+            except StoreClosedError:   # retention deleted it since the list was read: nothing to keep
+                continue
             self.flushed_where = seg.base_offset + seg.flushed_pos
             if seg.flushed_pos < seg.wrote_pos:
                 break

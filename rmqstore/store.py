@@ -3,6 +3,7 @@ It opens and closes the components and delegates to them; the rules live in the 
 names (dispatch.py, consume_queue.py, consumer.py, maintenance/)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
@@ -62,6 +63,12 @@ def _gated(method: F) -> F:
     close() has begun it raises StoreClosedError instead of starting. Annotated arguments
     are checked first (see arguments.arg_checks). The wrapper is C (_gate.gated)."""
     return functools.wraps(method)(_gate.gated(method, arg_checks(method, 1)))  # type: ignore[return-value]
+
+
+def _gated_read(method: F) -> F:
+    """_gated for a read of consume queues or the index: should a rebuild close them under
+    it (StoreClosedError on an open store), it runs again on the new ones."""
+    return functools.wraps(method)(_gate.gated(method, arg_checks(method, 1), True))  # type: ignore[return-value]
 
 
 def _detect_cq_entries(root: str, configured: int) -> int | None:
@@ -128,7 +135,9 @@ class MessageStore:
         self._close_lock = threading.Lock()
         self._maintenance = SharedLock()   # verifies run together; a rebuild (it swaps the dispatcher), a clean alone
         self._gate = _gate.Gate(self.path, self._check_open)   # see _gate.pyx; put and put_batch pass it too
-        self._logics_lock = threading.Lock()   # flush() and the flusher both write the checkpoint
+        self._gate.swap_lock = threading.Lock()
+        # flush() and the flusher write the checkpoint; rebuild and retention close the files they flush
+        self._logics_lock = threading.Lock()
         if rebuild and not os.path.isdir(os.path.join(self.path, "commitlog")):   # before anything is made
             raise StoreNotFoundError(errno.ENOENT, "not a store to rebuild (no commitlog/ directory); its "
                                      "consumequeue/ and index/ were left alone", self.path)
@@ -206,19 +215,21 @@ class MessageStore:
 
     def _bind_readers(self) -> None:
         """The instance's get_messages and query_by_key: C methods over the consume queues
-        and the index service (see put), unless a subclass overrides them; bound again when
-        rebuild makes new ones."""
+        and the index service (see put), unless a subclass overrides them. A rebuild rebinds
+        these readers to its new queues and index, so a method taken before
+        (``get = store.get_messages``) keeps working."""
         cfg = self.config
         self._reader = _consume.QueueReader(
             self._gate, arg_checks(inspect.unwrap(MessageStore.get_messages), 1), self.consume_queues,
             self.commitlog.segments, (cfg.max_transfer_count_on_message_in_memory,
                                       cfg.max_transfer_bytes_on_message_in_memory, cfg.consume_queue_entries))
+        self._key_lookup = None if self.index is None else _index.KeyLookup(
+            self._gate, self.index, self.commitlog.segments, arg_checks(inspect.unwrap(MessageStore.query_by_key), 1),
+            cfg.max_msgs_num_batch)
         if type(self).get_messages is MessageStore.get_messages:
             self.get_messages = self._reader.get_messages   # type: ignore[method-assign]
-        if self.index is not None and type(self).query_by_key is MessageStore.query_by_key:
-            checks = arg_checks(inspect.unwrap(MessageStore.query_by_key), 1)
-            self.query_by_key = _index.KeyLookup(   # type: ignore[method-assign]
-                self._gate, self.index, self.commitlog.segments, checks, cfg.max_msgs_num_batch).query_by_key
+        if self._key_lookup is not None and type(self).query_by_key is MessageStore.query_by_key:
+            self.query_by_key = self._key_lookup.query_by_key   # type: ignore[method-assign]
 
     def _recover(self, progress: Progress | None, rebuild: bool, may_cut: str) -> None:
         cfg = self.config
@@ -595,27 +606,27 @@ class MessageStore:
         self._check_open()
         return self.consume_queues.topics()
 
-    @_gated
+    @_gated_read
     def queue_ids(self, topic: str) -> list[int]:
         """The queue ids of ``topic`` that have a consume queue, sorted ([] if none)."""
         self._check_open()
         return self.consume_queues.queue_ids(topic)
 
-    @_gated
+    @_gated_read
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The smallest queue offset still stored in queue ``queue_id`` of ``topic`` (0 if no queue)."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
-    @_gated
+    @_gated_read
     def max_offset(self, topic: str, queue_id: int) -> int:
         """The queue offset the next message of ``queue_id`` of ``topic`` gets (0 if no queue)."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.max_offset if cq is not None else 0
 
-    @_gated
+    @_gated_read
     def consume_queue_entries(self, topic: str, queue_id: int, offset: int = 0,
                               count: int | None = None) -> np.ndarray:
         """Raw consume-queue entries of one queue.
@@ -635,7 +646,7 @@ class MessageStore:
             count = max(0, cq.max_offset - offset)
         return cq.read(max(offset, cq.min_offset), count)
 
-    @_gated
+    @_gated_read
     def read_queue_columns(self, topic: str, queue_id: int, offset: int = 0, count: int | None = None,
                            check_crc: bool = False) -> dict[str, np.ndarray]:
         """The messages of one queue decoded into numpy columns, GIL released.
@@ -672,7 +683,7 @@ class MessageStore:
             (entries that could not be followed)."""
         return self._reader.get_messages(topic, queue_id, offset, max_count, tags)   # gated and checked in C
 
-    @_gated
+    @_gated_read
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
         """The queue offset for a store time (RocketMQ getOffsetInQueueByTime).
 
@@ -716,7 +727,7 @@ class MessageStore:
             raise InvalidArgumentError(f"{self.path}: message_index_enable is off")
         return self.index
 
-    @_gated
+    @_gated_read
     def query_offsets(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
                       end: int | None = None) -> list[int]:
         """RocketMQ's queryMessage: commitlog offsets whose index key hash matches.
@@ -733,7 +744,7 @@ class MessageStore:
             InvalidArgumentError: message_index_enable is off."""
         return self._index_or_raise().query_offsets(topic, key, max_num, begin, end)
 
-    @_gated
+    @_gated_read
     def query_by_key(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
                      end: int | None = None) -> list[_message.MessageExt]:
         """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest first.
@@ -747,7 +758,7 @@ class MessageStore:
         return self._index_or_raise().view.query_messages(self.commitlog.segments.segments, topic, key, max_num,
                                                           begin, end, self.config.max_msgs_num_batch)
 
-    @_gated
+    @_gated_read
     def query_keys(self, topic: str, keys: Sequence[str], max_num: int = 64, begin: int = 0,
                    end: int | None = None) -> list[list[_message.MessageExt]]:
         """query_by_key for many keys in one index pass.
@@ -761,7 +772,7 @@ class MessageStore:
         return self._index_or_raise().view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch,
                                                       self.commitlog.segments.segments)
 
-    @_gated
+    @_gated_read
     def query_keys_columns(self, topic: str, keys: Sequence[str], max_num: int = 64, begin: int = 0,
                            end: int | None = None) -> dict[str, np.ndarray]:
         """query_keys' messages as numpy columns: no Python object a message, and all but the
@@ -802,8 +813,21 @@ class MessageStore:
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now, True)
         self._check_writable()
         self._refuse_reentry("clean_expired()")   # before the maintenance lock: the write lock is taken after it
-        with self._maintenance.exclusive(), self.commitlog.lock:   # not under a verify reading the files
+        # not under a verify reading the files, nor under the flusher flushing them (_logics_lock)
+        with self._maintenance.exclusive(), self.commitlog.lock, self._logics_lock, self._closing_files():
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now)
+
+    @contextlib.contextmanager
+    def _closing_files(self) -> Iterator[None]:
+        """Around a maintenance step that closes files readers may be reading (rebuild's
+        swap, retention's deletes): a read that meets one closed waits for the step to end
+        and runs again (Gate.swapped), so it never raises StoreClosedError on an open store."""
+        with self._gate.swap_lock:
+            self._gate.generation += 1
+            try:
+                yield
+            finally:
+                self._gate.generation += 1
 
     @_gated
     def verify(self, progress: Progress | None = None, max_problems: int = 1000) -> VerifyReport:
@@ -839,10 +863,13 @@ class MessageStore:
         with self._maintenance.exclusive(), self.commitlog.lock, self._logics_lock:
             self.dispatcher.stop()
             start = self.commitlog.min_offset
-            self.consume_queues, self.index, self._cq_builder, d = fresh_logics(
-                self.path, self.config, self.commitlog, self.checkpoint, self.consume_queues, self.index)
-            self.dispatcher = d
-            self._bind_readers()
+            with self._closing_files():
+                self.consume_queues, self.index, self._cq_builder, d = fresh_logics(
+                    self.path, self.config, self.commitlog, self.checkpoint, self.consume_queues, self.index)
+                self.dispatcher = d
+                self._reader.rebind(self.consume_queues)
+                if self._key_lookup is not None:
+                    self._key_lookup.rebind(self.index)
             try:
                 dispatch_all(self.commitlog, self.consume_queues, d, progress)
             finally:

@@ -390,3 +390,19 @@ def test_put_non_string_body_is_a_one_line_error(small_store, body):
     assert "stdin line 1" in error_line(p) and "'body' must be a string" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
     assert run_json("stats", small_store)["queues"][0]["maxOffset"] == 3
+
+
+def test_an_index_of_another_geometry_says_how_to_open_it(tmp_path):
+    """A store whose index files have neither the default geometry nor RocketMQ's 1:4
+    slots-to-entries ratio (index_slots=64, index_entries=512) fails every command that
+    loads the index; the error said only that the size fits neither, not that the
+    geometry can be given. Now it names --index-slots / --index-entries, which open it."""
+    from rmqstore import Message, MessageStore, StoreConfig
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=100,
+                                                  index_slots=64, index_entries=512)) as s:
+        r = s.put(Message("T", b"x", keys=["k"]))
+    p = run("msg", tmp_path / "s", r.msg_id, expect=1)
+    assert "--index-slots N --index-entries N" in error_line(p)
+    p = run("query", tmp_path / "s", "--topic", "T", "--key", "k", "--index-slots", 64, "--index-entries", 512,
+            "--json")
+    assert [m["commitLogOffset"] for m in json.loads(p.stdout)] == [r.phy_offset]

@@ -124,7 +124,7 @@ def test_bad_filter_expressions(strict):
 
 
 def test_what_the_store_refuses_in_a_request_is_the_clients_error(strict):
-    """A user property, tag or message id holding a \x01/\x02 separator (or an empty
+    """A user property or message id holding a \x01/\x02 separator (or an empty
     property name) is refused by the store: INTERNAL_SERVER_ERROR before, BAD_REQUEST
     now. A consumer group outside RocketMQ's rule ("G G", over 255 characters) is
     ILLEGAL_CONSUMER_GROUP before anything is handed out (commit_offset refused it after
@@ -132,7 +132,6 @@ def test_what_the_store_refuses_in_a_request_is_the_clients_error(strict):
     store, _addr, s = strict
     for change in (lambda m: m.user_properties.update({"a\x01": "b"}), lambda m: m.user_properties.update({"": "b"}),
                    lambda m: m.user_properties.update({"a": "b\x02c"}),
-                   lambda m: setattr(m.system_properties, "tag", "a\x01b"),
                    lambda m: setattr(m.system_properties, "message_id", "01\x02AB")):
         req = _send_request("Known", b"x")
         change(req.messages[0])
@@ -147,6 +146,125 @@ def test_what_the_store_refuses_in_a_request_is_the_clients_error(strict):
     assert [r.message.body for r in got if r.HasField("message")] == [b"seed"]
     assert store.max_offset("Known", 0) + store.max_offset("Known", 1) + store.max_offset("Known", 2) \
         + store.max_offset("Known", 3) == 1
+
+
+def _stored(store, topic="Known"):
+    store.wait_dispatched(10)
+    return sum(store.max_offset(topic, q) for q in store.queue_ids(topic))
+
+
+@pytest.mark.parametrize("name", ["DELAY", "REAL_TOPIC", "TRAN_MSG", "WAIT", "TIMER_DELIVER_MS", "RECONSUME_TIME"])
+def test_system_property_names_are_refused_in_a_send(strict, name):
+    """A user property named as one of RocketMQ's system properties (MessageConst's
+    STRING_HASH_SET, which its proxy refuses): DELAY=3 was answered OK and the store's
+    delay rewrite moved the message to SCHEDULE_TOPIC_XXXX, so no consumer of the topic
+    ever got the acknowledged message. Now ILLEGAL_MESSAGE_PROPERTY_KEY, nothing stored."""
+    store, _addr, s = strict
+    req = _send_request("Known", b"x")
+    req.messages[0].user_properties[name] = "3"
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == Code.ILLEGAL_MESSAGE_PROPERTY_KEY and name in res.status.message
+    assert _stored(store) == 1 and "SCHEDULE_TOPIC_XXXX" not in store.topics()
+
+
+@pytest.mark.parametrize("topic", ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_x"])
+def test_system_topics_are_refused(strict, topic):
+    """RocketMQ's system topics (TopicValidator.isSystemTopic), which its proxy refuses
+    ("cannot access system topic"), were served: a receive from SCHEDULE_TOPIC_XXXX handed
+    out a message the store holds there for a delay of 2 hours at once, and sends went
+    there too. Now routes, sends and receives of them answer ILLEGAL_TOPIC."""
+    store, _addr, s = strict
+    store.put(Message("Known", b"later", properties={"DELAY": "18"}))
+    store.wait_dispatched(10)
+    res = s.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name=topic)), timeout=10)
+    assert res.status.code == Code.ILLEGAL_TOPIC
+    assert s.SendMessage(_send_request(topic, b"x"), timeout=10).status.code == Code.ILLEGAL_TOPIC
+    req = service_pb2.ReceiveMessageRequest(batch_size=8)
+    req.group.name, req.message_queue.topic.name = "G", topic
+    assert [r.status.code for r in s.ReceiveMessage(req, timeout=10)] == [Code.ILLEGAL_TOPIC]
+    assert [m.body for m in store.scan()] == [b"seed", b"later"]
+
+
+@pytest.mark.parametrize("tag", ["a\nb", "\x1b[2J", " ", "a\x01b", "a\x85b", "a|b"])
+def test_blank_tags_and_tags_with_control_characters_are_refused(strict, tag):
+    """RocketMQ's proxy (GrpcValidator.validateTag) refuses a blank tag and one holding '|'
+    or a control character with ILLEGAL_MESSAGE_TAG; only '|' was refused here, and a tag
+    such as "a\\nb" or "\\x1b[2J" was stored. Now all of them are, and nothing is stored."""
+    store, _addr, s = strict
+    req = _send_request("Known", b"x")
+    req.messages[0].system_properties.tag = tag
+    assert s.SendMessage(req, timeout=10).status.code == Code.ILLEGAL_MESSAGE_TAG
+    req.messages[0].system_properties.tag = "a b"
+    assert s.SendMessage(req, timeout=10).status.code == Code.OK
+    assert [m.tags for m in store.scan()] == ["TagA", "a b"]
+
+
+def test_a_pending_message_the_queue_does_not_reach_now_is_kept(strict):
+    """A handed-out message whose invisible time passed is read again for its next
+    delivery; when the queue did not reach it (a rebuild in the same process making the
+    queue again answers NO_MESSAGE_IN_QUEUE or OFFSET_OVERFLOW_*), it was taken as removed
+    by retention and finished: never delivered again, though stored. Now it stays pending
+    and comes back once the queue reaches it; only a removed or unreadable one is finished."""
+    store, _addr, s = strict
+
+    def receive():
+        req = service_pb2.ReceiveMessageRequest(batch_size=8)
+        req.group.name, req.message_queue.topic.name = "G", "Known"
+        req.invisible_duration.seconds = 1
+        return [r.message for r in s.ReceiveMessage(req, timeout=10) if r.HasField("message")]
+    assert [(m.body, m.system_properties.delivery_attempt) for m in receive()] == [(b"seed", 1)]
+    real = store.get_messages
+    store.get_messages = lambda topic, *args, **kwargs: real("Rebuilding", *args, **kwargs)
+    try:
+        time.sleep(1.2)
+        assert receive() == []
+    finally:
+        store.get_messages = real
+    assert [(m.body, m.system_properties.delivery_attempt) for m in receive()] == [(b"seed", 2)]
+
+
+def test_a_group_whose_dead_letter_topic_cannot_exist_is_refused(tmp_path):
+    """Groups may have 255 characters, topics 127 bytes: for a group of 123 or more, a
+    message past its last attempt could not move to "%DLQ%" + group (the store refused the
+    topic), and from then on every receive of the group answered ILLEGAL_TOPIC: its other
+    messages were never delivered. Now such a group is refused (ILLEGAL_CONSUMER_GROUP)
+    before anything is handed out; one of 122 works, dead letters included."""
+    with running(tmp_path / "s", max_attempts=1) as (store, _ep, addr):
+        store.put(Message("Known", b"m1"), queue_id=0)
+        store.wait_dispatched(10)
+        channel, s = stub(addr)
+        with channel:
+            def receive(group):
+                req = service_pb2.ReceiveMessageRequest(batch_size=8)
+                req.group.name, req.message_queue.topic.name = group, "Known"
+                req.invisible_duration.seconds = 1
+                got = list(s.ReceiveMessage(req, timeout=10))
+                return got[0].status.code, [r.message.body for r in got if r.HasField("message")]
+            assert receive("G" * 123) == (Code.ILLEGAL_CONSUMER_GROUP, [])
+            assert receive("G" * 122) == (Code.OK, [b"m1"])
+            time.sleep(1.2)
+            assert receive("G" * 122) == (Code.MESSAGE_NOT_FOUND, [])    # past its last attempt: dead-lettered
+            store.wait_dispatched(10)
+            assert [m.body for m in store.scan() if m.topic == "%DLQ%" + "G" * 122] == [b"m1"]
+
+
+def test_a_send_of_several_messages_is_all_or_nothing(strict):
+    """A request of two messages whose second the store refuses (its record is over the
+    1 KiB limit, the body alone is not): the first was stored while the answer said
+    MESSAGE_BODY_TOO_LARGE, so a client retrying the request stored it twice. Now the
+    request is one put_batch: refused whole, nothing stored; a good pair is stored."""
+    store, _addr, s = strict
+    req = _send_request("Known", b"x")
+    big = req.messages.add()
+    big.CopyFrom(req.messages[0])
+    big.body, big.system_properties.message_id = b"y" * 1024, "01ABCDF0"
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == Code.MESSAGE_BODY_TOO_LARGE and len(res.entries) == 0
+    assert _stored(store) == 1
+    big.body = b"y"
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == Code.OK and [e.status.code for e in res.entries] == [Code.OK, Code.OK]
+    assert _stored(store) == 3
 
 
 def test_stale_receipts_and_unsupported_calls(strict):

@@ -371,3 +371,52 @@ def test_put_batch_names_the_message_it_refuses(tmp_path, bad, error):
             store.put_batch([Message("T", b"a"), Message("T", b"b"), bad, Message("T", b"c")])
         assert e.value.message_index == 2
         assert store.max_phy_offset == 0
+
+
+def test_keys_split_only_at_spaces_as_the_index_and_arrow_do(tmp_path):
+    """RocketMQ's KEY_SEPARATOR is one space: a KEYS value "a\\tb  c\\u00a0d" holds the keys
+    "a\\tb" and "c\\u00a0d", as the index and the Arrow decoder (Spark's keys column) read
+    it. Message.keys and MessageExt.keys split at any whitespace and said ["a", "b", "c",
+    "d"]: keys the index does not hold, and not those it does."""
+    import rmqstore.batch as batch
+    value = "a\tb  c\u00a0d "
+    want = ["a\tb", "c\u00a0d"]
+    assert Message("T", b"x", keys=value).keys == want
+    with MessageStore(tmp_path / "s", _cfg()) as s:
+        r = s.put(Message("T", b"x", keys=value))
+        s.wait_dispatched()
+        assert s.get_by_offset(r.phy_offset).keys == want
+        assert [m.keys for m in s.scan()] == [want]
+        for k in want:
+            assert [m.phy_offset for m in s.query_by_key("T", k)] == [r.phy_offset]
+    (path, base, _size), = batch.segment_files(tmp_path / "s")
+    (rb,) = batch.iter_arrow(path, base, columns=["keys"])
+    assert rb.column("keys").to_pylist() == [want]
+
+
+def _put_keys(s, how, keys):
+    import pyarrow as pa
+    if how == "put":
+        return s.put(Message("T", b"x", keys=keys))
+    if how == "put_batch":
+        return s.put_batch([Message("T", b"ok"), Message("T", b"x", keys=keys)])
+    if how == "put_columns":
+        return s.put_columns("T", [b"ok", b"x"], keys=[None, keys])
+    kind = pa.list_(pa.string()) if how == "put_arrow" else pa.large_list(pa.large_string())
+    return s.put_arrow(pa.table({"topic": ["T", "T"], "body": [b"ok", b"x"], "keys": pa.array([["k"], keys], kind)}))
+
+
+@pytest.mark.parametrize("how", ["put", "put_batch", "put_columns", "put_arrow", "put_arrow_large"])
+@pytest.mark.parametrize("keys", [["a b"], ["k", "a b"], ["k", ""]])
+def test_a_key_holding_the_keys_separator_is_refused(tmp_path, how, keys):
+    """A list of keys is stored joined by spaces, RocketMQ's KEY_SEPARATOR: the key "a b"
+    was stored as KEYS "a b", which the index, a broker and every reader take as the keys
+    "a" and "b" (and an empty key vanished). Every write path now refuses such a key with
+    InvalidArgumentError and stores nothing; a str of space-separated keys stays allowed."""
+    with MessageStore(tmp_path / "s", _cfg()) as s:
+        with pytest.raises(InvalidArgumentError, match="separator of KEYS"):
+            _put_keys(s, how, keys)
+        assert list(s.scan()) == []
+        _put_keys(s, how, ["k1", "k2"])
+        assert [m.keys for m in s.scan()][-1] == ["k1", "k2"]
+        assert s.put(Message("T", b"x", keys="k3 k4")).size > 0

@@ -309,3 +309,87 @@ def test_rebuild_of_a_directory_that_is_no_store_removes_nothing(tmp_path, read_
         MessageStore(d, rebuild=True, read_only=read_only)
     assert sorted(str(p.relative_to(d)) for p in d.rglob("*")) == before
     assert (d / "index" / "page.html").read_text() == "precious"
+
+
+def _keyed_store(path, n=300):
+    s = MessageStore(path, StoreConfig(commitlog_file_size=1 << 18, consume_queue_entries=500, index_slots=1000,
+                                       index_entries=4000, warm_mapped_file=False))
+    for i in range(n):
+        s.put(Message("T", b"x%d" % i, keys=[f"k{i}"]), queue_id=i % 3)
+    s.wait_dispatched()
+    return s
+
+
+def test_methods_taken_before_a_rebuild_keep_reading(tmp_path):
+    """get_messages and query_by_key are C methods bound to the consume queues and index;
+    a rebuild made new ones and bound new methods, so one taken before (``get =
+    store.get_messages``) raised StoreClosedError on every call after the rebuild, and
+    query_by_key answered [] for a stored key. Now the rebuild rebinds the same readers."""
+    with _keyed_store(tmp_path / "s") as s:
+        get, by_key = s.get_messages, s.query_by_key
+        s.rebuild()
+        assert len(get("T", 0, 0, 32).messages) == 32
+        assert [m.body for m in by_key("T", "k7")] == [b"x7"]
+
+
+def test_reads_racing_a_rebuild_never_find_the_store_closed(tmp_path):
+    """Reads of consume queues and the index in other threads while rebuilds run: a read
+    that met a file the rebuild had just closed raised StoreClosedError ("segment is
+    closed", "index is closed") on a store still open. Now such a read runs again on the
+    rebuild's new files: no StoreError at all, and every message reads back after."""
+    import threading
+    import time
+
+    from rmqstore import StoreError
+    errors, stop = [], threading.Event()
+    with _keyed_store(tmp_path / "s") as s:
+        get, by_key = s.get_messages, s.query_by_key
+        reads = [lambda: get("T", 1, 5, 32), lambda: by_key("T", "k9"), lambda: s.query_offsets("T", "k9"),
+                 lambda: s.query_keys("T", ["k1", "k2"]), lambda: s.query_keys_columns("T", ["k1"]),
+                 lambda: s.read_queue_columns("T", 0, 0, 50), lambda: s.consume_queue_entries("T", 1, 0, 50),
+                 lambda: s.offset_by_time("T", 2, int(time.time() * 1000)), lambda: s.min_offset("T", 1)]
+
+        def loop(read):
+            while not stop.is_set():
+                try:
+                    read()
+                except StoreError as e:
+                    errors.append(repr(e))
+        threads = [threading.Thread(target=loop, args=(r,)) for r in reads]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(15):
+                s.rebuild()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert errors == []
+        assert [s.max_offset("T", q) for q in range(3)] == [100] * 3
+        assert [len(s.get_messages("T", q, 68, 32).messages) for q in range(3)] == [32] * 3
+        assert [m.body for m in s.query_by_key("T", "k299")] == [b"x299"]
+
+
+def test_a_read_run_again_after_a_rebuild_reads_a_generator_of_keys_whole(tmp_path):
+    """A read that met files a rebuild closed runs again; keys given as a generator were
+    used up by the first run, so the second answered for no key at all. Keys are now taken
+    as a list before the first run."""
+    from rmqstore import StoreClosedError
+    with _keyed_store(tmp_path / "s") as s:
+        real, calls = s._index_or_raise, []
+
+        class Closing:   # an index a rebuild closes while the query walks it
+            class view:
+                @staticmethod
+                def query_many(topic, keys, *args):
+                    list(keys)
+                    s._gate.generation += 2
+                    raise StoreClosedError("index is closed")
+
+        def closed_once():
+            calls.append(1)
+            return Closing if len(calls) == 1 else real()
+        s._index_or_raise = closed_once
+        found = s.query_keys("T", (k for k in ["k3", "k4"]))
+        assert [[m.body for m in ms] for ms in found] == [[b"x3"], [b"x4"]] and len(calls) == 2

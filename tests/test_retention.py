@@ -110,3 +110,89 @@ def test_a_scan_goes_on_past_segments_deleted_under_it(tmp_path):
     kept = [r.phy_offset for r in res if r.phy_offset >= 3 * 4096]
     assert rest[len(rest) - len(kept):] == kept
     assert all(p < 3 * 4096 for p in rest[:len(rest) - len(kept)])
+
+
+def test_reads_racing_retention_never_find_the_store_closed(tmp_path):
+    """Reads of consume queues and the index in other threads while clean_expired deletes
+    the oldest segments under them: a read that met a file just deleted (a commitlog or
+    consume-queue segment) raised StoreClosedError ("segment is closed") on a store still
+    open. Now it runs again once the deletes are done, on what is left."""
+    import threading
+
+    from rmqstore import StoreError
+    cfg = StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=100, index_slots=100, index_entries=400,
+                      warm_mapped_file=False, file_reserved_time=0)
+    errors, stop = [], threading.Event()
+    with MessageStore(tmp_path / "s", cfg) as s:
+        reads = [lambda: s.read_queue_columns("Ret", 0, 0, 50), lambda: s.consume_queue_entries("Ret", 0, 0, 50),
+                 lambda: s.query_keys("Ret", ["k5", "k900"]),
+                 lambda: s.offset_by_time("Ret", 0, int(time.time() * 1000)),
+                 lambda: s.get_messages("Ret", 0, 0, 32)]
+
+        def loop(read):
+            while not stop.is_set():
+                try:
+                    read()
+                except StoreError as e:
+                    errors.append(repr(e))
+        threads = [threading.Thread(target=loop, args=(r,)) for r in reads]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(30):
+                for j in range(200):
+                    s.put(Message("Ret", b"y" * 200, keys=[f"k{i * 200 + j}"]), queue_id=0)
+                s.wait_dispatched()
+                s.clean_expired(now=time.time() + 10 ** 6)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert errors == []
+        assert s.max_offset("Ret", 0) == 6_000 and s.min_offset("Ret", 0) > 0
+
+
+def test_the_logics_flusher_outlives_retention(tmp_path):
+    """clean_expired closed consume-queue and index files without the logics lock the
+    background flusher holds while it flushes them, so the flusher met a closed file,
+    died of StoreClosedError, and from then on nothing flushed the consume queues, index,
+    checkpoint or committed consumer offsets. Now retention takes that lock: the flusher
+    lives on and an offset committed after the race reaches the disk."""
+    import json
+    import threading
+
+    cfg = StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=100, index_slots=100, index_entries=400,
+                      warm_mapped_file=False, file_reserved_time=0, flush_cq_interval_ms=1, flush_cq_least_pages=0)
+    with MessageStore(tmp_path / "s", cfg) as s:
+        for i in range(40):
+            for j in range(200):
+                s.put(Message("Ret", b"y" * 200, keys=[f"k{i * 200 + j}"]), queue_id=0)
+            s.wait_dispatched()
+            s.clean_expired(now=time.time() + 10 ** 6)
+        assert [t for t in threading.enumerate() if t.name == "rmq-flush-logics" and t.is_alive()]
+        s.commit_offset("G", "Ret", 0, 7777)
+        deadline = time.monotonic() + 10
+        path = tmp_path / "s" / "config" / "consumerOffset.json"
+        while time.monotonic() < deadline and not (path.exists() and "7777" in path.read_text()):
+            time.sleep(0.01)
+        assert json.loads(path.read_text())["offsetTable"]["Ret@G"] == {"0": 7777}
+
+
+def test_a_segment_deleted_while_the_flusher_walks_the_list_is_passed_over(tmp_path):
+    """ASYNC: retention may delete an old segment whose pages the flusher has not synced
+    (disk pressure deletes whatever the age). A flusher that read the segment list before
+    the delete met the closed segment: StoreClosedError, which ended the flusher thread
+    (and, with flusher errors failing the store, turned it read-only). A deleted segment
+    needs no flush: it is passed over and the ones after it are flushed."""
+    cfg = StoreConfig(commitlog_file_size=4096, consume_queue_entries=4, warm_mapped_file=False, **SMALL_INDEX,
+                      flush_mode="async", flush_interval_ms=1 << 30, flush_thorough_interval_ms=1 << 30)
+    with MessageStore(tmp_path / "s", cfg) as s:
+        res = [s.put(Message("Ret", b"x" * 300), queue_id=0) for _ in range(30)]
+        s.wait_dispatched()
+        segs = list(s.commitlog.segments.segments)
+        assert len(segs) > 2 and s.commitlog.flushed_offset < segs[0].size
+        segs[0].close()            # retention deletes it after the flusher read the list ...
+        s.flush()
+        assert s.commitlog.flushed_offset == s.max_phy_offset
+        s.commitlog.segments.delete_segments([segs[0]])    # ... and then takes it out of the list
+        assert s.get_by_offset(res[-1].phy_offset).body == b"x" * 300

@@ -21,9 +21,19 @@ TAGS = "TAGS"
 KEYS = "KEYS"
 MESSAGE_GROUP = "__SHARDINGKEY"
 DELIVER_MS = "__STARTDELIVERTIME"
+DLQ_PREFIX = "%DLQ%"      # a group's dead-letter topic is this + the group
 MAX_DELAY_MS = 40 * 86_400_000      # how far ahead a delivery time may be
 SYSTEM_PROPERTIES = frozenset({UNIQ_KEY, TAGS, KEYS, MESSAGE_GROUP, DELIVER_MS, "DLQ_ORIGIN_TOPIC",
                                "DLQ_ORIGIN_MESSAGE_ID"})
+# names a sent message's user properties may not use: ours, and RocketMQ's MessageConst.STRING_HASH_SET,
+# which its proxy refuses (DELAY would move the message to SCHEDULE_TOPIC_XXXX, never delivered here)
+RESERVED_PROPERTIES = SYSTEM_PROPERTIES | frozenset(
+    "TRACE_ON MSG_REGION WAIT DELAY RETRY_TOPIC REAL_TOPIC REAL_QID TRAN_MSG PGROUP MIN_OFFSET MAX_OFFSET "
+    "BUYER_ID ORIGIN_MESSAGE_ID TRANSFER_FLAG CORRECTION_FLAG MQ2_FLAG RECONSUME_TIME MAX_RECONSUME_TIMES "
+    "CONSUME_START_TIME POP_CK POP_CK_OFFSET 1ST_POP_TIME TRAN_PREPARED_QUEUE_OFFSET DUP_INFO EXTEND_UNIQ_INFO "
+    "INSTANCE_ID CORRELATION_ID REPLY_TO_CLIENT TTL ARRIVE_TIME PUSH_REPLY_TIME CLUSTER MSG_TYPE "
+    "INNER_MULTI_QUEUE_OFFSET TIMER_DELAY_SEC TIMER_DELIVER_MS TIMER_ENQUEUE_MS TIMER_DEQUEUE_MS TIMER_ROLL_TIMES "
+    "TIMER_OUT_MS TIMER_DEL_UNIQKEY TIMER_DELAY_LEVEL __BORNHOST BORN_TIMESTAMP".split())
 
 
 class RequestError(Exception):
@@ -64,12 +74,12 @@ def to_store(pb: definition_pb2.Message, peer: str, max_body: int) -> Message:
         raise RequestError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
     if len(body) > max_body:
         raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body of {len(body)} bytes is over the limit of {max_body}")
-    if "|" in sp.tag:
-        raise RequestError(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} contains '|'")
+    if "|" in sp.tag or sp.tag.isspace() or any(c < " " or "\x7f" <= c <= "\x9f" for c in sp.tag):
+        raise RequestError(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or holds '|' or a control character")
     if any(not k or any(c.isspace() for c in k) for k in sp.keys):
         raise RequestError(Code.ILLEGAL_MESSAGE_KEY, "keys must be non-empty and contain no whitespace")
     props = dict(pb.user_properties)
-    clash = SYSTEM_PROPERTIES.intersection(props)
+    clash = RESERVED_PROPERTIES.intersection(props)
     if clash:
         raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"reserved property name(s): {', '.join(sorted(clash))}")
     props[UNIQ_KEY] = sp.message_id
@@ -146,5 +156,5 @@ def to_dead_letter(m: MessageExt, group: str, attempts: int) -> Message:
     props = {k: v for k, v in m.properties.items() if v is not None and k not in (TAGS, KEYS)}
     props["DLQ_ORIGIN_TOPIC"] = m.topic
     props["DLQ_ORIGIN_MESSAGE_ID"] = props.get(UNIQ_KEY) or m.msg_id
-    return Message("%DLQ%" + group, m.body, tags=m.tags, keys=m.keys or None, properties=props,
+    return Message(DLQ_PREFIX + group, m.body, tags=m.tags, keys=m.keys or None, properties=props,
                    born_timestamp=m.born_timestamp, reconsume_times=max(0, attempts - 1))

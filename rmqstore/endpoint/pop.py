@@ -29,13 +29,20 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2
 
 from rmqstore._message import MessageExt
-from rmqstore.consumer import TagFilter
+from rmqstore.consumer import GetMessageStatus, TagFilter
 from rmqstore.endpoint.codec import MESSAGE_GROUP, RequestError, deliver_at, to_dead_letter
 from rmqstore.endpoint.state import PopState, QueueState
 from rmqstore.errors import InvalidArgumentError, StoreError
 from rmqstore.store import MessageStore
 
 Code = definition_pb2.Code
+
+
+_GONE = (GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.MESSAGE_WAS_REMOVING)
+
+
+class _NotYet(Exception):
+    """A pending message the queue does not reach now (see Pop._message)."""
 
 
 @dataclass
@@ -79,10 +86,15 @@ class Pop:
             self.arrived.notify_all()
 
     def _message(self, topic: str, q: int, offset: int) -> MessageExt | None:
+        """The stored message at ``offset``; None when it is gone for good (retention removed
+        it, or its record cannot be read). _NotYet when the queue does not reach it now (a
+        rebuild in the same process is making the queue again): it stays pending."""
         res = self.store.get_messages(topic, q, offset, 1)
         if res.messages and res.messages[0].queue_offset == offset:
             return res.messages[0]
-        return None
+        if res.problems or res.status in _GONE:
+            return None
+        raise _NotYet(offset)
 
     def receive(self, group: str, topic: str, queues: list[int], expression: str, batch: int,
                 invisible_ms: int) -> list[Delivery]:
@@ -108,7 +120,10 @@ class Pop:
                 if len(out) >= batch:
                     break
                 attempts = qs.pending[off][1] + 1
-                m = self._message(topic, q, off)
+                try:
+                    m = self._message(topic, q, off)
+                except _NotYet:
+                    continue
                 if m is None:                                  # removed by retention
                     records.append(["a", group, topic, q, off])
                 elif attempts > self.max_attempts:
@@ -186,7 +201,11 @@ class Pop:
         """Move a handed-out message to ``%DLQ%group`` now (the push consumer's FIFO give-up)."""
         with self.state.lock:
             q, off, entry = self._pending(group, topic, handle)
-            m = self._message(topic, q, off)
+            try:
+                m = self._message(topic, q, off)
+            except _NotYet:
+                raise RequestError(Code.INTERNAL_SERVER_ERROR, f"queue offset {off} cannot be read now (the "
+                                   "store is rebuilding its queues); try again") from None
             if m is not None:
                 try:
                     self.store.put(to_dead_letter(m, group, entry[1]))

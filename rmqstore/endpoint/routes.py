@@ -18,6 +18,10 @@ Code = definition_pb2.Code
 BROKER_NAME = "rmqstore"
 ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
                   definition_pb2.MessageType.DELAY)
+# RocketMQ's TopicValidator.isSystemTopic, which its proxy refuses to route, send to or receive from
+SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "SCHEDULE_TOPIC_XXXX_V2", "BenchmarkTest",
+                           "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+                           "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
 
 
 class Routes:
@@ -35,6 +39,8 @@ class Routes:
             validate_topic(topic)
         except InvalidTopicError as e:
             raise RequestError(Code.ILLEGAL_TOPIC, str(e)) from None
+        if topic in SYSTEM_TOPICS or topic.startswith("rmq_sys_"):   # SCHEDULE_TOPIC_XXXX holds delayed messages
+            raise RequestError(Code.ILLEGAL_TOPIC, f"cannot access system topic {topic!r}")
         with self._lock:
             n = self._created.get(topic)
             if n is None:

@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterator, TypeVar
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
-from rmqstore.endpoint.codec import RequestError, to_proto, to_store
+from rmqstore.endpoint.codec import DLQ_PREFIX, RequestError, to_proto, to_store
 from rmqstore.endpoint.pop import Pop, check_filter
 from rmqstore.endpoint.routes import Routes
 from rmqstore.errors import InvalidArgumentError, InvalidTopicError, MessageTooLargeError, StoreError
 from rmqstore.store import MessageStore
-from rmqstore.topics import validate_group
+from rmqstore.topics import validate_group, validate_topic
 
 log = logging.getLogger("rmqstore.endpoint")
 Code = definition_pb2.Code
@@ -159,18 +159,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def SendMessage(self, request: Any, context: Any) -> Any:
         if len(request.messages) == 0:
             raise RequestError(Code.BAD_REQUEST, "no message to send")
-        msgs = []
+        msgs, qids = [], []
         for pb in request.messages:
             if pb.system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
                 raise RequestError(Code.UNSUPPORTED, "transactional messages are not supported")
-            self.routes.queues(pb.topic.name)
-            msgs.append(to_store(pb, context.peer(), self.store.config.max_message_size))
-        res = service_pb2.SendMessageResponse()
-        for pb, msg in zip(request.messages, msgs, strict=True):
             queues = self.routes.queues(pb.topic.name)
+            msgs.append(to_store(pb, context.peer(), self.store.config.max_message_size))
             group = pb.system_properties.message_group
-            q = _hash(group) % len(queues) if group else None
-            put = self.store.put(msg, q)
+            qids.append(_hash(group) % len(queues) if group else None)
+        res = service_pb2.SendMessageResponse()   # all or nothing: a refused message stores none of the request
+        for pb, put in zip(request.messages, self.store.put_batch(msgs, qids), strict=True):
             e = res.entries.add()
             _ok(e)
             e.message_id = pb.system_properties.message_id
@@ -184,9 +182,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             group, topic = request.group.name, request.message_queue.topic.name
             if not group or "@" in group:   # '@' separates topic and group in consumerOffset.json
                 raise RequestError(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group {group!r} is empty or holds '@'")
-            try:   # a group commit_offset refuses (the messages were handed out, the answer failed)
-                validate_group(group, self.store.config.strict_topic_names)
-            except InvalidArgumentError as e:
+            cfg = self.store.config
+            try:   # a group commit_offset refuses (the messages were handed out, the answer failed), or
+                # whose dead-letter topic the store refuses (past its last attempt a message could not
+                # move there, and every receive of the group failed from then on)
+                validate_group(group, cfg.strict_topic_names)
+                validate_topic(DLQ_PREFIX + group, cfg.message_version, cfg.strict_topic_names)
+            except (InvalidArgumentError, InvalidTopicError) as e:
                 raise RequestError(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group: {e}") from None
             expr = request.filter_expression
             if expr.type not in (definition_pb2.FilterType.TAG, definition_pb2.FilterType.FILTER_TYPE_UNSPECIFIED):
