@@ -143,7 +143,7 @@ def test_reads_racing_retention_never_find_the_store_closed(tmp_path):
                 for j in range(200):
                     s.put(Message("Ret", b"y" * 200, keys=[f"k{i * 200 + j}"]), queue_id=0)
                 s.wait_dispatched()
-                s.clean_expired(now=time.time() + 10 ** 6)
+                s.clean_expired(now=_at_hour(4, days_later=30))   # a deleteWhen hour
         finally:
             stop.set()
             for t in threads:
@@ -168,7 +168,7 @@ def test_the_logics_flusher_outlives_retention(tmp_path):
             for j in range(200):
                 s.put(Message("Ret", b"y" * 200, keys=[f"k{i * 200 + j}"]), queue_id=0)
             s.wait_dispatched()
-            s.clean_expired(now=time.time() + 10 ** 6)
+            s.clean_expired(now=_at_hour(4, days_later=30))   # a deleteWhen hour
         assert [t for t in threading.enumerate() if t.name == "rmq-flush-logics" and t.is_alive()]
         s.commit_offset("G", "Ret", 0, 7777)
         deadline = time.monotonic() + 10
