@@ -846,7 +846,7 @@ cdef class Appender:
         is checked, and every segment the batch rolls into is made, before the first record
         is written. The records are written with the GIL released, in runs that end where
         the segment ends or the warm mark is passed. Returns numpy arrays (phy_offset,
-        size, queue_id, queue_offset)."""
+        size, queue_id, queue_offset) and the records' store timestamp."""
         cdef BodyRows bodies = BodyRows(body_data, body_offsets)
         cdef const unsigned char[::1] pd = props_data if props_data is not None else b""
         cdef Py_ssize_t n = bodies.n, i, j, nt = len(topics), tlen
@@ -864,7 +864,7 @@ cdef class Appender:
         cdef const char *store_p = PyBytes_AS_STRING(self.store_host)
         cdef int32_t hlen = <int32_t>len(self.store_host), born_len
         cdef int32_t host_bits = STORE_V6 if hlen == 20 else 0
-        cdef int64_t fixed, plen, total, ts, wpos, seg_size = self.seg_size, batch_bytes = 0
+        cdef int64_t fixed, plen, total, ts = 0, wpos, seg_size = self.seg_size, batch_bytes = 0
         cdef Rows r
         cdef list names = [], encoded = [], states = []
         cdef const int64_t[::1] slots
@@ -1002,7 +1002,7 @@ cdef class Appender:
                     if nxt != first:
                         (<_TopicState>states[k >> 32]).set_next(k & 0xFFFFFFFF, nxt)
             self._release()
-        return phys_a, sizes_a, qids_a, qoffs_a
+        return phys_a, sizes_a, qids_a, qoffs_a, ts
 
     cdef _make_room(self, const int64_t[::1] sizes):
         """Before a batch writes anything, allocate the disk blocks that appending records of

@@ -569,3 +569,73 @@ cdef void dispatch_fill(const char *base, int64_t avail, int64_t n, DispatchRow 
         at += r.props_len
         pos += r.total
         row += 1
+
+
+def column_rows(const int64_t[::1] phy not None, const int64_t[::1] size not None, const int32_t[::1] queue_id not None,
+                const int64_t[::1] queue_offset not None, const int64_t[::1] sys_flag not None, int64_t store_ts,
+                const int64_t[::1] topic_ids not None, list topics not None, const unsigned char[::1] props not None,
+                const int64_t[::1] props_offsets not None, const int64_t[::1] born_offsets not None,
+                int32_t store_host_len):
+    """What scan_dispatch returns for records put_columns just wrote (rows and raw, the
+    same bytes), from the columns it wrote them from: ``phy`` .. ``queue_offset`` as it
+    returned them, ``sys_flag`` as given (the host IPv6 bits set here as the kernel sets
+    them, from ``born_offsets``, n + 1 offsets of the packed born hosts, a row of 0 bytes
+    being the store host), its store timestamp, each row's index into ``topics`` (UTF-8
+    bytes) and the properties column (``props`` with n + 1 ``props_offsets``). None when
+    raw would pass the int32 positions of the rows (the caller scans instead)."""
+    cdef Py_ssize_t n = phy.shape[0], i, nt = len(topics)
+    cdef int64_t kept = 0, at = 0, p0, plen, blen
+    cdef int32_t tlen
+    cdef const char **tp
+    cdef int32_t *tl
+    cdef char *q
+    cdef DispatchRow *row
+    cdef const char *pd = ""
+    if not (size.shape[0] == queue_id.shape[0] == queue_offset.shape[0] == sys_flag.shape[0] == topic_ids.shape[0]
+            == n == props_offsets.shape[0] - 1 == born_offsets.shape[0] - 1):
+        raise InvalidArgumentError(f"column_rows: columns of different lengths for {n} rows")
+    if not all(isinstance(t, bytes) for t in topics):
+        raise InvalidArgumentTypeError("column_rows: topics must be bytes")
+    for i in range(n):
+        if not 0 <= topic_ids[i] < nt:
+            raise InvalidArgumentError(f"column_rows: row {i}: topic id {topic_ids[i]} not below {nt}")
+        if not 0 <= props_offsets[i] <= props_offsets[i + 1] <= props.shape[0]:
+            raise InvalidArgumentError(f"column_rows: row {i}: properties offsets out of range")
+        kept += len(<bytes>topics[topic_ids[i]]) + props_offsets[i + 1] - props_offsets[i]
+    if kept > 0x7FFFFFFF:
+        return None
+    tp = <const char **>PyMem_Malloc(max(nt, 1) * sizeof(char *))
+    tl = <int32_t *>PyMem_Malloc(max(nt, 1) * sizeof(int32_t))
+    if tp == NULL or tl == NULL:
+        PyMem_Free(tp)
+        PyMem_Free(tl)
+        raise MemoryError()
+    for i in range(nt):
+        tp[i], tl[i] = PyBytes_AS_STRING(topics[i]), <int32_t>len(<bytes>topics[i])
+    if props.shape[0]:
+        pd = <const char *>&props[0]
+    rows = np.empty(n, DISPATCH_DTYPE)
+    raw = PyBytes_FromStringAndSize(NULL, kept)
+    q = PyBytes_AS_STRING(raw)
+    row = <DispatchRow *>cnp.PyArray_DATA(rows)
+    with nogil:
+        for i in range(n):
+            p0, plen = props_offsets[i], props_offsets[i + 1] - props_offsets[i]
+            blen = born_offsets[i + 1] - born_offsets[i]
+            row.phy_offset, row.size, row.queue_id, row.queue_offset = phy[i], <int32_t>size[i], queue_id[i], \
+                queue_offset[i]
+            row.sys_flag = (<int32_t>sys_flag[i] & ~(BORN_V6 | STORE_V6)) | (STORE_V6 if store_host_len == 20 else 0) \
+                | (BORN_V6 if blen == 20 or blen == 0 and store_host_len == 20 else 0)
+            row.tags_code = tags_code_of(pd + p0, <int32_t>plen)
+            row.store_timestamp = store_ts
+            tlen = tl[topic_ids[i]]
+            row.topic_off, row.topic_len = <int32_t>at, tlen
+            memcpy(q + at, tp[topic_ids[i]], tlen)
+            at += tlen
+            row.props_off, row.props_len = <int32_t>at, <int32_t>plen
+            memcpy(q + at, pd + p0, plen)
+            at += plen
+            row += 1
+    PyMem_Free(tp)
+    PyMem_Free(tl)
+    return rows, raw

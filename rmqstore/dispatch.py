@@ -122,6 +122,29 @@ class Dispatcher:
             self._cond.notify_all()
         return nxt != start
 
+    def dispatch_written(self, rows: np.ndarray, raw: bytes) -> bool:
+        """Dispatch records just written from ``rows`` and ``raw``, what scan_dispatch would
+        read back from them (see ``written_rows``), without reading the commitlog: only
+        without ``background`` and when they are the next to dispatch (the first row at
+        ``reput_from``). Returns whether it did; if not, or if a consumer raises (then
+        in part), wait_dispatched scans them, as it retries a batch."""
+        if self.background or not len(rows):
+            return False
+        with self._run_lock:
+            if self.error is not None or self._stop or self.reput_from != int(rows["phy_offset"][0]):
+                return False
+            try:
+                batch = DispatchBatch(rows, raw, self._topic_numbers, self._topic_names)
+                for consumer in self.consumers:
+                    consumer(batch)
+            except Exception as e:   # (a full disk) the scan retries it, and reports what it meets
+                log.debug("dispatch of written rows at commitlog offset %d left to the scan: %s", self.reput_from, e)
+                return False
+            with self._cond:
+                self.reput_from = int(rows["phy_offset"][-1] + rows["size"][-1])
+                self._cond.notify_all()
+        return True
+
     def catch_up(self) -> None:
         while self.run_once():
             pass
@@ -220,6 +243,25 @@ class Dispatcher:
             self._thread = None
         with self._run_lock:
             pass
+
+
+def written_rows(names: Sequence[str], topic_ids: Any, props: tuple[Any, Any] | None, fields: dict[str, Any],
+                 written: tuple[Any, ...], store_host_len: int) -> tuple[np.ndarray, bytes] | None:
+    """The dispatch rows and raw bytes of the records put_columns wrote (``written``: its
+    phy offsets, sizes, queue ids, queue offsets and store timestamp) from the columns it
+    wrote them from (``names``, ``topic_ids``, ``props`` and ``fields`` as it took them),
+    the same as scan_dispatch reads back from them (_read.column_rows); None for columns
+    too large for one batch."""
+    phy, size, qid, qoff, ts = written
+    n = len(phy)
+
+    def ints(values: Any, rows: int) -> np.ndarray:
+        return np.zeros(rows, np.int64) if values is None else \
+            np.ascontiguousarray(np.broadcast_to(np.asarray(values, np.int64), (rows,)))
+    data, offsets = props if props is not None else (b"", None)
+    return _read.column_rows(phy, size, qid, qoff, ints(fields.get("sys_flag"), n), ts, ints(topic_ids, n),
+                             [t.encode() for t in names], data, ints(offsets, n + 1),
+                             ints(fields.get("born_host_offsets"), n + 1), store_host_len)
 
 
 def deliver_time(level: str | None, store_ts: int, tags_code: int, delays: Sequence[int]) -> int:

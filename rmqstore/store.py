@@ -28,7 +28,7 @@ from rmqstore.commitlog import CommitLog
 from rmqstore.config import StoreConfig
 from rmqstore.consume_queue import ConsumeQueueTable, check_boundary
 from rmqstore.consumer import GetMessageResult
-from rmqstore.dispatch import ConsumeQueueBuilder, Dispatcher, new_dispatcher
+from rmqstore.dispatch import ConsumeQueueBuilder, Dispatcher, new_dispatcher, written_rows
 from rmqstore.errors import (
     CorruptRecordError,
     CorruptStoreError,
@@ -421,7 +421,7 @@ class MessageStore:
     def put_columns(self, topic: Any, bodies: Any, queue_ids: Any = None, tags: Any = None, keys: Any = None,
                     properties: Mapping[str, str] | None = None, *, flag: Any = None, sys_flag: Any = None,
                     born_timestamp: Any = None, born_host: Any = None,
-                    reconsume_times: Any = None) -> dict[str, np.ndarray]:
+                    reconsume_times: Any = None, dispatch: bool = False) -> dict[str, np.ndarray]:
         """Append many messages given as columns, with no Python object per message.
 
         Args:
@@ -441,6 +441,10 @@ class MessageStore:
                 converted); 0, None or null: the store time.
             born_host: None (the store host), one "ip:port" for every message, or one
                 (or None) per message; IPv4 or IPv6 ("[v6]:port").
+            dispatch: on a store without ``background_dispatch``, build the rows' consume-queue
+                and index entries now, from these columns, without reading the records back
+                (as ``wait_dispatched`` would build them), when everything before them is
+                dispatched; else ``wait_dispatched`` builds them.
 
         With ``generate_uniq_key`` each message gets a UNIQ_KEY. The records are the ones
         ``put`` writes for the same messages. All or nothing, under one lock and (SYNC) one
@@ -464,10 +468,11 @@ class MessageStore:
         names, ids = ingest.topic_column(topic, n)
         props = ingest.properties_column(n, tags, keys, properties, self.commitlog.uniq_key)
         fields = ingest.message_fields(n, flag, sys_flag, born_timestamp, born_host, reconsume_times)
-        return self._put_columns(names, ids, body, props, ingest.int_column(queue_ids, n, "queue_ids", -1, 0), fields)
+        return self._put_columns(names, ids, body, props, ingest.int_column(queue_ids, n, "queue_ids", -1, 0), fields,
+                                 dispatch)
 
     @_gated
-    def put_arrow(self, data: Any) -> dict[str, np.ndarray]:
+    def put_arrow(self, data: Any, dispatch: bool = False) -> dict[str, np.ndarray]:
         """``put_columns`` of a pyarrow Table or RecordBatch.
 
         Args:
@@ -479,6 +484,7 @@ class MessageStore:
                 ignored). Nulls: put_columns' defaults. Each row is stored as ``put``
                 stores ``Message(topic, body, tags, keys, {**properties, "UNIQ_KEY":
                 uniq_key}, flag=..., ...)``.
+            dispatch: as put_columns' (not for a batch put as Messages, see below).
 
         A batch with a row put would move to SCHEDULE_TOPIC_XXXX (a DELAY level) is put as
         Messages with put_batch, which moves it.
@@ -487,7 +493,7 @@ class MessageStore:
         self._check_open()
         names, ids, body, props, queue_ids, fields, delayed = ingest.arrow_columns(data, self.commitlog.uniq_key)
         if names and not delayed:   # (no rows name no topic: the Message path puts none)
-            return self._put_columns(names, ids, body, props, queue_ids, fields)
+            return self._put_columns(names, ids, body, props, queue_ids, fields, dispatch)
         qids = None if queue_ids is None else [None if q < 0 else q for q in queue_ids.tolist()]
         res = self._writer.put_batch(ingest.arrow_messages(data, fields), qids)
         return {"phy_offset": np.array([r.phy_offset for r in res], np.int64),
@@ -496,8 +502,14 @@ class MessageStore:
                 "queue_offset": np.array([r.queue_offset for r in res], np.int64)}
 
     def _put_columns(self, names: list[str], ids: Any, body: Any, props: Any, queue_ids: Any,
-                     fields: dict[str, Any]) -> dict[str, np.ndarray]:
-        phy, size, qid, qoff = self.commitlog.put_columns(names, ids, body, props, queue_ids, fields)
+                     fields: dict[str, Any], dispatch: bool = False) -> dict[str, np.ndarray]:
+        written = self.commitlog.put_columns(names, ids, body, props, queue_ids, fields)
+        phy, size, qid, qoff, _ = written
+        d = self.dispatcher
+        if dispatch and len(phy) and not d.background and d.reput_from == phy[0]:
+            rows = written_rows(names, ids, props, fields, written, len(self.commitlog.store_host))
+            if rows is not None:
+                d.dispatch_written(*rows)
         if len(phy) and self._sync:
             self.flusher.wait_flushed(int(phy[-1] + size[-1]))
         return {"phy_offset": phy, "size": size, "queue_id": qid, "queue_offset": qoff}

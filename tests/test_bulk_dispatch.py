@@ -100,3 +100,125 @@ def test_a_failed_dispatch_is_a_store_io_error_and_the_next_call_resumes(tmp_pat
         assert st.max_offset("N", 0) == 0
         assert st.wait_dispatched()
         assert _bodies(st, "T", 0) + _bodies(st, "N", 0) == ["first", "second"]
+
+
+def _put_arrow_varied(store, batches=6, dispatch=True):
+    """Arrow batches of every field dispatch reads: topics, tags (some none), keys, a
+    UNIQ_KEY, properties, PREPARED (0x4) and ROLLBACK (0xC) rows, IPv6 and IPv4 born hosts."""
+    import pyarrow as pa
+    for b in range(batches):
+        n = 40 + b
+        store.put_arrow(pa.record_batch({
+            "topic": [f"T{i % 3}" for i in range(n)], "body": [bytes([b, i]) * (i + 1) * 16 for i in range(n)],
+            "tags": [None if i % 5 == 0 else f"tag{i % 4}" for i in range(n)],
+            "keys": [[f"k{b}-{i}", f"both{i}"] for i in range(n)],
+            "uniq_key": [f"U{b}-{i}" if i % 2 else None for i in range(n)],
+            "properties": pa.array([[("p", str(i))] if i % 3 else None for i in range(n)],
+                                   pa.map_(pa.string(), pa.string())),
+            "sys_flag": pa.array([(0, 0x4, 0xC, 0x8)[i % 4] for i in range(n)], pa.int32()),
+            "born_host": [("[::1]:9" if i % 2 else "10.0.0.1:8") if i % 3 else None for i in range(n)]}),
+            dispatch=dispatch)
+
+
+def _scanned(store):
+    """Each record's dispatch row as scan_dispatch reads it back from the commitlog, its
+    topic and properties bytes in place of their positions."""
+    from rmqstore import _read
+    out = []
+    for seg in store.commitlog.segments.segments:
+        rows, raw, _, _ = _read.scan_dispatch(seg, 0, seg.wrote_pos)
+        out += _plain(rows, raw)
+    return out
+
+
+def _plain(rows, raw):
+    return [(*(int(r[f]) for f in ("phy_offset", "size", "queue_id", "queue_offset", "sys_flag", "tags_code",
+                                   "store_timestamp")),
+             raw[r["topic_off"]:r["topic_off"] + r["topic_len"]], raw[r["props_off"]:r["props_off"] + r["props_len"]])
+            for r in rows]
+
+
+@pytest.mark.parametrize("store_host", ["127.0.0.1:10911", "[fe80::1]:10911"])
+def test_put_with_dispatch_hands_on_the_rows_a_scan_reads_back(tmp_path, store_host):
+    """put_arrow / put_columns with dispatch: the rows the consumers get, built from the
+    columns, are those scan_dispatch reads from the records (every field, sys_flag's host
+    bits included), over segment rolls; nothing is left for wait_dispatched."""
+    with MessageStore(tmp_path / "s", StoreConfig(background_dispatch=False, store_host=store_host, **CFG)) as st:
+        got = []
+        st.dispatcher.add(lambda batch: got.extend(_plain(batch.rows, batch.raw)))
+        for _ in range(4):
+            _put_arrow_varied(st, 2)
+            assert st.dispatch_lag == 0   # dispatched by the put
+        n = len(got)
+        st.put_columns("T0", [b"a", b"b"], tags=["x", None], keys=[["k"], None], dispatch=True)
+        assert st.dispatch_lag == 0 and len(got) == n + 2
+        assert len(st.commitlog.segments.segments) > 3   # rolls inside batches
+        assert got == _scanned(st)
+
+
+def test_put_with_dispatch_behind_a_lag_leaves_it_to_wait_dispatched(tmp_path):
+    """Rows whose predecessors are not dispatched yet are not dispatched ahead of them."""
+    with MessageStore(tmp_path / "s", StoreConfig(background_dispatch=False, **CFG)) as st:
+        _put_arrow_varied(st, 1, dispatch=False)
+        lag = st.dispatch_lag
+        _put_arrow_varied(st, 1)
+        assert st.dispatch_lag > lag and st.max_offset("T0", 0) == 0
+        assert st.wait_dispatched() and st.dispatch_lag == 0
+        _put_arrow_varied(st, 1)
+        assert st.dispatch_lag == 0
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_files_dispatched_by_put_are_those_a_rebuild_writes(tmp_path, wait):
+    """Consume queues and index dispatched by put_arrow(dispatch=True), with or without a
+    wait_dispatched after each batch, are byte for byte what a default store's rebuild
+    makes, as they are when wait_dispatched scans the records."""
+    with MessageStore(tmp_path / "bulk", StoreConfig(background_dispatch=False, **CFG)) as st:
+        for _ in range(4):
+            _put_arrow_varied(st, 2)
+            if wait:
+                st.wait_dispatched()
+    shutil.copytree(tmp_path / "bulk", tmp_path / "again")
+    with MessageStore(tmp_path / "again", StoreConfig(**CFG), rebuild=True) as st:
+        assert st.wait_dispatched()
+    for sub in ("consumequeue", "index"):
+        got, want = _files(tmp_path / "bulk" / sub), _files(tmp_path / "again" / sub)
+        assert got == want and len(want) >= (24 if sub == "consumequeue" else 1), sub
+
+
+def test_a_dispatch_by_put_that_fails_is_left_to_wait_dispatched(tmp_path):
+    """A consumer failing in a put's dispatch (a full disk) fails not the put, whose rows
+    are stored: wait_dispatched scans them and reports the error as it does, then resumes."""
+    from rmqstore._segment import inject_fault
+    with MessageStore(tmp_path / "s", StoreConfig(background_dispatch=False, **CFG)) as st:
+        st.put_columns("T", [b"first"], queue_ids=0, dispatch=True)
+        assert st.dispatch_lag == 0
+        inject_fault("open", 1, errno.ENOSPC, "/consumequeue/N/")   # a new queue: its file fails to open
+        try:
+            st.put_columns("N", [b"second"], queue_ids=0, dispatch=True)
+            assert st.dispatch_lag > 0
+            inject_fault("open", 1, errno.ENOSPC, "/consumequeue/N/")
+            with pytest.raises(StoreIOError, match="dispatch stalled"):
+                st.wait_dispatched()
+        finally:
+            inject_fault("open", 0, errno.ENOSPC)
+        assert st.wait_dispatched()
+        assert _bodies(st, "T", 0) + _bodies(st, "N", 0) == ["first", "second"]
+
+
+def test_threads_putting_with_dispatch_dispatch_each_message_once_in_order(tmp_path):
+    """Threads whose put_columns(dispatch=True) race: a batch whose predecessor is not
+    dispatched yet is left to the scan; each message gets one entry, in commitlog order."""
+    with MessageStore(tmp_path / "s", StoreConfig(background_dispatch=False, **CFG)) as st:
+        def work(k):
+            for i in range(30):
+                st.put_columns("T", [f"{k}-{i}-{j}".encode() for j in range(3)], queue_ids=0, dispatch=True)
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert st.wait_dispatched()
+        got = _bodies(st, "T", 0)
+        assert [m.body.decode() for m in st.scan()] == got
+        assert sorted(got) == sorted(f"{k}-{i}-{j}" for k in range(4) for i in range(30) for j in range(3))
