@@ -1,11 +1,13 @@
 """Shared fixtures: the stores written by the real RocketMQ (read-only, manifests cached
 per session), a small store config, and a helper that copies a fixture store to tmp."""
+import contextlib
 import functools
 import gzip
 import hashlib
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,30 @@ def copy_store(src, tmp_path, name="store"):
 @pytest.fixture
 def copy_fixture(tmp_path):
     return functools.partial(copy_store, tmp_path=tmp_path)
+
+
+@contextlib.contextmanager
+def looping_in_threads(calls):
+    """Call each of ``calls`` over and over, each in a thread of its own, until the block
+    ends; yields the list of the StoreErrors they raised meanwhile (as repr)."""
+    from rmqstore import StoreError
+    errors, stop = [], threading.Event()
+
+    def loop(call):
+        while not stop.is_set():
+            try:
+                call()
+            except StoreError as e:
+                errors.append(repr(e))
+    threads = [threading.Thread(target=loop, args=(c,)) for c in calls]
+    for t in threads:
+        t.start()
+    try:
+        yield errors
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
 
 
 def tree_state(root):

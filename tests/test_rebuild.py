@@ -19,7 +19,7 @@ from rmqstore import (
     StoreReadOnlyError,
 )
 
-from conftest import CLEAN_498, copy_store, tree_state
+from conftest import CLEAN_498, copy_store, looping_in_threads, tree_state
 
 
 def _cfg():
@@ -337,34 +337,17 @@ def test_reads_racing_a_rebuild_never_find_the_store_closed(tmp_path):
     that met a file the rebuild had just closed raised StoreClosedError ("segment is
     closed", "index is closed") on a store still open. Now such a read runs again on the
     rebuild's new files: no StoreError at all, and every message reads back after."""
-    import threading
     import time
 
-    from rmqstore import StoreError
-    errors, stop = [], threading.Event()
     with _keyed_store(tmp_path / "s") as s:
         get, by_key = s.get_messages, s.query_by_key
         reads = [lambda: get("T", 1, 5, 32), lambda: by_key("T", "k9"), lambda: s.query_offsets("T", "k9"),
                  lambda: s.query_keys("T", ["k1", "k2"]), lambda: s.query_keys_columns("T", ["k1"]),
                  lambda: s.read_queue_columns("T", 0, 0, 50), lambda: s.consume_queue_entries("T", 1, 0, 50),
                  lambda: s.offset_by_time("T", 2, int(time.time() * 1000)), lambda: s.min_offset("T", 1)]
-
-        def loop(read):
-            while not stop.is_set():
-                try:
-                    read()
-                except StoreError as e:
-                    errors.append(repr(e))
-        threads = [threading.Thread(target=loop, args=(r,)) for r in reads]
-        for t in threads:
-            t.start()
-        try:
+        with looping_in_threads(reads) as errors:
             for _ in range(15):
                 s.rebuild()
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
         assert errors == []
         assert [s.max_offset("T", q) for q in range(3)] == [100] * 3
         assert [len(s.get_messages("T", q, 68, 32).messages) for q in range(3)] == [32] * 3

@@ -9,7 +9,7 @@ import pytest
 from rmqstore import GetMessageStatus, Message, MessageStore, StoreConfig
 from rmqstore.maintenance import retention
 
-from conftest import SMALL_INDEX
+from conftest import SMALL_INDEX, looping_in_threads
 
 HOUR = 3600
 
@@ -117,37 +117,19 @@ def test_reads_racing_retention_never_find_the_store_closed(tmp_path):
     the oldest segments under them: a read that met a file just deleted (a commitlog or
     consume-queue segment) raised StoreClosedError ("segment is closed") on a store still
     open. Now it runs again once the deletes are done, on what is left."""
-    import threading
-
-    from rmqstore import StoreError
     cfg = StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=100, index_slots=100, index_entries=400,
                       warm_mapped_file=False, file_reserved_time=0)
-    errors, stop = [], threading.Event()
     with MessageStore(tmp_path / "s", cfg) as s:
         reads = [lambda: s.read_queue_columns("Ret", 0, 0, 50), lambda: s.consume_queue_entries("Ret", 0, 0, 50),
                  lambda: s.query_keys("Ret", ["k5", "k900"]),
                  lambda: s.offset_by_time("Ret", 0, int(time.time() * 1000)),
                  lambda: s.get_messages("Ret", 0, 0, 32)]
-
-        def loop(read):
-            while not stop.is_set():
-                try:
-                    read()
-                except StoreError as e:
-                    errors.append(repr(e))
-        threads = [threading.Thread(target=loop, args=(r,)) for r in reads]
-        for t in threads:
-            t.start()
-        try:
+        with looping_in_threads(reads) as errors:
             for i in range(30):
                 for j in range(200):
                     s.put(Message("Ret", b"y" * 200, keys=[f"k{i * 200 + j}"]), queue_id=0)
                 s.wait_dispatched()
                 s.clean_expired(now=_at_hour(4, days_later=30))   # a deleteWhen hour
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
         assert errors == []
         assert s.max_offset("Ret", 0) == 6_000 and s.min_offset("Ret", 0) > 0
 
