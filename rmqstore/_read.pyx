@@ -542,6 +542,23 @@ def scan_dispatch(MappedSegment seg not None, int64_t pos, int64_t limit, int64_
     return rows, raw, end, status_of(code)
 
 
+cdef inline int64_t fill_row(DispatchRow *row, int64_t phy, int32_t size, int32_t queue_id, int64_t queue_offset,
+                             int32_t sys_flag, int64_t store_ts, const char *topic, int32_t topic_len,
+                             const char *props, int32_t props_len, char *raw, int64_t at) noexcept nogil:
+    """One dispatch row (its tags code read from ``props``), its topic and properties bytes
+    copied to ``raw`` at ``at``, where the row points; returns the position after them."""
+    row.phy_offset, row.size, row.queue_id, row.queue_offset = phy, size, queue_id, queue_offset
+    row.sys_flag = sys_flag
+    row.tags_code = tags_code_of(props, props_len)
+    row.store_timestamp = store_ts
+    row.topic_off, row.topic_len = <int32_t>at, topic_len
+    memcpy(raw + at, topic, topic_len)
+    at += topic_len
+    row.props_off, row.props_len = <int32_t>at, props_len
+    memcpy(raw + at, props, props_len)
+    return at + props_len
+
+
 cdef void dispatch_fill(const char *base, int64_t avail, int64_t n, DispatchRow *row, int64_t phy,
                         char *raw) noexcept nogil:
     """Fill ``n`` rows from records already validated by the caller's first pass, and copy
@@ -552,21 +569,8 @@ cdef void dispatch_fill(const char *base, int64_t avail, int64_t n, DispatchRow 
     for i in range(n):
         p = base + pos
         parse_record(p, avail - pos, False, &r)
-        row.phy_offset = phy + pos
-        row.size = r.total
-        row.queue_id = r.queue_id
-        row.queue_offset = r.queue_offset
-        row.sys_flag = r.sys_flag
-        row.tags_code = tags_code_of(p + r.props_off, r.props_len)
-        row.store_timestamp = r.store_ts
-        row.topic_off = <int32_t>at
-        row.topic_len = r.topic_len
-        memcpy(raw + at, p + r.topic_off, r.topic_len)
-        at += r.topic_len
-        row.props_off = <int32_t>at
-        row.props_len = r.props_len
-        memcpy(raw + at, p + r.props_off, r.props_len)
-        at += r.props_len
+        at = fill_row(row, phy + pos, r.total, r.queue_id, r.queue_offset, r.sys_flag, r.store_ts,
+                      p + r.topic_off, r.topic_len, p + r.props_off, r.props_len, raw, at)
         pos += r.total
         row += 1
 
@@ -585,7 +589,7 @@ def column_rows(const int64_t[::1] phy not None, const int64_t[::1] size not Non
     raw would pass the int32 positions of the rows (the caller scans instead)."""
     cdef Py_ssize_t n = phy.shape[0], i, nt = len(topics)
     cdef int64_t kept = 0, at = 0, p0, plen, blen
-    cdef int32_t tlen
+    cdef int32_t flag
     cdef const char **tp
     cdef int32_t *tl
     cdef char *q
@@ -622,19 +626,10 @@ def column_rows(const int64_t[::1] phy not None, const int64_t[::1] size not Non
         for i in range(n):
             p0, plen = props_offsets[i], props_offsets[i + 1] - props_offsets[i]
             blen = born_offsets[i + 1] - born_offsets[i]
-            row.phy_offset, row.size, row.queue_id, row.queue_offset = phy[i], <int32_t>size[i], queue_id[i], \
-                queue_offset[i]
-            row.sys_flag = (<int32_t>sys_flag[i] & ~(BORN_V6 | STORE_V6)) | (STORE_V6 if store_host_len == 20 else 0) \
+            flag = (<int32_t>sys_flag[i] & ~(BORN_V6 | STORE_V6)) | (STORE_V6 if store_host_len == 20 else 0) \
                 | (BORN_V6 if blen == 20 or blen == 0 and store_host_len == 20 else 0)
-            row.tags_code = tags_code_of(pd + p0, <int32_t>plen)
-            row.store_timestamp = store_ts
-            tlen = tl[topic_ids[i]]
-            row.topic_off, row.topic_len = <int32_t>at, tlen
-            memcpy(q + at, tp[topic_ids[i]], tlen)
-            at += tlen
-            row.props_off, row.props_len = <int32_t>at, <int32_t>plen
-            memcpy(q + at, pd + p0, plen)
-            at += plen
+            at = fill_row(row, phy[i], <int32_t>size[i], queue_id[i], queue_offset[i], flag, store_ts,
+                          tp[topic_ids[i]], tl[topic_ids[i]], pd + p0, <int32_t>plen, q, at)
             row += 1
     PyMem_Free(tp)
     PyMem_Free(tl)

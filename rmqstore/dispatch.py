@@ -105,9 +105,7 @@ class Dispatcher:
         pos, limit = start - seg.base_offset, seg.wrote_pos   # bytes before limit are all written
         rows, raw, end, status = _read.scan_dispatch(seg, pos, limit, self.batch_records)
         if len(rows):
-            batch = DispatchBatch(rows, raw, self._topic_numbers, self._topic_names)
-            for consumer in self.consumers:
-                consumer(batch)
+            self._hand_on(rows, raw)
         if status is Status.BLANK or (status is Status.END and end >= seg.size):
             nxt = seg.base_offset + seg.size
         elif status is Status.END and (end >= limit or len(rows) == self.batch_records):
@@ -117,10 +115,20 @@ class Dispatcher:
             self.error = CorruptRecordError(f"commitlog offset {seg.base_offset + end}: {why}")
             log.error("dispatch stopped: %s", self.error)
             nxt = seg.base_offset + end
+        self._moved_to(nxt)
+        return nxt != start
+
+    def _hand_on(self, rows: np.ndarray, raw: bytes) -> None:
+        """Give every consumer the batch of ``rows`` (scan_dispatch's) and their ``raw`` bytes."""
+        batch = DispatchBatch(rows, raw, self._topic_numbers, self._topic_names)
+        for consumer in self.consumers:
+            consumer(batch)
+
+    def _moved_to(self, nxt: int) -> None:
+        """Everything before commitlog offset ``nxt`` is dispatched: wake the waiters."""
         with self._cond:
             self.reput_from = nxt
             self._cond.notify_all()
-        return nxt != start
 
     def dispatch_written(self, rows: np.ndarray, raw: bytes) -> bool:
         """Dispatch records just written from ``rows`` and ``raw``, what scan_dispatch would
@@ -134,15 +142,11 @@ class Dispatcher:
             if self.error is not None or self._stop or self.reput_from != int(rows["phy_offset"][0]):
                 return False
             try:
-                batch = DispatchBatch(rows, raw, self._topic_numbers, self._topic_names)
-                for consumer in self.consumers:
-                    consumer(batch)
+                self._hand_on(rows, raw)
             except Exception as e:   # (a full disk) the scan retries it, and reports what it meets
                 log.debug("dispatch of written rows at commitlog offset %d left to the scan: %s", self.reput_from, e)
                 return False
-            with self._cond:
-                self.reput_from = int(rows["phy_offset"][-1] + rows["size"][-1])
-                self._cond.notify_all()
+            self._moved_to(int(rows["phy_offset"][-1] + rows["size"][-1]))
         return True
 
     def catch_up(self) -> None:
