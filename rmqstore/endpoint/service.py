@@ -158,7 +158,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     @_answer(service_pb2.SendMessageResponse)
     def SendMessage(self, request: Any, context: Any) -> Any:
         if len(request.messages) == 0:
-            raise RequestError(Code.BAD_REQUEST, "no message to send")
+            raise RequestError(Code.MESSAGE_CORRUPTED, "no message to send")
+        topic = request.messages[0].topic
+        if any(pb.topic != topic for pb in request.messages):   # as RocketMQ's proxy: one topic per send
+            raise RequestError(Code.MESSAGE_CORRUPTED, f"the messages of a send name several topics "
+                               f"({sorted({pb.topic.name for pb in request.messages})[:4]}); one send, one topic")
         msgs, qids = [], []
         for pb in request.messages:
             if pb.system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
