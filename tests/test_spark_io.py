@@ -289,11 +289,14 @@ def test_partitioned_writer_splits_buffers_and_reopens(tmp_path, monkeypatch):
     {"checkCrc": "yes"}, {"checkCrc": "1"}, {"since": "--5"}, {"until": "-"}, {"paths": "[not json"},
     {"paths": '{"a": 1}'}, {"paths": "[1, 2]"}, {"paths": "[" * 100_000}, {"maxBytesPerTrigger": "-1"},
     {"maxBytesPerTrigger": "lots"}, {"splitBytes": "9" * 5000}, {"since": "9" * 5000},
+    {"topic": ""}, {"topic": "T,,U"}, {"topic": " "}, {"key": ""}, {"key": "k1 k2"}, {"uniqKey": ""},
 ], ids=lambda o: repr(o)[:40])
 def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     """Source options int() or json.loads refused with a bare ValueError ("abc", "1e3",
     "--5", a malformed paths list), or took loosely ("1_0", " 12"), or that were silently
-    false (checkCrc "yes"): InvalidArgumentError naming the option, before any Spark job."""
+    false (checkCrc "yes"): InvalidArgumentError naming the option, before any Spark job.
+    A topic, key or uniqKey no message can have (empty, blank, a key with a space) gave
+    every row (topic "") or none, silently."""
     pytest.importorskip("pyspark")
     from rmqstore.spark.source import Scan, _StreamReader
     with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, **SMALL_INDEX)) as st:
@@ -304,6 +307,20 @@ def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     good = {"path": str(tmp_path / "s"), "splitBytes": "4096", "checkCrc": "TRUE", "since": "-5"}
     scan = Scan(good)
     assert (scan.split_bytes, scan.check_crc, scan.since) == (4096, True, -5)
+
+
+def test_a_split_that_would_make_too_many_partitions_is_refused(tmp_path):
+    """splitBytes 1 planned a partition per commitlog byte: a 1 GiB segment took the driver
+    a billion ranges (memory and time without end). Now a plan of over MAX_PARTITIONS is
+    InvalidArgumentError naming splitBytes and the least that works."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark.source import MAX_PARTITIONS, Scan, plan
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, **SMALL_INDEX)) as st:
+        st.put_batch([Message("T", b"x" * 1000) for _ in range(70)])   # two 64 KiB segments
+    scan = Scan({"path": str(tmp_path / "s"), "splitBytes": "1"})
+    with pytest.raises(InvalidArgumentError, match="splitBytes 1 cuts 131072 bytes.*give splitBytes 2 or more"):
+        plan(scan.stores, scan.split_bytes)
+    assert 2 * MAX_PARTITIONS > 131072 > MAX_PARTITIONS and len(plan(scan.stores, 2)) == 65536
 
 
 @pytest.mark.parametrize("value", ["1_000", " 1000", "1000 ", "\u0661\u0660\u0660\u0660", "1e3", "lots", "9" * 5000],
