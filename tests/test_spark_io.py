@@ -181,6 +181,33 @@ def test_writer_rejects_bad_schema(spark, tmp_path):
         df.write.format("rocketmq").mode("append").save(str(tmp_path / "o"))
 
 
+def test_writer_takes_arrays_and_maps_that_cannot_hold_null(spark, tmp_path):
+    """F.array / F.create_map make columns that cannot hold null: the writer refused them
+    with "column 'keys' must be array<string>, not array<string>", which no user can act
+    on. They are the same type for the writer, and are written and read back."""
+    from pyspark.sql import functions as F
+
+    from rmqstore.spark import jobs
+    df = spark.createDataFrame([("T", b"x")], "topic string, body binary") \
+        .withColumn("keys", F.array(F.lit("k1"), F.lit("k2"))) \
+        .withColumn("properties", F.create_map(F.lit("a"), F.lit("b")))
+    assert jobs.write(df, tmp_path / "o")["messages"] == 1
+    (row,) = spark.read.format("rocketmq").load(str(tmp_path / "o")).select("keys", "properties").collect()
+    assert row.keys == ["k1", "k2"] and row.properties["a"] == "b"
+
+
+@pytest.mark.parametrize("options, named", [({"commitlogFileSize": "12"}, "commitlogFileSize"),
+                                            ({"MESSAGEVERSION": "7"}, "messageVersion"),
+                                            ({"storeHost": "nonsense"}, "storeHost")])
+def test_writer_option_values_out_of_range_name_the_option(options, named):
+    """A StoreConfig value out of range named the field (commitlog_file_size), not the
+    option the user gave; now "option commitlogFileSize: ..."."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark.writer import store_config
+    with pytest.raises(InvalidArgumentError, match=f"rocketmq writer: option {named}: "):
+        store_config(options)
+
+
 def test_export_row_groups_sorting_and_success_marker(spark, tmp_path):
     import pyarrow.parquet as pq
 
