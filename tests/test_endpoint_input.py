@@ -370,6 +370,26 @@ def test_a_dead_letter_copy_the_store_refuses_does_not_stop_the_group(tmp_path):
         assert len(list(store.scan())) == 2 and "%DLQ%G" not in store.topics()
 
 
+def test_a_store_is_served_by_one_endpoint_and_never_read_only(tmp_path):
+    """Two endpoints on one store each handed out its message (each kept its own
+    consumption state in the same popState files): one message, delivered twice at once.
+    An endpoint on a store opened read-only wrote popState.json into it. Both are now
+    InvalidArgumentError; once the first endpoint stops, another may serve the store."""
+    from rmqstore import MessageStore
+    from rmqstore.endpoint import Endpoint
+    from rmqstore.errors import InvalidArgumentError
+    with running(tmp_path / "s") as (store, _ep, _addr):
+        with pytest.raises(InvalidArgumentError, match="already served"):
+            Endpoint(store, "127.0.0.1:0")
+    with MessageStore(tmp_path / "s", read_only=True) as ro:
+        before = sorted(os.listdir(tmp_path / "s" / "config"))
+        with pytest.raises(InvalidArgumentError, match="read-only"):
+            Endpoint(ro, "127.0.0.1:0")
+        assert sorted(os.listdir(tmp_path / "s" / "config")) == before
+    with running(tmp_path / "s") as (_store, ep, _addr):
+        assert ep.port > 0
+
+
 def test_stale_receipts_and_unsupported_calls(strict):
     _store, _addr, s = strict
     req = service_pb2.AckMessageRequest()
