@@ -390,6 +390,31 @@ def test_a_store_is_served_by_one_endpoint_and_never_read_only(tmp_path):
         assert ep.port > 0
 
 
+def test_a_queue_id_far_above_the_others_makes_no_giant_route(tmp_path):
+    """One message in queue 2^20 (put by the library or the Spark writer) made the topic's
+    route every id up to it: QueryRoute answered 53 MB (past the client's 4 MiB limit) and
+    each receive looked in a million queues (7 s). Now the route is ids 0..3 and the ones
+    the store holds; a receive naming the far queue starts there, a FIFO send picks among them."""
+    with running(tmp_path / "s") as (store, _ep, addr):
+        store.put(Message("T", b"far"), queue_id=1 << 20)
+        store.wait_dispatched(10)
+        channel, s = stub(addr)
+        with channel:
+            res = s.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name="T")), timeout=10)
+            assert res.status.code == Code.OK and [q.id for q in res.message_queues] == [0, 1, 2, 3, 1 << 20]
+            req = service_pb2.ReceiveMessageRequest(batch_size=8)
+            req.group.name, req.message_queue.topic.name, req.message_queue.id = "G", "T", 1 << 20
+            t0 = time.monotonic()
+            assert [r.message.body for r in s.ReceiveMessage(req, timeout=10) if r.HasField("message")] == [b"far"]
+            assert time.monotonic() - t0 < 2
+            send = _send_request("T", b"x")
+            for group in ("g1", "g2", "g3", "g4", "g5", "g6"):
+                send.messages[0].system_properties.message_group = group
+                assert s.SendMessage(send, timeout=10).status.code == Code.OK
+        store.wait_dispatched(10)
+        assert set(store.queue_ids("T")) <= {0, 1, 2, 3, 1 << 20}
+
+
 def test_stale_receipts_and_unsupported_calls(strict):
     _store, _addr, s = strict
     req = service_pb2.AckMessageRequest()

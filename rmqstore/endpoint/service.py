@@ -170,7 +170,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             queues = self.routes.queues(pb.topic.name)
             msgs.append(to_store(pb, context.peer(), self.store.config.max_message_size))
             group = pb.system_properties.message_group
-            qids.append(_hash(group) % len(queues) if group else None)
+            qids.append(queues[_hash(group) % len(queues)] if group else None)
         res = service_pb2.SendMessageResponse()   # all or nothing: a refused message stores none of the request
         for pb, put in zip(request.messages, self.store.put_batch(msgs, qids), strict=True):
             e = res.entries.add()
@@ -205,7 +205,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if invisible < 0 or invisible > 12 * 3600 * 1000:
                 raise RequestError(Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {invisible} ms out of range")
             queues = self.routes.queues(topic)
-            start = request.message_queue.id % len(queues) if request.message_queue.id >= 0 else 0
+            qid = request.message_queue.id
+            start = queues.index(qid) if qid in queues else qid % len(queues) if qid >= 0 else 0
             queues = queues[start:] + queues[:start]
             deadline = time.monotonic() + min(MAX_POLL_S, _ms(request.long_polling_timeout) / 1000)
             if self.long_polls.acquire(blocking=False):
