@@ -415,6 +415,27 @@ def test_a_queue_id_far_above_the_others_makes_no_giant_route(tmp_path):
         assert set(store.queue_ids("T")) <= {0, 1, 2, 3, 1 << 20}
 
 
+def test_gzip_bodies_are_stored_whole_or_refused(strict):
+    """A GZIP body cut short was stored as the part that decompressed (and answered OK); of
+    two GZIP members only the first was stored; bytes after the GZIP data were dropped;
+    a body that is not GZIP was INTERNAL_SERVER_ERROR with a logged traceback. Now all
+    members are stored, and the rest is MESSAGE_CORRUPTED, nothing stored."""
+    import gzip
+    store, _addr, s = strict
+    one = gzip.compress(b"hello " * 100)
+
+    def send(body):
+        req = _send_request("Known", body)
+        req.messages[0].system_properties.body_encoding = definition_pb2.Encoding.GZIP
+        return s.SendMessage(req, timeout=10).status.code
+    for bad in (one[:len(one) // 2], one + b"junk", b"\x1f\x8bnot gzip", b"plain"):
+        assert send(bad) == Code.MESSAGE_CORRUPTED
+    assert send(one) == Code.OK and send(gzip.compress(b"a" * 500) + gzip.compress(b"b" * 300)) == Code.OK
+    assert send(gzip.compress(b"x" * 1025)) == Code.MESSAGE_BODY_TOO_LARGE
+    store.wait_dispatched(10)
+    assert [m.body for m in store.scan()] == [b"seed", b"hello " * 100, b"a" * 500 + b"b" * 300]
+
+
 def test_stale_receipts_and_unsupported_calls(strict):
     _store, _addr, s = strict
     req = service_pb2.AckMessageRequest()

@@ -74,6 +74,26 @@ def _born_ms(sp: definition_pb2.SystemProperties) -> int:
     return ms if 0 <= ms < 1 << 63 else 0
 
 
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """A GZIP body (one member or several, as gzip reads them) uncompressed; RequestError
+    when it is over ``limit`` bytes so, truncated, or not GZIP (or with bytes after it)."""
+    out: list[bytes] = []
+    size, whole = 0, len(data)
+    while data:
+        d = zlib.decompressobj(31)
+        try:
+            out.append(d.decompress(data, limit + 1 - size))
+        except zlib.error as e:
+            raise RequestError(Code.MESSAGE_CORRUPTED, f"GZIP body at byte {whole - len(data)}: {e}") from None
+        size += len(out[-1])
+        if size > limit or d.unconsumed_tail:
+            raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body is over {limit} bytes uncompressed")
+        if not d.eof:
+            raise RequestError(Code.MESSAGE_CORRUPTED, "GZIP body is truncated")
+        data = d.unused_data
+    return b"".join(out)
+
+
 def _peer_host(peer: str) -> str | None:
     """gRPC's ``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` as ``ip:port``; None for anything else."""
     kind, _, addr = peer.partition(":")
@@ -87,12 +107,7 @@ def to_store(pb: definition_pb2.Message, peer: str, max_body: int) -> Message:
     if not sp.message_id.strip() or _control(sp.message_id):
         raise RequestError(Code.ILLEGAL_MESSAGE_ID, f"message_id {sp.message_id[:80]!r} is blank or holds a control "
                            "character")
-    body = pb.body
-    if sp.body_encoding == definition_pb2.Encoding.GZIP:
-        d = zlib.decompressobj(31)
-        body = d.decompress(body, max_body + 1)
-        if d.unconsumed_tail:
-            raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body is over {max_body} bytes uncompressed")
+    body = _gunzip(pb.body, max_body) if sp.body_encoding == definition_pb2.Encoding.GZIP else pb.body
     if not body:
         raise RequestError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
     if len(body) > max_body:
