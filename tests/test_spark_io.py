@@ -93,8 +93,8 @@ def test_writer_round_trip_and_save_modes(spark, tmp_path):
         assert queued == len(rows)
     with pytest.raises(Exception, match="already holds 3 RocketMQ store"):
         jobs.write(df, out, mode="error", **WRITE_OPTIONS)
-    assert jobs.write(df, out, mode="ignore", **WRITE_OPTIONS)["messages"] == 0
-    jobs.write(df.limit(10), out, mode="append", **WRITE_OPTIONS)
+    assert jobs.write(df, out, mode="Ignore", **WRITE_OPTIONS)["messages"] == 0   # any case, as Spark's modes
+    jobs.write(df.limit(10), out, mode="APPEND", **WRITE_OPTIONS)
     assert spark.read.format("rocketmq").load(str(out)).count() == 310
     jobs.write(df.limit(7), out, mode="overwrite", **WRITE_OPTIONS)
     assert spark.read.format("rocketmq").load(str(out)).count() == 7

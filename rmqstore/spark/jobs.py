@@ -208,11 +208,12 @@ WRITE_MODES = ("error", "errorifexists", "ignore", "append", "overwrite")
 def write(df, out_dir: str | os.PathLike[str], mode: str = "error", **options):
     """Write DataFrame ``df`` as RocketMQ stores under ``out_dir`` (the "rocketmq" writer:
     one store per task; ``options`` as its StoreConfig options, e.g. ``indexSlots``), with
-    Spark's save modes: error (default; errorifexists) refuses a directory that already
-    holds a store, ignore then writes nothing, append adds stores, overwrite replaces them.
-    Returns a summary (messages and commitlog bytes written, stores, seconds, MB/s), from
-    the ``_SUCCESS`` summary the writer leaves."""
+    Spark's save modes, in any case as Spark takes them: error (default; errorifexists)
+    refuses a directory that already holds a store, ignore then writes nothing, append adds
+    stores, overwrite replaces them. Returns a summary (messages and commitlog bytes
+    written, stores, seconds, MB/s), from the ``_SUCCESS`` summary the writer leaves."""
     from rmqstore.spark.writer import SUCCESS, stores_in
+    mode = mode.lower()
     if mode not in WRITE_MODES:
         raise InvalidArgumentError(f"write mode must be one of {WRITE_MODES}, not {mode!r}")
     t0 = time.perf_counter()
