@@ -436,6 +436,35 @@ def test_gzip_bodies_are_stored_whole_or_refused(strict):
     assert [m.body for m in store.scan()] == [b"seed", b"hello " * 100, b"a" * 500 + b"b" * 300]
 
 
+def test_resource_namespaces_are_unsupported(strict):
+    """RocketMQ's proxy makes a resource namespace part of the topic's and group's names;
+    the endpoint dropped it, so sends to "ns1"/T and "ns2"/T went to one topic T and a
+    consumer of either namespace got both. Now a namespace in any call is UNSUPPORTED and
+    nothing is stored or handed out."""
+    store, _addr, s = strict
+    ns = definition_pb2.Resource(name="Known", resource_namespace="ns1")
+    req = _send_request("Known", b"x")
+    req.messages[0].topic.CopyFrom(ns)
+    assert s.SendMessage(req, timeout=10).status.code == Code.UNSUPPORTED
+    assert s.QueryRoute(service_pb2.QueryRouteRequest(topic=ns), timeout=10).status.code == Code.UNSUPPORTED
+    group = definition_pb2.Resource(name="G", resource_namespace="ns1")
+    assert s.QueryAssignment(service_pb2.QueryAssignmentRequest(topic=ns, group=group), timeout=10).status.code \
+        == Code.UNSUPPORTED
+    for g, t in ((group, definition_pb2.Resource(name="Known")), (definition_pb2.Resource(name="G"), ns)):
+        recv = service_pb2.ReceiveMessageRequest(batch_size=8, group=g)
+        recv.message_queue.topic.CopyFrom(t)
+        assert [r.status.code for r in s.ReceiveMessage(recv, timeout=10)] == [Code.UNSUPPORTED]
+        ack = service_pb2.AckMessageRequest(group=g, topic=t)
+        ack.entries.add(message_id="m", receipt_handle="0.0.1")
+        assert s.AckMessage(ack, timeout=10).status.code == Code.UNSUPPORTED
+        cid = service_pb2.ChangeInvisibleDurationRequest(group=g, topic=t, receipt_handle="0.0.1")
+        assert s.ChangeInvisibleDuration(cid, timeout=10).status.code == Code.UNSUPPORTED
+        dlq = service_pb2.ForwardMessageToDeadLetterQueueRequest(group=g, topic=t, receipt_handle="0.0.1")
+        assert s.ForwardMessageToDeadLetterQueue(dlq, timeout=10).status.code == Code.UNSUPPORTED
+    assert _stored(store) == 1
+    assert [r.message.body for r in _receive(s, "*") if r.HasField("message")] == [b"seed"]
+
+
 def test_stale_receipts_and_unsupported_calls(strict):
     _store, _addr, s = strict
     req = service_pb2.AckMessageRequest()
