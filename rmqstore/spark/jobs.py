@@ -180,7 +180,7 @@ def export(spark, stores, out_dir: str | os.PathLike[str], mode: str = "fail", c
         raise InvalidArgumentError(f"export: cannot sort by unknown column(s) {unknown}")
     stores = find_stores(stores)
     out_dir = _export_dir(out_dir, stores)
-    longest = name_max(out_dir)
+    longest = name_max(os.fspath(out_dir))
     for store in stores:   # the topics the consume queues name, before anything is replaced
         cq = os.path.join(store, "consumequeue")
         _refuse_long_topics(os.listdir(cq) if os.path.isdir(cq) else (), longest)
