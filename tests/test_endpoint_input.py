@@ -15,6 +15,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2  # noqa: E402
 from rocketmq.v5.exception import BadRequestException, IllegalArgumentException  # noqa: E402
 
 from rmqstore import Message  # noqa: E402
+from rmqstore.errors import MessageTooLargeError  # noqa: E402
 
 from endpoint_client import consumer, endpoint_config, message, producer, running, stub  # noqa: E402
 
@@ -125,18 +126,18 @@ def test_bad_filter_expressions(strict):
 
 def test_what_the_store_refuses_in_a_request_is_the_clients_error(strict):
     """A user property or message id holding a \x01/\x02 separator (or an empty
-    property name) is refused by the store: INTERNAL_SERVER_ERROR before, BAD_REQUEST
-    now. A consumer group outside RocketMQ's rule ("G G", over 255 characters) is
+    property name) is refused (INTERNAL_SERVER_ERROR before), with the code RocketMQ's proxy
+    answers for a control character there. A consumer group outside RocketMQ's rule ("G G", over 255 characters) is
     ILLEGAL_CONSUMER_GROUP before anything is handed out (commit_offset refused it after
     the messages were made invisible). Nothing stored is lost."""
     store, _addr, s = strict
-    for change in (lambda m: m.user_properties.update({"a\x01": "b"}), lambda m: m.user_properties.update({"": "b"}),
-                   lambda m: m.user_properties.update({"a": "b\x02c"}),
-                   lambda m: setattr(m.system_properties, "message_id", "01\x02AB")):
+    for change, code in ((lambda m: m.user_properties.update({"a\x01": "b"}), Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+                         (lambda m: m.user_properties.update({"": "b"}), Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+                         (lambda m: m.user_properties.update({"a": "b\x02c"}), Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+                         (lambda m: setattr(m.system_properties, "message_id", "01\x02AB"), Code.ILLEGAL_MESSAGE_ID)):
         req = _send_request("Known", b"x")
         change(req.messages[0])
-        res = s.SendMessage(req, timeout=10)
-        assert res.status.code == Code.BAD_REQUEST and "separator" in res.status.message
+        assert s.SendMessage(req, timeout=10).status.code == code
     for group in ("G G", "G\n", "G" * 256):
         req = service_pb2.ReceiveMessageRequest(batch_size=8)
         req.group.name, req.message_queue.topic.name = group, "Known"
@@ -265,6 +266,203 @@ def test_a_send_of_several_messages_is_all_or_nothing(strict):
     res = s.SendMessage(req, timeout=10)
     assert res.status.code == Code.OK and [e.status.code for e in res.entries] == [Code.OK, Code.OK]
     assert _stored(store) == 3
+
+
+def test_a_send_naming_several_topics_is_refused_whole(strict):
+    """RocketMQ's proxy answers MESSAGE_CORRUPTED to a send whose messages name more than
+    one topic (or namespace), and to a send of none; the endpoint stored a message in each
+    topic (and answered BAD_REQUEST to an empty send). Now both are MESSAGE_CORRUPTED and
+    nothing is stored."""
+    store, _addr, s = strict
+    req = _send_request("Known", b"x")
+    other = req.messages.add()
+    other.CopyFrom(req.messages[0])
+    other.topic.name = "Other"
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == Code.MESSAGE_CORRUPTED and "Other" in res.status.message
+    other.topic.name, other.topic.resource_namespace = "Known", "ns"
+    assert s.SendMessage(req, timeout=10).status.code == Code.MESSAGE_CORRUPTED
+    assert s.SendMessage(service_pb2.SendMessageRequest(), timeout=10).status.code == Code.MESSAGE_CORRUPTED
+    assert _stored(store) == 1 and "Other" not in store.topics()
+    other.topic.resource_namespace = ""
+    assert s.SendMessage(req, timeout=10).status.code == Code.OK and _stored(store) == 3
+
+
+def _props(n, size=1):
+    return {f"p{i}": "v" * size for i in range(n)}
+
+
+@pytest.mark.parametrize("field, value, code", [
+    ("message_id", " ", Code.ILLEGAL_MESSAGE_ID),
+    ("message_id", "01\x7fAB", Code.ILLEGAL_MESSAGE_ID),
+    ("message_id", "M" * 33000, Code.MESSAGE_PROPERTIES_TOO_LARGE),
+    ("message_group", " ", Code.ILLEGAL_MESSAGE_GROUP),
+    ("message_group", "g\x02", Code.ILLEGAL_MESSAGE_GROUP),
+    ("message_group", "g" * 64, Code.ILLEGAL_MESSAGE_GROUP),
+    ("user_properties", {"k": "a\tb"}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    ("user_properties", _props(129), Code.MESSAGE_PROPERTIES_TOO_LARGE),
+    ("user_properties", _props(2, 8200), Code.MESSAGE_PROPERTIES_TOO_LARGE),
+    ("keys", ["k\x07"], Code.ILLEGAL_MESSAGE_KEY),
+])
+def test_send_fields_are_checked_as_rocketmqs_proxy_checks_them(strict, field, value, code):
+    """RocketMQ's proxy (SendMessageActivity) refuses a blank message id, a message group
+    that is blank, holds a control character or has 64 bytes or more, more than 128 user
+    properties or over 16 KiB of them, and control characters in keys and properties. The
+    endpoint stored most of them (a group "g\x02" got BAD_REQUEST from the store, a 33000
+    character message id MESSAGE_BODY_TOO_LARGE). Now each is refused with the proxy's
+    code; nothing is stored."""
+    store, _addr, s = strict
+    req = _send_request("Known", b"x")
+    m = req.messages[0]
+    if field == "user_properties":
+        m.user_properties.update(value)
+    elif field == "keys":
+        m.system_properties.keys.extend(value)
+    else:
+        setattr(m.system_properties, field, value)
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == code, res.status.message
+    assert _stored(store) == 1
+
+
+def test_what_the_proxy_accepts_in_a_send_is_stored(strict):
+    """An empty message group is none, an invalid born time is ignored (the proxy does not
+    use it: the endpoint refused 2^62 s with ILLEGAL_MESSAGE_PROPERTY_KEY)."""
+    store, _addr, s = strict
+    req = _send_request("Known", b"x")
+    sp = req.messages[0].system_properties
+    sp.message_group, sp.born_timestamp.seconds = "", 2 ** 62
+    t0 = int(time.time() * 1000)
+    assert s.SendMessage(req, timeout=10).status.code == Code.OK
+    m = list(store.scan())[-1]
+    assert "__SHARDINGKEY" not in m.properties and m.born_timestamp >= t0
+
+
+def test_a_dead_letter_copy_the_store_refuses_does_not_stop_the_group(tmp_path):
+    """A message within max_message_size whose dead-letter copy is not (the origin
+    properties make it larger): past its last attempt every receive of the group failed
+    with MESSAGE_BODY_TOO_LARGE, for ever, so no later message of any queue was delivered.
+    Now the message is finished for the group (it stays in its topic, the refusal is
+    logged) and the group goes on."""
+    with running(tmp_path / "s", endpoint_config(max_message_size=1024), max_attempts=1) as (store, _ep, addr):
+        size = 1024
+        while True:   # the largest body the store takes: its dead-letter copy is larger
+            try:
+                store.put(Message("Known", b"x" * size), queue_id=0)
+                break
+            except MessageTooLargeError:
+                size -= 1
+        channel, s = stub(addr)
+        with channel:
+            def receive():
+                req = service_pb2.ReceiveMessageRequest(batch_size=8)
+                req.group.name, req.message_queue.topic.name = "G", "Known"
+                req.invisible_duration.seconds = 1
+                got = list(s.ReceiveMessage(req, timeout=10))
+                return got[0].status.code, [len(r.message.body) for r in got if r.HasField("message")]
+            store.wait_dispatched(10)
+            assert receive() == (Code.OK, [size])
+            time.sleep(1.2)
+            store.put(Message("Known", b"later"), queue_id=1)
+            store.wait_dispatched(10)
+            assert receive() == (Code.OK, [5])
+            assert receive() == (Code.MESSAGE_NOT_FOUND, [])
+        assert len(list(store.scan())) == 2 and "%DLQ%G" not in store.topics()
+
+
+def test_a_store_is_served_by_one_endpoint_and_never_read_only(tmp_path):
+    """Two endpoints on one store each handed out its message (each kept its own
+    consumption state in the same popState files): one message, delivered twice at once.
+    An endpoint on a store opened read-only wrote popState.json into it. Both are now
+    InvalidArgumentError; once the first endpoint stops, another may serve the store."""
+    from rmqstore import MessageStore
+    from rmqstore.endpoint import Endpoint
+    from rmqstore.errors import InvalidArgumentError
+    with running(tmp_path / "s") as (store, _ep, _addr):
+        with pytest.raises(InvalidArgumentError, match="already served"):
+            Endpoint(store, "127.0.0.1:0")
+    with MessageStore(tmp_path / "s", read_only=True) as ro:
+        before = sorted(os.listdir(tmp_path / "s" / "config"))
+        with pytest.raises(InvalidArgumentError, match="read-only"):
+            Endpoint(ro, "127.0.0.1:0")
+        assert sorted(os.listdir(tmp_path / "s" / "config")) == before
+    with running(tmp_path / "s") as (_store, ep, _addr):
+        assert ep.port > 0
+
+
+def test_a_queue_id_far_above_the_others_makes_no_giant_route(tmp_path):
+    """One message in queue 2^20 (put by the library or the Spark writer) made the topic's
+    route every id up to it: QueryRoute answered 53 MB (past the client's 4 MiB limit) and
+    each receive looked in a million queues (7 s). Now the route is ids 0..3 and the ones
+    the store holds; a receive naming the far queue starts there, a FIFO send picks among them."""
+    with running(tmp_path / "s") as (store, _ep, addr):
+        store.put(Message("T", b"far"), queue_id=1 << 20)
+        store.wait_dispatched(10)
+        channel, s = stub(addr)
+        with channel:
+            res = s.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name="T")), timeout=10)
+            assert res.status.code == Code.OK and [q.id for q in res.message_queues] == [0, 1, 2, 3, 1 << 20]
+            req = service_pb2.ReceiveMessageRequest(batch_size=8)
+            req.group.name, req.message_queue.topic.name, req.message_queue.id = "G", "T", 1 << 20
+            t0 = time.monotonic()
+            assert [r.message.body for r in s.ReceiveMessage(req, timeout=10) if r.HasField("message")] == [b"far"]
+            assert time.monotonic() - t0 < 2
+            send = _send_request("T", b"x")
+            for group in ("g1", "g2", "g3", "g4", "g5", "g6"):
+                send.messages[0].system_properties.message_group = group
+                assert s.SendMessage(send, timeout=10).status.code == Code.OK
+        store.wait_dispatched(10)
+        assert set(store.queue_ids("T")) <= {0, 1, 2, 3, 1 << 20}
+
+
+def test_gzip_bodies_are_stored_whole_or_refused(strict):
+    """A GZIP body cut short was stored as the part that decompressed (and answered OK); of
+    two GZIP members only the first was stored; bytes after the GZIP data were dropped;
+    a body that is not GZIP was INTERNAL_SERVER_ERROR with a logged traceback. Now all
+    members are stored, and the rest is MESSAGE_CORRUPTED, nothing stored."""
+    import gzip
+    store, _addr, s = strict
+    one = gzip.compress(b"hello " * 100)
+
+    def send(body):
+        req = _send_request("Known", body)
+        req.messages[0].system_properties.body_encoding = definition_pb2.Encoding.GZIP
+        return s.SendMessage(req, timeout=10).status.code
+    for bad in (one[:len(one) // 2], one + b"junk", b"\x1f\x8bnot gzip", b"plain"):
+        assert send(bad) == Code.MESSAGE_CORRUPTED
+    assert send(one) == Code.OK and send(gzip.compress(b"a" * 500) + gzip.compress(b"b" * 300)) == Code.OK
+    assert send(gzip.compress(b"x" * 1025)) == Code.MESSAGE_BODY_TOO_LARGE
+    store.wait_dispatched(10)
+    assert [m.body for m in store.scan()] == [b"seed", b"hello " * 100, b"a" * 500 + b"b" * 300]
+
+
+def test_resource_namespaces_are_unsupported(strict):
+    """RocketMQ's proxy makes a resource namespace part of the topic's and group's names;
+    the endpoint dropped it, so sends to "ns1"/T and "ns2"/T went to one topic T and a
+    consumer of either namespace got both. Now a namespace in any call is UNSUPPORTED and
+    nothing is stored or handed out."""
+    store, _addr, s = strict
+    ns = definition_pb2.Resource(name="Known", resource_namespace="ns1")
+    req = _send_request("Known", b"x")
+    req.messages[0].topic.CopyFrom(ns)
+    assert s.SendMessage(req, timeout=10).status.code == Code.UNSUPPORTED
+    assert s.QueryRoute(service_pb2.QueryRouteRequest(topic=ns), timeout=10).status.code == Code.UNSUPPORTED
+    group = definition_pb2.Resource(name="G", resource_namespace="ns1")
+    assert s.QueryAssignment(service_pb2.QueryAssignmentRequest(topic=ns, group=group), timeout=10).status.code \
+        == Code.UNSUPPORTED
+    for g, t in ((group, definition_pb2.Resource(name="Known")), (definition_pb2.Resource(name="G"), ns)):
+        recv = service_pb2.ReceiveMessageRequest(batch_size=8, group=g)
+        recv.message_queue.topic.CopyFrom(t)
+        assert [r.status.code for r in s.ReceiveMessage(recv, timeout=10)] == [Code.UNSUPPORTED]
+        ack = service_pb2.AckMessageRequest(group=g, topic=t)
+        ack.entries.add(message_id="m", receipt_handle="0.0.1")
+        assert s.AckMessage(ack, timeout=10).status.code == Code.UNSUPPORTED
+        cid = service_pb2.ChangeInvisibleDurationRequest(group=g, topic=t, receipt_handle="0.0.1")
+        assert s.ChangeInvisibleDuration(cid, timeout=10).status.code == Code.UNSUPPORTED
+        dlq = service_pb2.ForwardMessageToDeadLetterQueueRequest(group=g, topic=t, receipt_handle="0.0.1")
+        assert s.ForwardMessageToDeadLetterQueue(dlq, timeout=10).status.code == Code.UNSUPPORTED
+    assert _stored(store) == 1
+    assert [r.message.body for r in _receive(s, "*") if r.HasField("message")] == [b"seed"]
 
 
 def test_stale_receipts_and_unsupported_calls(strict):

@@ -93,8 +93,8 @@ def test_writer_round_trip_and_save_modes(spark, tmp_path):
         assert queued == len(rows)
     with pytest.raises(Exception, match="already holds 3 RocketMQ store"):
         jobs.write(df, out, mode="error", **WRITE_OPTIONS)
-    assert jobs.write(df, out, mode="ignore", **WRITE_OPTIONS)["messages"] == 0
-    jobs.write(df.limit(10), out, mode="append", **WRITE_OPTIONS)
+    assert jobs.write(df, out, mode="Ignore", **WRITE_OPTIONS)["messages"] == 0   # any case, as Spark's modes
+    jobs.write(df.limit(10), out, mode="APPEND", **WRITE_OPTIONS)
     assert spark.read.format("rocketmq").load(str(out)).count() == 310
     jobs.write(df.limit(7), out, mode="overwrite", **WRITE_OPTIONS)
     assert spark.read.format("rocketmq").load(str(out)).count() == 7
@@ -179,6 +179,33 @@ def test_writer_rejects_bad_schema(spark, tmp_path):
     df = spark.createDataFrame([("T", b"x", "y")], "topic string, body binary, colour string")
     with pytest.raises(Exception, match="unknown column 'colour'"):
         df.write.format("rocketmq").mode("append").save(str(tmp_path / "o"))
+
+
+def test_writer_takes_arrays_and_maps_that_cannot_hold_null(spark, tmp_path):
+    """F.array / F.create_map make columns that cannot hold null: the writer refused them
+    with "column 'keys' must be array<string>, not array<string>", which no user can act
+    on. They are the same type for the writer, and are written and read back."""
+    from pyspark.sql import functions as F
+
+    from rmqstore.spark import jobs
+    df = spark.createDataFrame([("T", b"x")], "topic string, body binary") \
+        .withColumn("keys", F.array(F.lit("k1"), F.lit("k2"))) \
+        .withColumn("properties", F.create_map(F.lit("a"), F.lit("b")))
+    assert jobs.write(df, tmp_path / "o")["messages"] == 1
+    (row,) = spark.read.format("rocketmq").load(str(tmp_path / "o")).select("keys", "properties").collect()
+    assert row.keys == ["k1", "k2"] and row.properties["a"] == "b"
+
+
+@pytest.mark.parametrize("options, named", [({"commitlogFileSize": "12"}, "commitlogFileSize"),
+                                            ({"MESSAGEVERSION": "7"}, "messageVersion"),
+                                            ({"storeHost": "nonsense"}, "storeHost")])
+def test_writer_option_values_out_of_range_name_the_option(options, named):
+    """A StoreConfig value out of range named the field (commitlog_file_size), not the
+    option the user gave; now "option commitlogFileSize: ..."."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark.writer import store_config
+    with pytest.raises(InvalidArgumentError, match=f"rocketmq writer: option {named}: "):
+        store_config(options)
 
 
 def test_export_row_groups_sorting_and_success_marker(spark, tmp_path):
@@ -289,11 +316,14 @@ def test_partitioned_writer_splits_buffers_and_reopens(tmp_path, monkeypatch):
     {"checkCrc": "yes"}, {"checkCrc": "1"}, {"since": "--5"}, {"until": "-"}, {"paths": "[not json"},
     {"paths": '{"a": 1}'}, {"paths": "[1, 2]"}, {"paths": "[" * 100_000}, {"maxBytesPerTrigger": "-1"},
     {"maxBytesPerTrigger": "lots"}, {"splitBytes": "9" * 5000}, {"since": "9" * 5000},
+    {"topic": ""}, {"topic": "T,,U"}, {"topic": " "}, {"key": ""}, {"key": "k1 k2"}, {"uniqKey": ""},
 ], ids=lambda o: repr(o)[:40])
 def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     """Source options int() or json.loads refused with a bare ValueError ("abc", "1e3",
     "--5", a malformed paths list), or took loosely ("1_0", " 12"), or that were silently
-    false (checkCrc "yes"): InvalidArgumentError naming the option, before any Spark job."""
+    false (checkCrc "yes"): InvalidArgumentError naming the option, before any Spark job.
+    A topic, key or uniqKey no message can have (empty, blank, a key with a space) gave
+    every row (topic "") or none, silently."""
     pytest.importorskip("pyspark")
     from rmqstore.spark.source import Scan, _StreamReader
     with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, **SMALL_INDEX)) as st:
@@ -304,6 +334,20 @@ def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     good = {"path": str(tmp_path / "s"), "splitBytes": "4096", "checkCrc": "TRUE", "since": "-5"}
     scan = Scan(good)
     assert (scan.split_bytes, scan.check_crc, scan.since) == (4096, True, -5)
+
+
+def test_a_split_that_would_make_too_many_partitions_is_refused(tmp_path):
+    """splitBytes 1 planned a partition per commitlog byte: a 1 GiB segment took the driver
+    a billion ranges (memory and time without end). Now a plan of over MAX_PARTITIONS is
+    InvalidArgumentError naming splitBytes and the least that works."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark.source import MAX_PARTITIONS, Scan, plan
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, **SMALL_INDEX)) as st:
+        st.put_batch([Message("T", b"x" * 1000) for _ in range(70)])   # two 64 KiB segments
+    scan = Scan({"path": str(tmp_path / "s"), "splitBytes": "1"})
+    with pytest.raises(InvalidArgumentError, match="splitBytes 1 cuts 131072 bytes.*give splitBytes 2 or more"):
+        plan(scan.stores, scan.split_bytes)
+    assert 2 * MAX_PARTITIONS > 131072 > MAX_PARTITIONS and len(plan(scan.stores, 2)) == 65536
 
 
 @pytest.mark.parametrize("value", ["1_000", " 1000", "1000 ", "\u0661\u0660\u0660\u0660", "1e3", "lots", "9" * 5000],

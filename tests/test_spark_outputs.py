@@ -56,6 +56,32 @@ def test_export_replaces_an_earlier_export(spark, stores, tmp_path):
     assert spark.read.parquet(str(out)).count() == 20
 
 
+def test_export_refuses_a_topic_whose_partition_directory_name_is_too_long(spark, tmp_path):
+    """A topic of 100 '%' (RocketMQ's pattern allows them) is "topic=%25%25..." of 306
+    bytes, over the file system's 255: export's tasks failed with a bare OSError
+    (ENAMETOOLONG) after the earlier export had been deleted. Now the driver refuses it
+    first, naming the topic and the limit, when a consume queue names the topic, and
+    otherwise once the tasks have found it (they write none of its rows): no output is left
+    half written and nothing is marked a success."""
+    import shutil
+
+    from rmqstore.spark import jobs
+    a = str(tmp_path / "a")
+    with MessageStore(a, StoreConfig(commitlog_file_size=1 << 16)) as st:
+        st.put_batch([Message("%" * 100, b"long"), Message("T", b"short")])
+        st.wait_dispatched(10)
+    out = tmp_path / "pq"
+    out.mkdir()
+    (out / "_SUCCESS").write_text("")   # an earlier export's: kept while the export is refused up front
+    with pytest.raises(InvalidArgumentError, match=r"at most 255 bytes.*has 306.*%%%"):
+        jobs.export(spark, [a], out)
+    assert os.listdir(out) == ["_SUCCESS"]
+    shutil.rmtree(os.path.join(a, "consumequeue"))
+    with pytest.raises(InvalidArgumentError, match=r"at most 255 bytes.*has 306"):
+        jobs.export(spark, [a], out)
+    assert not out.exists()
+
+
 def test_rebuild_writes_into_no_other_store_and_not_under_a_writer(spark, stores, tmp_path):
     from rmqstore.spark import jobs
     a, b = stores

@@ -13,7 +13,6 @@ import zlib
 from rocketmq.grpc_protocol import definition_pb2
 
 from rmqstore._message import Message, MessageExt
-from rmqstore.errors import InvalidArgumentError
 
 Code = definition_pb2.Code
 UNIQ_KEY = "UNIQ_KEY"
@@ -23,6 +22,12 @@ MESSAGE_GROUP = "__SHARDINGKEY"
 DELIVER_MS = "__STARTDELIVERTIME"
 DLQ_PREFIX = "%DLQ%"      # a group's dead-letter topic is this + the group
 MAX_DELAY_MS = 40 * 86_400_000      # how far ahead a delivery time may be
+# RocketMQ proxy's defaults: user properties (count; bytes of their names and values with the
+# tag and keys), message group bytes (a group of this many or more is refused)
+MAX_USER_PROPERTIES = 128
+MAX_USER_PROPERTY_BYTES = 16 * 1024
+MAX_GROUP_BYTES = 64
+PROPERTIES_MAX = 32767      # a record's properties length is an i16
 SYSTEM_PROPERTIES = frozenset({UNIQ_KEY, TAGS, KEYS, MESSAGE_GROUP, DELIVER_MS, "DLQ_ORIGIN_TOPIC",
                                "DLQ_ORIGIN_MESSAGE_ID"})
 # names a sent message's user properties may not use: ours, and RocketMQ's MessageConst.STRING_HASH_SET,
@@ -53,6 +58,42 @@ def _set_millis(ts: object, ms: int) -> None:
     ts.nanos *= 1_000_000  # type: ignore[attr-defined]
 
 
+def _control(text: str) -> bool:
+    """Java's Character.isISOControl for some character of ``text``, as the proxy checks."""
+    return any(c < " " or "\x7f" <= c <= "\x9f" for c in text)
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode())
+
+
+def _born_ms(sp: definition_pb2.SystemProperties) -> int:
+    """The client's born time in ms; 0 (the store time) when it is absent or not one the
+    record holds (the proxy ignores an invalid one)."""
+    ms = _millis(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
+    return ms if 0 <= ms < 1 << 63 else 0
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """A GZIP body (one member or several, as gzip reads them) uncompressed; RequestError
+    when it is over ``limit`` bytes so, truncated, or not GZIP (or with bytes after it)."""
+    out: list[bytes] = []
+    size, whole = 0, len(data)
+    while data:
+        d = zlib.decompressobj(31)
+        try:
+            out.append(d.decompress(data, limit + 1 - size))
+        except zlib.error as e:
+            raise RequestError(Code.MESSAGE_CORRUPTED, f"GZIP body at byte {whole - len(data)}: {e}") from None
+        size += len(out[-1])
+        if size > limit or d.unconsumed_tail:
+            raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body is over {limit} bytes uncompressed")
+        if not d.eof:
+            raise RequestError(Code.MESSAGE_CORRUPTED, "GZIP body is truncated")
+        data = d.unused_data
+    return b"".join(out)
+
+
 def _peer_host(peer: str) -> str | None:
     """gRPC's ``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` as ``ip:port``; None for anything else."""
     kind, _, addr = peer.partition(":")
@@ -60,43 +101,53 @@ def _peer_host(peer: str) -> str | None:
 
 
 def to_store(pb: definition_pb2.Message, peer: str, max_body: int) -> Message:
-    """The store message for a sent protocol message; RequestError for what cannot be stored."""
+    """The store message for a sent protocol message; RequestError, with the code RocketMQ's
+    proxy answers, for what cannot be stored."""
     sp = pb.system_properties
-    if not sp.message_id:
-        raise RequestError(Code.ILLEGAL_MESSAGE_ID, "message_id is required")
-    body = pb.body
-    if sp.body_encoding == definition_pb2.Encoding.GZIP:
-        d = zlib.decompressobj(31)
-        body = d.decompress(body, max_body + 1)
-        if d.unconsumed_tail:
-            raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body is over {max_body} bytes uncompressed")
+    if not sp.message_id.strip() or _control(sp.message_id):
+        raise RequestError(Code.ILLEGAL_MESSAGE_ID, f"message_id {sp.message_id[:80]!r} is blank or holds a control "
+                           "character")
+    body = _gunzip(pb.body, max_body) if sp.body_encoding == definition_pb2.Encoding.GZIP else pb.body
     if not body:
         raise RequestError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
     if len(body) > max_body:
         raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body of {len(body)} bytes is over the limit of {max_body}")
-    if "|" in sp.tag or sp.tag.isspace() or any(c < " " or "\x7f" <= c <= "\x9f" for c in sp.tag):
+    if "|" in sp.tag or sp.tag.isspace() or _control(sp.tag):
         raise RequestError(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or holds '|' or a control character")
-    if any(not k or any(c.isspace() for c in k) for k in sp.keys):
-        raise RequestError(Code.ILLEGAL_MESSAGE_KEY, "keys must be non-empty and contain no whitespace")
+    if any(not k or any(c.isspace() for c in k) or _control(k) for k in sp.keys):
+        raise RequestError(Code.ILLEGAL_MESSAGE_KEY, "keys must be non-empty and contain no whitespace or control "
+                           "character")
     props = dict(pb.user_properties)
     clash = RESERVED_PROPERTIES.intersection(props)
     if clash:
         raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"reserved property name(s): {', '.join(sorted(clash))}")
+    bad = sorted(k for k, v in props.items() if not k or _control(k) or _control(v))
+    if bad:
+        raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user property {bad[0]!r} has an empty name or a "
+                           "control character in its name or value")
+    user_bytes = sum(_utf8(k) + _utf8(v) for k, v in props.items()) + _utf8(sp.tag) + sum(map(_utf8, sp.keys))
+    if len(props) > MAX_USER_PROPERTIES or user_bytes > MAX_USER_PROPERTY_BYTES:
+        raise RequestError(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"{len(props)} user properties of {user_bytes} bytes "
+                           f"(with tag and keys): at most {MAX_USER_PROPERTIES} of {MAX_USER_PROPERTY_BYTES} bytes")
     props[UNIQ_KEY] = sp.message_id
-    if sp.HasField("message_group"):
-        props[MESSAGE_GROUP] = sp.message_group
+    group = sp.message_group
+    if group:
+        if not group.strip() or _utf8(group) >= MAX_GROUP_BYTES or _control(group):
+            raise RequestError(Code.ILLEGAL_MESSAGE_GROUP, f"message group {group[:80]!r} is blank, holds a control "
+                               f"character or is not under {MAX_GROUP_BYTES} bytes")
+        props[MESSAGE_GROUP] = group
     if sp.HasField("delivery_timestamp"):
         due = _millis(sp.delivery_timestamp)
         if due > time.time() * 1000 + MAX_DELAY_MS:
             raise RequestError(Code.ILLEGAL_DELIVERY_TIME, f"delivery time {due} is more than 40 days ahead")
         props[DELIVER_MS] = str(due)
-    host = _peer_host(peer)
-    try:
-        return Message(pb.topic.name, body, tags=sp.tag or None, keys=list(sp.keys) or None, properties=props,
-                       born_timestamp=_millis(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
-                       born_host=host)
-    except InvalidArgumentError as e:
-        raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, str(e)) from None
+    system = {TAGS: sp.tag, KEYS: " ".join(sp.keys)}
+    size = sum(_utf8(k) + _utf8(v) + 2 for k, v in [*props.items(), *((k, v) for k, v in system.items() if v)])
+    if size > PROPERTIES_MAX:
+        raise RequestError(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"properties of {size} bytes (the message id's "
+                           f"{_utf8(sp.message_id)} among them) exceed {PROPERTIES_MAX}")
+    return Message(pb.topic.name, body, tags=sp.tag or None, keys=list(sp.keys) or None, properties=props,
+                   born_timestamp=_born_ms(sp), born_host=_peer_host(peer))
 
 
 def message_type(props: dict[str, str]) -> int:

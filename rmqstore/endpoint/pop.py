@@ -21,6 +21,7 @@ Receipt handles are ``q.offset.seq`` (queue id, queue offset, receipt generation
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -32,11 +33,11 @@ from rmqstore._message import MessageExt
 from rmqstore.consumer import GetMessageStatus, TagFilter
 from rmqstore.endpoint.codec import MESSAGE_GROUP, RequestError, deliver_at, to_dead_letter
 from rmqstore.endpoint.state import PopState, QueueState
-from rmqstore.errors import InvalidArgumentError, StoreError
+from rmqstore.errors import InvalidArgumentError, MessageTooLargeError, StoreError
 from rmqstore.store import MessageStore
 
 Code = definition_pb2.Code
-
+log = logging.getLogger("rmqstore.endpoint")
 
 _GONE = (GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.MESSAGE_WAS_REMOVING)
 
@@ -116,28 +117,43 @@ class Pop:
                 return []
             records: list[list[Any]] = []
             out: list[Delivery] = []
-            for off in sorted(o for o, e in qs.pending.items() if e[0] <= now):
-                if len(out) >= batch:
-                    break
-                attempts = qs.pending[off][1] + 1
-                try:
-                    m = self._message(topic, q, off)
-                except _NotYet:
-                    continue
-                if m is None:                                  # removed by retention
-                    records.append(["a", group, topic, q, off])
-                elif attempts > self.max_attempts:
-                    self.store.put(to_dead_letter(m, group, attempts - 1))
-                    records.append(["a", group, topic, q, off])
-                else:
-                    out.append(self._hand_out(records, group, topic, q, m, attempts, now + invisible_ms))
-            # a FIFO message handed out again: new messages wait behind it
-            if len(out) < batch and not any(r[0] == "r" and r[8] for r in records):
-                self._receive_new(qs, group, topic, q, expression, batch - len(out), now, invisible_ms, records, out)
-            st.append(records, durable=False)
-            if records:
-                self._commit(group, topic, q)
+            try:   # what was done is recorded even if a later step fails: a dead letter is written once
+                for off in sorted(o for o, e in qs.pending.items() if e[0] <= now):
+                    if len(out) >= batch:
+                        break
+                    attempts = qs.pending[off][1] + 1
+                    try:
+                        m = self._message(topic, q, off)
+                    except _NotYet:
+                        continue
+                    if m is None:                                  # removed by retention
+                        records.append(["a", group, topic, q, off])
+                    elif attempts > self.max_attempts:
+                        self._to_dead_letter(m, group, attempts - 1)
+                        records.append(["a", group, topic, q, off])
+                    else:
+                        out.append(self._hand_out(records, group, topic, q, m, attempts, now + invisible_ms))
+                # a FIFO message handed out again: new messages wait behind it
+                if len(out) < batch and not any(r[0] == "r" and r[8] for r in records):
+                    self._receive_new(qs, group, topic, q, expression, batch - len(out), now, invisible_ms, records,
+                                      out)
+            finally:
+                st.append(records, durable=False)
+                if records:
+                    self._commit(group, topic, q)
             return out
+
+    def _to_dead_letter(self, m: MessageExt, group: str, attempts: int) -> None:
+        """Write ``m``'s copy to ``%DLQ%group``. A copy the store refuses (the origin
+        properties take it past max_message_size or the properties limit) is logged and
+        not written: the message is finished for the group all the same and stays in its
+        topic, where retrying could never succeed and would stop every receive of the group."""
+        try:
+            self.store.put(to_dead_letter(m, group, attempts))
+        except (MessageTooLargeError, InvalidArgumentError) as e:
+            log.error("group %s: the dead-letter copy of %s queue %d offset %d was refused (%s); the message "
+                      "is finished for the group and stays in its topic", group, m.topic, m.queue_id,
+                      m.queue_offset, e)
 
     def _commit(self, group: str, topic: str, q: int) -> None:
         """Mirror the group's progress (first offset not finished) into consumerOffset.json,
@@ -208,7 +224,7 @@ class Pop:
                                    "store is rebuilding its queues); try again") from None
             if m is not None:
                 try:
-                    self.store.put(to_dead_letter(m, group, entry[1]))
+                    self._to_dead_letter(m, group, entry[1])
                 except StoreError as e:
                     raise RequestError(Code.INTERNAL_SERVER_ERROR, str(e)) from None
             self.state.append([["a", group, topic, q, off]], durable=True)

@@ -1,7 +1,9 @@
 """Topic routes: which topics exist and how many queues each has, for one single-node broker.
 
 A topic exists when the store holds it, or once a client used it with auto-create on (it
-gets ``default_queue_nums`` queues, like a broker with ``autoCreateTopicEnable``).
+gets ``default_queue_nums`` queues, like a broker with ``autoCreateTopicEnable``). Its
+queues are ids 0 to ``default_queue_nums - 1`` and every id the store holds for it: not
+every id up to the largest (one message in queue 2^20 made a route of a million queues).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ class Routes:
     def __init__(self, store: MessageStore, auto_create: bool = True) -> None:
         self.store = store
         self.auto_create = auto_create
-        self._created: dict[str, int] = {}
+        self._created: dict[str, list[int]] = {}
         self._lock = threading.Lock()
 
     def queues(self, topic: str, create: bool = True) -> list[int]:
@@ -42,17 +44,13 @@ class Routes:
         if topic in SYSTEM_TOPICS or topic.startswith("rmq_sys_"):   # SCHEDULE_TOPIC_XXXX holds delayed messages
             raise RequestError(Code.ILLEGAL_TOPIC, f"cannot access system topic {topic!r}")
         with self._lock:
-            n = self._created.get(topic)
-            if n is None:
+            queues = self._created.get(topic)
+            if queues is None:
                 ids = self.store.queue_ids(topic)
-                if ids:
-                    n = max(max(ids) + 1, self.store.config.default_queue_nums)
-                elif self.auto_create and create:
-                    n = self.store.config.default_queue_nums
-                else:
+                if not ids and not (self.auto_create and create):
                     raise RequestError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (auto-create is off)")
-                self._created[topic] = n
-        return list(range(n))
+                queues = self._created[topic] = sorted(set(range(self.store.config.default_queue_nums)).union(ids))
+        return list(queues)
 
     def message_queues(self, topic: str, endpoints: definition_pb2.Endpoints,
                        out: object) -> None:

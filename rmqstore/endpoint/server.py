@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterable
@@ -22,6 +23,8 @@ from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, Stor
 from rmqstore.store import MessageStore
 
 log = logging.getLogger("rmqstore.endpoint")
+_served: set[str] = set()   # the stores endpoints of this process serve (real paths)
+_served_lock = threading.Lock()
 
 
 def _endpoints(host: str, port: int) -> definition_pb2.Endpoints:
@@ -35,7 +38,10 @@ def _endpoints(host: str, port: int) -> definition_pb2.Endpoints:
 class Endpoint:
     """A started endpoint. ``port`` is the bound port (useful with ``host:0``); ``stop()``
     ends the calls in progress, flushes and closes the consumption state (not the store,
-    which the caller owns)."""
+    which the caller owns). A store is served by one endpoint at a time: a second one would
+    hand out the messages the first handed out, and the two would overwrite each other's
+    consumption state; a read-only store is refused too, as serving writes that state into
+    it (``config/popState.json``) and sends write messages."""
 
     @checked(skip=1)
     def __init__(self, store: MessageStore, listen: str = "127.0.0.1:8081", auto_create: bool = True,
@@ -48,6 +54,24 @@ class Endpoint:
         host, sep, port = listen.rpartition(":")
         if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
             raise InvalidArgumentError(f"listen address {listen!r} is not host:port (port 0..65535)")
+        if store.read_only:
+            raise InvalidArgumentError(f"{store.path}: a store opened read-only cannot be served (sends and the "
+                                       "consumption state write into it)")
+        self._key = os.path.realpath(store.path)
+        with _served_lock:
+            if self._key in _served:
+                raise InvalidArgumentError(f"{store.path}: already served by another endpoint of this process; "
+                                           "stop it first (two would deliver each message twice)")
+            _served.add(self._key)
+        try:
+            self._start(store, listen, auto_create, max_attempts, fifo_groups, workers, host)
+        except BaseException:
+            with _served_lock:
+                _served.discard(self._key)
+            raise
+
+    def _start(self, store: MessageStore, listen: str, auto_create: bool, max_attempts: int,
+               fifo_groups: frozenset[str], workers: int, host: str) -> None:
         self.store = store
         self.state = PopState(store.path, store.config.file_mode, store.config.dir_mode)
         self.pop = Pop(store, self.state, max_attempts)
@@ -83,6 +107,8 @@ class Endpoint:
                 self.store.flush()
         finally:
             self.state.close()
+            with _served_lock:
+                _served.discard(self._key)
         log.info("rmqstore endpoint on %s stopped", self.address)
 
     def wait(self) -> None:

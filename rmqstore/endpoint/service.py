@@ -98,7 +98,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def QueryRoute(self, request: Any, context: Any) -> Any:
         res = service_pb2.QueryRouteResponse()
         eps = request.endpoints if request.endpoints.addresses else self.endpoints
-        self.routes.message_queues(request.topic.name, eps, res.message_queues)
+        self.routes.message_queues(_name(request.topic), eps, res.message_queues)
         return _ok(res)
 
     @_answer(service_pb2.QueryAssignmentResponse)
@@ -106,7 +106,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         res = service_pb2.QueryAssignmentResponse()
         eps = request.endpoints if request.endpoints.addresses else self.endpoints
         routes = service_pb2.QueryRouteResponse()
-        self.routes.message_queues(request.topic.name, eps, routes.message_queues)
+        self.routes.message_queues(_name(request.topic), eps, routes.message_queues)
         for mq in routes.message_queues:
             res.assignments.add().message_queue.CopyFrom(mq)
         return _ok(res)
@@ -158,15 +158,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     @_answer(service_pb2.SendMessageResponse)
     def SendMessage(self, request: Any, context: Any) -> Any:
         if len(request.messages) == 0:
-            raise RequestError(Code.BAD_REQUEST, "no message to send")
+            raise RequestError(Code.MESSAGE_CORRUPTED, "no message to send")
+        topic = request.messages[0].topic
+        if any(pb.topic != topic for pb in request.messages):   # as RocketMQ's proxy: one topic per send
+            raise RequestError(Code.MESSAGE_CORRUPTED, f"the messages of a send name several topics "
+                               f"({sorted({pb.topic.name for pb in request.messages})[:4]}); one send, one topic")
         msgs, qids = [], []
         for pb in request.messages:
             if pb.system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
                 raise RequestError(Code.UNSUPPORTED, "transactional messages are not supported")
-            queues = self.routes.queues(pb.topic.name)
+            queues = self.routes.queues(_name(pb.topic))
             msgs.append(to_store(pb, context.peer(), self.store.config.max_message_size))
             group = pb.system_properties.message_group
-            qids.append(_hash(group) % len(queues) if group else None)
+            qids.append(queues[_hash(group) % len(queues)] if group else None)
         res = service_pb2.SendMessageResponse()   # all or nothing: a refused message stores none of the request
         for pb, put in zip(request.messages, self.store.put_batch(msgs, qids), strict=True):
             e = res.entries.add()
@@ -179,7 +183,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # -- receive and ack ------------------------------------------------------------------
     def ReceiveMessage(self, request: Any, context: Any) -> Iterator[Any]:
         try:
-            group, topic = request.group.name, request.message_queue.topic.name
+            group, topic = _name(request.group), _name(request.message_queue.topic)
             if not group or "@" in group:   # '@' separates topic and group in consumerOffset.json
                 raise RequestError(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group {group!r} is empty or holds '@'")
             cfg = self.store.config
@@ -201,7 +205,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if invisible < 0 or invisible > 12 * 3600 * 1000:
                 raise RequestError(Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {invisible} ms out of range")
             queues = self.routes.queues(topic)
-            start = request.message_queue.id % len(queues) if request.message_queue.id >= 0 else 0
+            qid = request.message_queue.id
+            start = queues.index(qid) if qid in queues else qid % len(queues) if qid >= 0 else 0
             queues = queues[start:] + queues[:start]
             deadline = time.monotonic() + min(MAX_POLL_S, _ms(request.long_polling_timeout) / 1000)
             if self.long_polls.acquire(blocking=False):
@@ -244,7 +249,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     @_answer(service_pb2.AckMessageResponse)
     def AckMessage(self, request: Any, context: Any) -> Any:
         res = service_pb2.AckMessageResponse()
-        errors = self.pop.ack(request.group.name, request.topic.name, [e.receipt_handle for e in request.entries])
+        errors = self.pop.ack(_name(request.group), _name(request.topic), [e.receipt_handle for e in request.entries])
         for entry, err in zip(request.entries, errors, strict=True):
             out = res.entries.add()
             out.message_id, out.receipt_handle = entry.message_id, entry.receipt_handle
@@ -264,14 +269,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if invisible < 0 or invisible > 12 * 3600 * 1000:
             raise RequestError(Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {invisible} ms out of range")
         res = service_pb2.ChangeInvisibleDurationResponse()
-        res.receipt_handle = self.pop.change_invisible(request.group.name, request.topic.name,
+        res.receipt_handle = self.pop.change_invisible(_name(request.group), _name(request.topic),
                                                        request.receipt_handle, invisible)
         self.pop.notify()
         return _ok(res)
 
     @_answer(service_pb2.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
-        self.pop.dead_letter(request.group.name, request.topic.name, request.receipt_handle)
+        self.pop.dead_letter(_name(request.group), _name(request.topic), request.receipt_handle)
         return _ok(service_pb2.ForwardMessageToDeadLetterQueueResponse())
 
     # -- unsupported ----------------------------------------------------------------------
@@ -298,6 +303,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def PullMessage(self, request: Any, context: Any) -> Iterator[Any]:
         yield self._unsupported(service_pb2.PullMessageResponse, "PullMessage")
+
+
+def _name(resource: Any) -> str:
+    """A topic's or group's name. A resource namespace is UNSUPPORTED: RocketMQ's proxy makes
+    it part of the name, and taking the bare name would mix the namespaces' messages."""
+    if resource.resource_namespace:
+        raise RequestError(Code.UNSUPPORTED, f"resource namespace {resource.resource_namespace!r} (of "
+                           f"{resource.name!r}): namespaces are not supported by the rmqstore endpoint")
+    return str(resource.name)
 
 
 def _status(res: Any, code: int, message: str) -> Any:

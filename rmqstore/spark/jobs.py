@@ -25,6 +25,7 @@ from rmqstore.errors import InvalidArgumentError
 from rmqstore.files import lock_writer
 from rmqstore.index import IndexService
 from rmqstore.segments import segment_name
+from rmqstore.spark.partitioned import name_max, topic_dir
 from rmqstore.spark.source import NAME, Scan, enclosing_store, find_stores, plan, store_paths
 
 _ENTRY = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
@@ -43,9 +44,10 @@ def read(spark, stores, **options):
     return spark.read.format(NAME).options(**{k: str(v) for k, v in options.items()}).load(store_paths(stores))
 
 
-def _export_part(scan, index, part, out_dir, compression, row_group_rows, sort_by):
+def _export_part(scan, index, part, out_dir, compression, row_group_rows, sort_by, longest):
     """Write partition number ``index``'s records as Parquet files under ``out_dir`` in
-    Spark's layout topic=/date= (see ``partitioned``); returns (messages, commitlog bytes)."""
+    Spark's layout topic=/date= (see ``partitioned``); returns (messages, commitlog bytes,
+    the topics whose directory name would be over ``longest`` bytes, not written)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -63,11 +65,11 @@ def _export_part(scan, index, part, out_dir, compression, row_group_rows, sort_b
     data = batches()
     if sort_by:   # within the task's files, as Spark's sortWithinPartitions
         data = pa.Table.from_batches(list(data), schema).sort_by([(c, "ascending") for c in sort_by]).to_batches()
-    writer = PartitionedWriter(out_dir, index, schema, row_group_rows, compression)
+    writer = PartitionedWriter(out_dir, index, schema, row_group_rows, compression, name_max=longest)
     for rb in data:
         writer.write(rb)
     writer.close()
-    return tuple(seen)
+    return seen[0], seen[1], writer.too_long
 
 
 EXPORT_SPLIT = (32 << 20, 1 << 30)
@@ -112,6 +114,18 @@ def _is_export(out):
     return only(out, lambda e: (e.name, e.is_file()) == ("_SUCCESS", True) or
                 (e.name, e.is_dir()) == ("_temporary", True) or
                 (e.name.startswith("topic=") and e.is_dir() and only(e.path, day)))
+
+
+def _refuse_long_topics(topics, longest):
+    """InvalidArgumentError naming the topics whose partition directory (``topic=`` and the
+    topic, escaped as Spark escapes it) would be over ``longest`` bytes, the file system's
+    limit on a name: Spark's readers take the topic from that name, so it cannot be shortened."""
+    bad = sorted(t for t in topics if len(topic_dir(t).encode()) > longest)
+    if bad:
+        raise InvalidArgumentError(f"export: {len(bad)} topic(s) cannot be partition directories: a name may have "
+                                   f"at most {longest} bytes, and {topic_dir(bad[0])[:60]!r}... has "
+                                   f"{len(topic_dir(bad[0]).encode())} (topics {[t[:40] for t in bad[:3]]}); "
+                                   "read such topics with spark.read.format('rocketmq') instead")
 
 
 def _export_dir(out_dir, stores):
@@ -166,16 +180,25 @@ def export(spark, stores, out_dir: str | os.PathLike[str], mode: str = "fail", c
         raise InvalidArgumentError(f"export: cannot sort by unknown column(s) {unknown}")
     stores = find_stores(stores)
     out_dir = _export_dir(out_dir, stores)
+    longest = name_max(os.fspath(out_dir))
+    for store in stores:   # the topics the consume queues name, before anything is replaced
+        cq = os.path.join(store, "consumequeue")
+        _refuse_long_topics(os.listdir(cq) if os.path.isdir(cq) else (), longest)
     scan = Scan({"paths": json.dumps(stores), "mode": mode})
     parts = _export_parts(stores, _tasks(spark), SORTED_SPLIT_MAX if sort_by else EXPORT_SPLIT[1])
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     os.makedirs(out_dir)
     done = spark.sparkContext.parallelize(list(enumerate(parts)), max(1, len(parts))) \
-        .map(lambda ip: _export_part(scan, ip[0], ip[1], out_dir, compression, row_group_rows, sort_by)).collect()
+        .map(lambda ip: _export_part(scan, ip[0], ip[1], out_dir, compression, row_group_rows, sort_by,
+                                     longest)).collect()
+    too_long = set().union(*(t for _, _, t in done))
+    if too_long:   # topics no consume queue names: found by the tasks, which wrote none of their rows
+        shutil.rmtree(out_dir)
+        _refuse_long_topics(too_long, longest)
     shutil.rmtree(os.path.join(out_dir, "_temporary"), ignore_errors=True)
     open(os.path.join(out_dir, "_SUCCESS"), "wb").close()
-    return _summary("export", t0, sum(n for n, _ in done), sum(b for _, b in done), out=out_dir)
+    return _summary("export", t0, sum(n for n, _, _ in done), sum(b for _, b, _ in done), out=out_dir)
 
 
 WRITE_MODES = ("error", "errorifexists", "ignore", "append", "overwrite")
@@ -185,11 +208,12 @@ WRITE_MODES = ("error", "errorifexists", "ignore", "append", "overwrite")
 def write(df, out_dir: str | os.PathLike[str], mode: str = "error", **options):
     """Write DataFrame ``df`` as RocketMQ stores under ``out_dir`` (the "rocketmq" writer:
     one store per task; ``options`` as its StoreConfig options, e.g. ``indexSlots``), with
-    Spark's save modes: error (default; errorifexists) refuses a directory that already
-    holds a store, ignore then writes nothing, append adds stores, overwrite replaces them.
-    Returns a summary (messages and commitlog bytes written, stores, seconds, MB/s), from
-    the ``_SUCCESS`` summary the writer leaves."""
+    Spark's save modes, in any case as Spark takes them: error (default; errorifexists)
+    refuses a directory that already holds a store, ignore then writes nothing, append adds
+    stores, overwrite replaces them. Returns a summary (messages and commitlog bytes
+    written, stores, seconds, MB/s), from the ``_SUCCESS`` summary the writer leaves."""
     from rmqstore.spark.writer import SUCCESS, stores_in
+    mode = mode.lower()
     if mode not in WRITE_MODES:
         raise InvalidArgumentError(f"write mode must be one of {WRITE_MODES}, not {mode!r}")
     t0 = time.perf_counter()

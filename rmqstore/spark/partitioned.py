@@ -33,14 +33,33 @@ def spark_path_name(value: str) -> str:
     return "".join(f"%{ord(c):02X}" if c in _PATH_ESCAPE else c for c in value)
 
 
+def topic_dir(topic: str) -> str:
+    """The partition directory name of ``topic``."""
+    return f"topic={spark_path_name(topic)}"
+
+
+def name_max(path: str) -> int:
+    """The longest file name (bytes) the file system of ``path`` (or of its nearest existing
+    parent) takes: NAME_MAX, 255 on Linux's."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        return os.pathconf(path, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
 class PartitionedWriter:
     """Files ``out_dir/topic=T/date=D/part-<index>-<n>.parquet`` of the batches written (of
     ``batch.arrow_schema()``'s columns, topic and store_timestamp among them); each file is
-    made under ``out_dir/_temporary/<index>/`` and moved into place when complete."""
+    made under ``out_dir/_temporary/<index>/`` and moved into place when complete. The rows
+    of a topic whose directory name would be over ``name_max`` bytes are not written: the
+    topic is added to ``too_long`` for the driver to refuse the export."""
 
     def __init__(self, out_dir: str, index: int, schema, row_group_rows: int, compression: str = "snappy",
-                 buffer_bytes: int = 512 << 20) -> None:
-        self.out_dir, self.index = out_dir, index
+                 buffer_bytes: int = 512 << 20, name_max: int = 255) -> None:
+        self.out_dir, self.index, self.name_max = out_dir, index, name_max
+        self.too_long: set[str] = set()
         self.tmp = os.path.join(out_dir, "_temporary", str(index))
         self.schema = schema.remove(schema.get_field_index("topic"))
         self.row_group_rows, self.buffer_bytes = row_group_rows, buffer_bytes
@@ -74,7 +93,11 @@ class PartitionedWriter:
         row_bytes = rest.get_total_buffer_size() / rb.num_rows   # slices share the buffers: share it out
         start = 0
         for k, n in zip(first.tolist(), np.bincount(inverse).tolist(), strict=True):
-            self._add((names[ti[k]], int(days[k])), rest.slice(start, n), int(n * row_bytes))
+            topic = names[ti[k]]
+            if len(topic_dir(topic).encode()) > self.name_max:
+                self.too_long.add(topic)
+            else:
+                self._add((topic, int(days[k])), rest.slice(start, n), int(n * row_bytes))
             start += n
 
     def _add(self, part, rb, nbytes: int) -> None:
@@ -109,7 +132,7 @@ class PartitionedWriter:
         self.files[part] = n + 1
         name = f"part-{self.index:05d}-{n}.parquet"
         topic, day = part
-        final = os.path.join(self.out_dir, f"topic={spark_path_name(topic)}",
+        final = os.path.join(self.out_dir, topic_dir(topic),
                              f"date={_EPOCH + datetime.timedelta(days=day)}", name)
         self.made += 1
         tmp = os.path.join(self.tmp, f"{self.made}.parquet")

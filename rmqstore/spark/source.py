@@ -246,11 +246,15 @@ class Scan:
         self.min_partitions = _int_option(options, "minPartitions", 1, 1)
         self.batch_bytes = _int_option(options, "batchBytes", 4 << 20, 1)
         topics = options.get("topic")
-        self.topics = set(topics.split(",")) if topics else None
+        self.topics = None if topics is None else set(topics.split(","))
         self.since = _time_option(options, "since")   # inclusive
         self.until = _time_option(options, "until")   # exclusive
         self.key = options.get("key")
         self.uniq_key = options.get("uniqKey")
+        for name, values in (("topic", self.topics or ()), ("key", [self.key]), ("uniqKey", [self.uniq_key])):
+            if any(v is not None and (not v or v.isspace() or name == "key" and " " in v) for v in values):
+                raise InvalidArgumentError(f"rocketmq source: option {name} {options.get(name)!r} names an empty, "
+                                           "blank or (a key) space-holding value, which no message has")
 
     def push(self, filters):
         """Take the filters this scan applies exactly; return the others."""
@@ -340,12 +344,20 @@ class Ranges(InputPartition):
         self.store, self.pieces = store, pieces
 
 
+MAX_PARTITIONS = 100_000
+
+
 def plan(stores, split_bytes=32 << 20, min_partitions=1):
     """Ranges of about ``split_bytes`` (less, down to 4 MiB, to make ``min_partitions``):
     small segments packed together, large ones split."""
     files = {store: batch.segment_files(store) for store in stores}
     total = sum(size for fs in files.values() for _, _, size in fs)
     split_bytes = min(split_bytes, max(4 << 20, -(-total // max(min_partitions, 1))))
+    ranges = sum(-(-size // split_bytes) for fs in files.values() for _, _, size in fs)
+    if ranges > MAX_PARTITIONS:   # the plan alone would take the driver's memory and time
+        raise InvalidArgumentError(f"rocketmq source: splitBytes {split_bytes} cuts {total} bytes of commitlog into "
+                                   f"{ranges} partitions, over {MAX_PARTITIONS}; give splitBytes "
+                                   f"{-(-total // MAX_PARTITIONS)} or more")
     out = []
     for store in stores:
         pieces, total = [], 0

@@ -75,7 +75,11 @@ def store_config(options):
                     raise InvalidArgumentError(f"rocketmq writer: option {key}={value!r} is not an integer")
             else:
                 changes[name] = value
-    return defaults.with_(**changes)
+    try:
+        return defaults.with_(**changes)
+    except InvalidArgumentError as e:   # it names the field (or not): name the option
+        bad = [n for n in changes if str(e).startswith(n + " ")] or list(changes)
+        raise InvalidArgumentError(f"rocketmq writer: option {', '.join(map(_camel, bad))}: {e}") from None
 
 
 def _camel(name):
@@ -85,12 +89,13 @@ def _camel(name):
 
 def check_schema(schema, source_schema):
     """The writable columns of Spark ``schema``: every field one of the source's, with its
-    type; topic and body present. InvalidArgumentError names the column at fault."""
+    type (an array or map that cannot hold null is one that can); topic and body present.
+    InvalidArgumentError names the column at fault."""
     full = {f.name: f.dataType for f in source_schema.fields}
     for f in schema.fields:
         if f.name not in full:
             raise InvalidArgumentError(f"rocketmq writer: unknown column {f.name!r}; the columns are {list(full)}")
-        if f.dataType != full[f.name]:
+        if f.dataType.simpleString() != full[f.name].simpleString():   # whether null may be in it aside
             raise InvalidArgumentError(f"rocketmq writer: column {f.name!r} must be {full[f.name].simpleString()}, "
                                        f"not {f.dataType.simpleString()}")
     missing = [c for c in REQUIRED if c not in schema.fieldNames()]
