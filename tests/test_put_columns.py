@@ -179,23 +179,43 @@ def test_full_disk_stores_nothing(tmp_path):
 BULK = StoreConfig(commitlog_file_size=4 << 20, warm_mapped_file=False, default_queue_nums=3, **SMALL_INDEX)
 
 
-@pytest.mark.parametrize("warm", [False, True])
-def test_bulk_batch_same_records_as_put(tmp_path, warm):
+def _immutable_batch(pa, columns):
+    """A record batch of ``columns`` read back from Arrow IPC, as a Spark writer gets its
+    batches."""
+    batch = pa.record_batch(columns)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+
+
+@pytest.mark.parametrize("warm, kind", [(False, "list"), (True, "list"), (False, "arrow")])
+def test_bulk_batch_same_records_as_put(tmp_path, warm, kind):
     """A batch of 256 KiB or more, written through the mapping behind the warmer, or without
     one encoded in runs of up to 1 MiB written with pwrite: the same records as put, across
     a segment roll, with rows too large for a run (written through the mapping) and
-    PREPARED rows taking no queue offset."""
+    PREPARED rows taking no queue offset; also for bodies in an Arrow column (as a Spark
+    writer's batches come: read in place from one buffer)."""
     cfg = BULK.with_(warm_mapped_file=warm)
     rng = np.random.default_rng(7)
-    bodies = [rng.bytes(1_500_000 if i in (5, 900) else int(rng.integers(0, 6000))) for i in range(1200)]
-    sys_flag = [4 if i % 97 == 0 else 0 for i in range(1200)]     # TRANSACTION_PREPARED_TYPE
+    n = 1200
+    bodies = [rng.bytes(1_500_000 if i in (5, 900) else int(rng.integers(0, 6000))) for i in range(n)]
+    sys_flag = [4 if i % 97 == 0 else 0 for i in range(n)]     # TRANSACTION_PREPARED_TYPE
     with MessageStore(tmp_path / "put", cfg) as s:
         for i, body in enumerate(bodies):
             s.put(Message("T", body, keys=f"k{i}", sys_flag=sys_flag[i]), i % 3)
         expected = _records(s)
     with MessageStore(tmp_path / "columns", cfg) as s:
-        r = s.put_columns("T", bodies, queue_ids=[i % 3 for i in range(1200)], keys=[f"k{i}" for i in range(1200)],
-                          sys_flag=sys_flag)
+        if kind == "list":
+            r = s.put_columns("T", bodies, queue_ids=[i % 3 for i in range(n)], keys=[f"k{i}" for i in range(n)],
+                              sys_flag=sys_flag)
+        else:
+            pa = pytest.importorskip("pyarrow")
+            batch = _immutable_batch(pa, {"topic": ["T"] * n, "body": pa.array(bodies, pa.binary()),
+                                          "queue_id": pa.array([i % 3 for i in range(n)], pa.int32()),
+                                          "keys": [f"k{i}" for i in range(n)],
+                                          "sys_flag": pa.array(sys_flag, pa.int32())})
+            r = s.put_arrow(batch)
         assert len(s.commitlog.segments.segments) >= 2
         assert _records(s) == expected
         assert int(r["phy_offset"][-1] + r["size"][-1]) == s.max_phy_offset
@@ -203,12 +223,14 @@ def test_bulk_batch_same_records_as_put(tmp_path, warm):
         assert s.verify().ok
 
 
-def test_failed_bulk_write_turns_the_store_read_only(tmp_path):
+@pytest.mark.parametrize("kind", ["list", "arrow"])
+def test_failed_bulk_write_turns_the_store_read_only(tmp_path, kind):
     """The second pwrite of a bulk batch fails: StoreIOError, and the store takes no more
     writes (a later record could leave whole records of the failed run behind its end,
     for recovery to take as written). The rows of the first run stay stored, those of the
     failed run are not, and the queue offsets they took are free again: after a reopen the
-    next row takes the first of them, with no gap in the queue."""
+    next row takes the first of them, with no gap in the queue. Also for bodies in an
+    Arrow column (put_arrow)."""
     from rmqstore import StoreIOError, StoreReadOnlyError
     from rmqstore._segment import inject_fault
     bodies = [b"%06d" % i + b"z" * 994 for i in range(3000)]     # 3 MB: runs of at most one 64 KiB segment
@@ -216,7 +238,12 @@ def test_failed_bulk_write_turns_the_store_read_only(tmp_path):
         inject_fault("pwrite", 2, errno.EIO, "")
         try:
             with pytest.raises(StoreIOError):
-                s.put_columns("T", bodies, queue_ids=0)
+                if kind == "list":
+                    s.put_columns("T", bodies, queue_ids=0)
+                else:
+                    pa = pytest.importorskip("pyarrow")
+                    s.put_arrow(_immutable_batch(pa, {"topic": ["T"] * 3000, "body": pa.array(bodies, pa.binary()),
+                                                      "queue_id": pa.array([0] * 3000, pa.int32())}))
         finally:
             inject_fault("pwrite", 0, errno.EIO)
         with pytest.raises(StoreReadOnlyError, match="I/O error"):

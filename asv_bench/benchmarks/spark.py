@@ -12,6 +12,12 @@ runs out is reported as failed, and the rest of the table printed).
 
 Run directly for the figures (MB/s of commitlog, per core, and ratios):
     python asv_bench/benchmarks/spark.py [--messages 100000] [--cores 2] [--repeat 3]
+Beside the wall-clock rates it prints the CPU each run cost (ms per MB of commitlog, median
+of the rounds): the JVM's and its Python workers' (the Linux /proc accounting of the driver
+JVM and every process under it, reaped workers included). On a machine shared with other
+work the wall clock of a run swings more than the source's decoding costs; its CPU does not,
+and the CPU ratios are what the source or writer adds to the canned ceiling or null writer
+(kernel writeback threads are no process of Spark's and not counted).
 Each writer run writes new stores (the last run's are removed between runs, untimed). The
 writers end in durable stores (each store's close syncs its files), so on a slow disk they
 show the disk's rate: ``TMPDIR=/dev/shm`` puts every file in memory, and then the writers
@@ -283,21 +289,26 @@ def main(argv):
             runs["null Arrow writer (source ->)"]()   # its first run starts the writer's Python workers
             print(f"{args.messages} messages, {nbytes / 1e6:.1f} MB of commitlog, local[{args.cores}], "
                   f"{os.cpu_count()} CPUs (loaded machine: figures are rough)")
-            secs = {}
+            jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+            secs, cpus = {}, {}
             for rep in range(args.repeat):   # rounds interleave the runs: load changes hit them alike
                 for name, fn in runs.items():
                     if rep == 0 or not name.startswith("binaryFile"):   # writers too: their first run imports the store
                         try:
+                            c = _cpu_seconds(jvm)
                             secs[name] = min(secs.get(name, float("inf")), _timed(fn))
+                            cpus.setdefault(name, []).append(_cpu_seconds(jvm) - c)
                         except Exception as e:   # the baseline may exhaust the JVM heap
                             if not name.startswith("binaryFile"):
                                 raise
                             print(f"{name}: failed ({type(e).__name__}), left out", flush=True)
                         for out in ("written", "replayed"):   # so no writer run times removing the last one's
                             shutil.rmtree(os.path.join(tmp, out), ignore_errors=True)
+            cpu = {name: sorted(c)[len(c) // 2] / nbytes * 1e9 for name, c in cpus.items()}   # ms/MB
             for name, t in secs.items():
                 mbs = nbytes / t / 1e6
-                print(f"{name:30s} {t:7.2f} s {mbs:8.1f} MB/s {mbs / args.cores:8.1f} MB/s/core", flush=True)
+                print(f"{name:30s} {t:7.2f} s {mbs:8.1f} MB/s {mbs / args.cores:8.1f} MB/s/core "
+                      f"{cpu[name]:6.2f} ms CPU/MB", flush=True)
             segs = batch.segment_files(store)
             in_process = {
                 "iter_arrow, 20 cols": lambda: [rb for p, b, _ in segs for rb in batch.iter_arrow(p, b)],
@@ -316,11 +327,31 @@ def main(argv):
                          ("writer (parquet -> stores)", "null Arrow writer (parquet ->)"),
                          ("parquet -> sum(length(body))", "source -> count")):
                 if a in secs and b in secs:
-                    print(f"{a:30s} {secs[b] / secs[a]:6.2f}x {b}")
+                    print(f"{a:30s} {secs[b] / secs[a]:6.2f}x {b} (CPU: {cpu[b] / cpu[a]:.2f}x)")
         finally:
             spark.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cpu_seconds(pid):
+    """CPU seconds (user + system, reaped children's included) of process ``pid`` and every
+    process under it, from /proc (0 where there is none)."""
+    children, stats = {}, {}
+    for p in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else ()):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                stats[int(p)] = f.read().rsplit(")", 1)[1].split()
+        except OSError:   # gone meanwhile
+            continue
+        children.setdefault(int(stats[int(p)][1]), []).append(int(p))
+    todo, ticks = [pid], 0
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            ticks += sum(int(v) for v in stats[p][11:15])   # utime, stime, cutime, cstime
+        todo += children.get(p, [])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _timed(fn):
