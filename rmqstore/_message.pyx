@@ -248,11 +248,11 @@ cdef class MessageExt:
     @property
     def commitlog_offset(self): return rmq_ld64(<const char *>&head(self).phy_offset)
     @property
-    def store_size(self): return rmq_ld32(<const char *>&head(self).total)
+    def store_size(self): return total_of(self)
     @property
     def magic(self): return rmq_ld32(<const char *>&head(self).magic)
     @property
-    def version(self): return 1 if self.magic == C_MAGIC_V1 else 2
+    def version(self): return 1 if rmq_ld32(<const char *>&head(self).magic) == C_MAGIC_V1 else 2
     @property
     def body_crc(self): return rmq_ld32(<const char *>&head(self).body_crc)
     @property
@@ -288,7 +288,7 @@ cdef class MessageExt:
 
     @property
     def msg_id(self):
-        return make_msg_id(rec(self) + self.s.store_off, store_len(self), self.phy_offset)
+        return make_msg_id(rec(self) + self.s.store_off, store_len(self), rmq_ld64(<const char *>&head(self).phy_offset))
 
     @property
     def topic(self):
@@ -331,7 +331,7 @@ cdef class MessageExt:
 
     def raw(self):
         """The whole record as stored."""
-        cdef int32_t total = self.store_size
+        cdef int32_t total = total_of(self)
         if PyBytes_GET_SIZE(self._owner) == total:
             return self._owner
         return PyBytes_FromStringAndSize(rec(self), total)
@@ -341,8 +341,8 @@ cdef class MessageExt:
         if not isinstance(other, MessageExt):
             return NotImplemented
         o = <MessageExt>other
-        cdef int32_t total = self.store_size
-        return self.store_offset == o.store_offset and total == o.store_size and memcmp(rec(self), rec(o), total) == 0
+        cdef int32_t total = total_of(self)
+        return self.store_offset == o.store_offset and total == total_of(o) and memcmp(rec(self), rec(o), total) == 0
 
     def __hash__(self):
         return hash((self.store_offset, self.store_size, self.body_crc, self.store_timestamp))
@@ -357,6 +357,10 @@ cdef class MessageExt:
 
 cdef inline const RecHead *head(MessageExt m) except NULL:
     return <const RecHead *>rec(m)
+
+
+cdef inline int32_t total_of(MessageExt m) except? -1:
+    return rmq_ld32(<const char *>&head(m).total)
 
 
 cdef inline int32_t sys_flag_of(MessageExt m) except? -1:
