@@ -15,7 +15,9 @@ Every value read from a file is untrusted: slot values and prevIndex are checked
 indexCount and the file's capacity, and a chain walk only moves to strictly older entries,
 so it terminates on any input."""
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.ref cimport Py_INCREF
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_FromObject
 from libc.stdint cimport int32_t, int64_t, uint8_t
@@ -29,7 +31,7 @@ from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_has
 from rmqstore._segment cimport MappedSegment, SegmentList, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
-from rmqstore._message cimport build_ext, ext_in
+from rmqstore._message cimport MessageExt, build_ext, ext_in
 from rmqstore._columns cimport Cols, cols_of, fill_at, new_columns, reserve_data, trim
 from rmqstore._read cimport Span, pin_span, prefetch_at, record_at, span_prefetch, span_record, unpin_span
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError, StoreReadOnlyError
@@ -865,13 +867,16 @@ cdef int build_lists(const Hit *hits, Py_ssize_t nh, list owners, list result, P
     """``result[i0:i1]``: per key of the block, the list of the messages of its hits."""
     cdef Py_ssize_t i, j, k = 0, m
     cdef list found
+    cdef MessageExt msg
     for i in range(i1 - i0):
         j = k
         while j < nh and hits[j].key == i:
             j += 1
-        found = [None] * (j - k)
-        for m in range(k, j):
-            found[m - k] = ext_in(<bytes>owners[hits[m].owner], hits[m].at, &hits[m].r, hits[m].phy)
+        found = PyList_New(j - k)
+        for m in range(k, j):     # straight into the new list's slots: it holds each reference
+            msg = ext_in(<bytes>owners[hits[m].owner], hits[m].at, &hits[m].r, hits[m].phy)
+            Py_INCREF(msg)
+            PyList_SET_ITEM(found, m - k, msg)
         PyObject_GC_UnTrack(<void *>found)
         result[i0 + i] = found
         k = j

@@ -62,6 +62,19 @@ cdef enum:
 cdef enum:
     PAGE_SHIFT = 12
 
+# The fixed head of a commitlog record (big-endian: read its fields with rmq_ld32 / rmq_ld64);
+# BORNHOST follows at byte 48.
+cdef packed struct RecHead:
+    int32_t total
+    int32_t magic
+    int32_t body_crc
+    int32_t queue_id
+    int32_t flag
+    int64_t queue_offset
+    int64_t phy_offset
+    int32_t sys_flag
+    int64_t born_ts
+
 # _cq.ENTRY_DTYPE: one consume-queue entry, native order (20 bytes).
 cdef packed struct CqEntry:
     int64_t phy_offset

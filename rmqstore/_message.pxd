@@ -22,10 +22,19 @@ cdef class PutResult:
     cdef readonly int64_t store_timestamp
     cdef bytes store_host
 
+cdef struct Spots:           # where the fields of a record that move with its lengths lie
+    int32_t store_off
+    int32_t body_off
+    int32_t body_len
+    int32_t topic_off
+    int32_t topic_len
+    int32_t props_off
+    int32_t props_len
+
 cdef class MessageExt:
     cdef bytes _owner        # holds the record: its own copy, or one shared by a batch
-    cdef const char *_p      # the record's first byte, inside _owner
-    cdef RecView r
+    cdef const char *_p      # the record's first byte, inside _owner (its head read from there)
+    cdef Spots s
     cdef object _topic, _props, _body
     cdef readonly int64_t store_offset   # where the record was read (== phy_offset when sane)
 
