@@ -722,7 +722,9 @@ class MessageStore:
         (kept in ``config/consumerOffset.json`` as a broker keeps it).
 
         Raises:
-            StoreReadOnlyError: on a read-only store."""
+            StoreReadOnlyError: on a read-only store.
+            InvalidArgumentError: a negative offset (-1 would read back as none committed),
+                a queue id outside 0..2^31-1, an empty group or topic or one with '@'."""
         self._check_writable()
         self.offsets.commit(group, topic, queue_id, offset, self.config.strict_topic_names)
 
