@@ -18,7 +18,7 @@ from rmqstore._cext cimport rmq_crc32, rmq_st16, rmq_st32, rmq_st64
 from rmqstore._copy cimport copy_short
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
-from rmqstore._message import queue_id_arg
+from rmqstore._message import queue_id_arg, sys_flag_arg
 from rmqstore._segment cimport MappedSegment, SegmentList, check, ensure, write_at
 from rmqstore._gate cimport Gate
 from rmqstore._gate import MISSING, misfit
@@ -853,6 +853,9 @@ cdef class Appender:
         cdef const int64_t[::1] po
         cdef const int64_t[::1] flg = int_column(flag, n, -0x80000000, 0x7FFFFFFF, "flag")
         cdef const int64_t[::1] sfl = int_column(sys_flag, n, 0, 0x7FFFFFFF, "sys_flag")
+        if n and np.bitwise_or.reduce(sfl) & ~WRITABLE_SYS_FLAG:
+            i = np.flatnonzero(np.asarray(sfl) & ~WRITABLE_SYS_FLAG)[0]
+            sys_flag_arg(sfl[i], f"row {i}'s sys_flag")
         cdef const int64_t[::1] bts = int_column(born_timestamp, n, 0, 0x7FFFFFFFFFFFFFFF, "born_timestamp")
         cdef const int64_t[::1] rct = int_column(reconsume_times, n, 0, 0x7FFFFFFF, "reconsume_times")
         cdef const unsigned char[::1] hd = born_host_data if born_host_data is not None else b"\0"
@@ -1075,6 +1078,8 @@ cdef class Appender:
         cdef bint delayed = False
         if msg.properties is None:
             raise InvalidArgumentTypeError("message properties must be a dict, not None")
+        if msg.sys_flag & ~WRITABLE_SYS_FLAG:   # one set past Message's check (object.__setattr__)
+            sys_flag_arg(msg.sys_flag)
         if self.stamp is not None:
             self.stamp(msg)
         props = msg.properties
