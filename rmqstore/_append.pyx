@@ -708,11 +708,18 @@ cdef class Appender:
         self.holder = me
         return 0
 
-    cdef inline void _release(self) noexcept:
+    cdef inline int _release(self) except -1:
+        """Release the write lock. Warm's error is still pending only when the write failed
+        after it: a KeyboardInterrupt (or SystemExit) is raised then, the write's error its
+        context, so the user's Ctrl-C is not lost; an ordinary error of warm only cost
+        warmth and gives way to the write's."""
+        cdef object e = self.deferred
         self.holder = 0
-        if self.deferred is not None:   # a write that failed after warm's error: that one is dropped
-            self.deferred = None
+        self.deferred = None
         PyThread_release_lock(self._lock)
+        if e is not None and not isinstance(e, Exception):
+            raise e
+        return 0
 
     def __enter__(self):
         self._acquire()
