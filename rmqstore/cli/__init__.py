@@ -2,7 +2,9 @@
 (ours or a real RocketMQ broker's) from a shell.
 
 Exit status: 0 success; 1 a store or I/O error; 2 a usage error; 3 the command ran and
-found a difference or a problem (``diff``, ``verify``); 130 interrupted (Ctrl-C).
+found a difference or a problem (``diff``, ``verify``); 4 no message where ``at`` or
+``msg`` looked (a query or get that finds none succeeds with an empty answer); 130
+interrupted (Ctrl-C).
 Errors are one line on stderr: ``rmqstore: error: ...``; with ``--json`` also a JSON
 object ``{"error": ..., "exit": status}`` on stdout.
 """
@@ -18,6 +20,7 @@ from rmqstore.cli import admin, maintain, put, read, serve, spark
 from rmqstore.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
@@ -27,7 +30,7 @@ from rmqstore.cli.common import (
     positive_int,
     shown,
 )
-from rmqstore.errors import StoreError
+from rmqstore.errors import MessageNotFoundError, StoreError
 
 
 def _help_text(text: str) -> str:
@@ -127,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _failed(EXIT_USAGE, str(e), as_json)
     except KeyboardInterrupt:
         return _failed(EXIT_INTERRUPTED, "interrupted", as_json)
+    except MessageNotFoundError as e:
+        return _failed(EXIT_NOT_FOUND, _error_text(e), as_json)
     except BrokenPipeError:
         # The reader went away (``| head``): silence the final flush too.
         _discard_stdout()
