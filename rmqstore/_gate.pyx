@@ -80,21 +80,23 @@ cdef enum:     # kinds of argument ArgChecks knows without a call (others: their
     KIND_OTHER = 0
     KIND_STR = 1
     KIND_INT64 = 2
+    KIND_QUEUE_ID = 3   # an int in 0..2^31-1
     KIND_OR_NONE = 4    # added to a kind: None passes too
 # the same for arguments.py (passes() reads the C constants: these Python names cost each
 # checked argument two dict lookups and Python int arithmetic, 200 instructions)
-ARG_OTHER, ARG_STR, ARG_INT64, ARG_OR_NONE = KIND_OTHER, KIND_STR, KIND_INT64, KIND_OR_NONE
+ARG_OTHER, ARG_STR, ARG_INT64, ARG_QUEUE_ID, ARG_OR_NONE = KIND_OTHER, KIND_STR, KIND_INT64, KIND_QUEUE_ID, KIND_OR_NONE
 
 
 cdef inline bint passes(int kind, object v) noexcept:
     """Whether ``v`` is certainly fine for ``kind``, so its check function need not run."""
     cdef int overflow = 0
+    cdef long long x
     if v is None:
         return kind & KIND_OR_NONE
     kind &= ~KIND_OR_NONE
-    if kind == KIND_INT64 and type(v) is int:
-        PyLong_AsLongLongAndOverflow(v, &overflow)
-        return overflow == 0
+    if (kind == KIND_INT64 or kind == KIND_QUEUE_ID) and type(v) is int:
+        x = PyLong_AsLongLongAndOverflow(v, &overflow)
+        return overflow == 0 and (kind == KIND_INT64 or 0 <= x <= 0x7FFFFFFF)
     return kind == KIND_STR and type(v) is str and PyUnicode_IS_ASCII(v)
 
 

@@ -125,8 +125,6 @@ class ConsumerOffsets:
             self.dirty = True
 
     def get(self, group, topic, queue_id):
-        if not 0 <= queue_id <= _MAX_QUEUE_ID:
-            raise InvalidArgumentError(f"queue_id {queue_id} is not in 0..{_MAX_QUEUE_ID}")
         return self.table.get(f"{topic}@{group}", {}).get(int(queue_id), -1)
 
     def persist(self):

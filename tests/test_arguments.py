@@ -66,6 +66,24 @@ def test_bad_arguments_are_invalid_argument_errors(store, name):
     assert bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
 
 
+QUEUE_ID_AT = {"min_offset": 1, "max_offset": 1, "consume_queue_entries": 1, "read_queue_columns": 1, "get_messages": 1,
+               "offset_by_time": 1, "commit_offset": 2, "committed_offset": 2}
+
+
+@pytest.mark.parametrize("name", sorted(QUEUE_ID_AT))
+@pytest.mark.parametrize("qid", [-1, 1 << 31, np.int64(-5), np.int64(1 << 40)], ids=repr)
+def test_queue_ids_no_queue_can_have_are_refused_on_every_call(store, name, qid):
+    """A queue id outside 0..2^31-1, which put refuses, answered reads as an empty queue
+    (get_messages -1: NO_MATCHED_LOGIC_QUEUE, max_offset 0...): InvalidArgumentError,
+    on the C fast path (get_messages) as on the others."""
+    args = list(CALLS[name])
+    args[QUEUE_ID_AT[name]] = qid
+    with pytest.raises(InvalidArgumentError, match="queue_id"):
+        getattr(store, name)(*args)
+    args[QUEUE_ID_AT[name]] = (1 << 31) - 1   # the largest is a queue id
+    getattr(store, name)(*args)
+
+
 @pytest.mark.parametrize("call", ["query_keys", "query_keys_columns"])
 @pytest.mark.parametrize("bad", [b for b in BAD if b != "1"], ids=repr)   # "1" is a valid key
 def test_bad_items_in_query_keys_are_invalid_argument_errors(store, bad, call):
