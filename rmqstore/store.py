@@ -41,7 +41,7 @@ from rmqstore.errors import (
     StoreNotFoundError,
     StoreReadOnlyError,
 )
-from rmqstore.files import create_new, lock_writer, raise_open_file_limit, store_dir
+from rmqstore.files import check_replaceable, create_new, lock_writer, raise_open_file_limit, store_dir
 from rmqstore.flush import FlushService
 from rmqstore.index import IndexService
 from rmqstore.maintenance.rebuild import damaged_logics, dispatch_all, fresh_logics, keep_index_geometry, remove_logics
@@ -180,6 +180,8 @@ class MessageStore:
         self._sync = cfg.flush_mode == "sync" and not self.read_only
         self.abort_path = os.path.join(self.path, "abort")
         self.clean_shutdown = not os.path.lexists(self.abort_path)
+        if not self.read_only:   # one a writer cannot replace fails the open before recovery changes a file
+            check_replaceable(self.abort_path)
         self.checkpoint = Checkpoint(os.path.join(self.path, "checkpoint"), cfg.file_mode).load()
         self.commitlog = CommitLog(self.path, cfg, self.read_only)
         self.consume_queues = ConsumeQueueTable.of_store(self.path, cfg, self.read_only)
