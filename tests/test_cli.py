@@ -243,6 +243,17 @@ def test_missing_message_and_bad_msg_id(small_store):
     assert run("query", small_store, "--topic", "TopicA", "--key", "no-such-key", "--json").stdout.strip() == "[]"
 
 
+def test_argument_values_the_store_refuses_are_usage_errors(small_store):
+    """A command-line value the parser takes but the store refuses (a malformed tag
+    expression, an empty key, an index geometry out of range) exited 1, a store error's;
+    it is a usage error, 2, as the parser's own refusals are."""
+    for cmd, why in [(["get", small_store, "--topic", "TopicA", "--queue", 0, "--offset", 0, "--tags", "a ||"],
+                      "malformed tag expression"),
+                     (["query", small_store, "--topic", "TopicA", "--key", ""], "non-empty"),
+                     (["stats", small_store, "--index-slots", 1 << 40], "index_slots")]:
+        assert why in error_line(run(*cmd, expect=2))
+
+
 def test_locked_store(small_store):
     """A second writer is refused with a clear message; read-only commands still work."""
     holder = subprocess.Popen([sys.executable, "-c", "import sys; from rmqstore import MessageStore; "

@@ -1,10 +1,11 @@
 """The ``rmqstore`` command: inspect, query, export, verify and repair store directories
 (ours or a real RocketMQ broker's) from a shell.
 
-Exit status: 0 success; 1 a store or I/O error; 2 a usage error; 3 the command ran and
-found a difference or a problem (``diff``, ``verify``); 4 no message where ``at`` or
-``msg`` looked (a query or get that finds none succeeds with an empty answer); 130
-interrupted (Ctrl-C).
+Exit status: 0 success; 1 a store or I/O error (or stdin data ``put`` refuses); 2 a usage
+error (an argument the parser or the store refuses); 3 the command ran and found a
+difference or a problem (``diff``, ``verify``); 4 no message at the offset or msgId given
+(``at``, ``msg``, ``--from``; a query or get that finds none succeeds with an empty
+answer); 130 interrupted (Ctrl-C).
 Errors are one line on stderr: ``rmqstore: error: ...``; with ``--json`` also a JSON
 object ``{"error": ..., "exit": status}`` on stdout.
 """
@@ -30,7 +31,7 @@ from rmqstore.cli.common import (
     positive_int,
     shown,
 )
-from rmqstore.errors import MessageNotFoundError, StoreError
+from rmqstore.errors import InvalidArgumentError, InvalidTopicError, MessageNotFoundError, StoreError
 
 
 def _help_text(text: str) -> str:
@@ -132,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _failed(EXIT_INTERRUPTED, "interrupted", as_json)
     except MessageNotFoundError as e:
         return _failed(EXIT_NOT_FOUND, _error_text(e), as_json)
+    except (InvalidArgumentError, InvalidTopicError) as e:   # a command-line value the store refuses
+        return _failed(EXIT_USAGE, _error_text(e), as_json)
     except BrokenPipeError:
         # The reader went away (``| head``): silence the final flush too.
         _discard_stdout()
