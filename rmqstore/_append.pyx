@@ -1085,7 +1085,7 @@ cdef class Appender:
         cdef bint delayed = False
         if msg.properties is None:
             raise InvalidArgumentTypeError("message properties must be a dict, not None")
-        if msg.sys_flag & ~WRITABLE_SYS_FLAG:   # one set past Message's check (object.__setattr__)
+X
             sys_flag_arg(msg.sys_flag)
         if self.stamp is not None:
             self.stamp(msg)
