@@ -18,10 +18,10 @@ from rmqstore._cext cimport rmq_crc32, rmq_st16, rmq_st32, rmq_st64
 from rmqstore._copy cimport copy_short
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
-from rmqstore._message import queue_id_arg
+from rmqstore._message import queue_id_arg, sys_flag_arg
 from rmqstore._segment cimport MappedSegment, SegmentList, check, ensure, write_at
-from rmqstore._gate cimport Gate
-from rmqstore._gate import MISSING, misfit
+from rmqstore._gate cimport Gate, bind
+from rmqstore._gate import MISSING
 import numpy as np
 from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, InvalidTopicError, MessageTooLargeError,
                              ReentrantCallError, StoreClosedError)
@@ -708,11 +708,18 @@ cdef class Appender:
         self.holder = me
         return 0
 
-    cdef inline void _release(self) noexcept:
+    cdef inline int _release(self) except -1:
+        """Release the write lock. Warm's error is still pending only when the write failed
+        after it: a KeyboardInterrupt (or SystemExit) is raised then, the write's error its
+        context, so the user's Ctrl-C is not lost; an ordinary error of warm only cost
+        warmth and gives way to the write's."""
+        cdef object e = self.deferred
         self.holder = 0
-        if self.deferred is not None:   # a write that failed after warm's error: that one is dropped
-            self.deferred = None
+        self.deferred = None
         PyThread_release_lock(self._lock)
+        if e is not None and not isinstance(e, Exception):
+            raise e
+        return 0
 
     def __enter__(self):
         self._acquire()
@@ -853,6 +860,9 @@ cdef class Appender:
         cdef const int64_t[::1] po
         cdef const int64_t[::1] flg = int_column(flag, n, -0x80000000, 0x7FFFFFFF, "flag")
         cdef const int64_t[::1] sfl = int_column(sys_flag, n, 0, 0x7FFFFFFF, "sys_flag")
+        if n and np.bitwise_or.reduce(sfl) & ~WRITABLE_SYS_FLAG:
+            i = np.flatnonzero(np.asarray(sfl) & ~WRITABLE_SYS_FLAG)[0]
+            sys_flag_arg(sfl[i], f"row {i}'s sys_flag")
         cdef const int64_t[::1] bts = int_column(born_timestamp, n, 0, 0x7FFFFFFFFFFFFFFF, "born_timestamp")
         cdef const int64_t[::1] rct = int_column(reconsume_times, n, 0, 0x7FFFFFFF, "reconsume_times")
         cdef const unsigned char[::1] hd = born_host_data if born_host_data is not None else b"\0"
@@ -1075,6 +1085,8 @@ cdef class Appender:
         cdef bint delayed = False
         if msg.properties is None:
             raise InvalidArgumentTypeError("message properties must be a dict, not None")
+        if msg.sys_flag & ~WRITABLE_SYS_FLAG:   # one set through the field's descriptor, past Message's check
+            sys_flag_arg(msg.sys_flag)
         if self.stamp is not None:
             self.stamp(msg)
         props = msg.properties
@@ -1149,17 +1161,17 @@ cdef class StoreWriter:
         self.wait_flushed = wait_flushed
         self.refuse = refuse
 
-    def put(self, msg=MISSING, queue_id=None, *more, **unknown):
-        """MessageStore.put (see its documentation)."""
+    def put(self, msg=MISSING, queue_id=MISSING, /, *more, **unknown):
+        """MessageStore.put (see its documentation; queue_id=None)."""
         if msg is MISSING or more or unknown:
-            misfit("put", (msg, queue_id), more, unknown)
-        return self._append(False, msg, queue_id)
+            msg, queue_id = bind("put", (msg, queue_id), more, unknown)
+        return self._append(False, msg, None if queue_id is MISSING else queue_id)
 
-    def put_batch(self, msgs=MISSING, queue_id=None, *more, **unknown):
-        """MessageStore.put_batch (see its documentation)."""
+    def put_batch(self, msgs=MISSING, queue_id=MISSING, /, *more, **unknown):
+        """MessageStore.put_batch (see its documentation; queue_id=None)."""
         if msgs is MISSING or more or unknown:
-            misfit("put_batch", (msgs, queue_id), more, unknown)
-        return self._append(True, msgs, queue_id)
+            msgs, queue_id = bind("put_batch", (msgs, queue_id), more, unknown)
+        return self._append(True, msgs, None if queue_id is MISSING else queue_id)
 
     cdef object _append(self, bint batch, object what, object queue_id):
         cdef PutResult last

@@ -19,6 +19,10 @@ cdef enum:
     TRAN_ROLLBACK = 0xC
     BORN_V6 = 0x10
     STORE_V6 = 0x20
+    # what a writer takes: the rest mean what rmqstore does not do (MULTI_TAGS 0x2, 5.x's
+    # NEED_UNWRAP 0x40 and INNER_BATCH 0x80, its compression type 0x700) and a broker or
+    # client would act on. COMPRESSED passes, as a broker stores a producer's zlib body.
+    WRITABLE_SYS_FLAG = COMPRESSED | TRANSACTION_MASK | BORN_V6 | STORE_V6
 
 
 cdef inline bint gets_cq_entry_c(int32_t sys_flag) noexcept nogil:

@@ -11,7 +11,7 @@ from cpython.object cimport PyObject_GenericSetAttr
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcmp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64
-from rmqstore._layout cimport BORN_V6, C_MAGIC_V1, REC_OK, STORE_V6, TRANSACTION_MASK, RecHead
+from rmqstore._layout cimport BORN_V6, C_MAGIC_V1, REC_OK, STORE_V6, TRANSACTION_MASK, WRITABLE_SYS_FLAG, RecHead
 from rmqstore._record cimport RecView, format_host, make_msg_id, parse_properties, parse_record, tags_code_of
 from rmqstore._record import pack_host
 from rmqstore.errors import CorruptRecordError, FrozenObjectError, InvalidArgumentError, InvalidArgumentTypeError
@@ -87,6 +87,19 @@ def int_arg(str name not None, object v, object lo, object hi):
     return v
 
 
+def sys_flag_arg(v, str name="sys_flag"):
+    """``v`` as a sys_flag a writer takes: an int in [0, 2^31 - 1] setting no bit but
+    COMPRESSED (0x1, the body as a producer compressed it), the transaction type (0xC) and
+    the host IPv6 bits (0x30, set from the hosts anyway); InvalidArgumentError for one
+    setting a bit whose meaning rmqstore does not implement, which a broker or client
+    would act on (MULTI_TAGS 0x2, NEED_UNWRAP 0x40, INNER_BATCH 0x80, compression type 0x700...)."""
+    v = int_arg(name, v, 0, 0x7FFFFFFF)
+    if v & ~WRITABLE_SYS_FLAG:
+        raise InvalidArgumentError(f"{name} {v:#x} sets bits {v & ~WRITABLE_SYS_FLAG:#x} rmqstore does not write "
+                                   f"(it takes COMPRESSED 0x1, the transaction type 0xC and the host IPv6 bits 0x30)")
+    return v
+
+
 def queue_id_arg(queue_id):
     """None (round robin) or a queue id in [0, 2^31 - 1]; bool, float and str are refused."""
     return None if queue_id is None else int_arg("queue_id", queue_id, 0, 0x7FFFFFFF)
@@ -94,7 +107,8 @@ def queue_id_arg(queue_id):
 
 cdef class Message:
     """A message to put. ``tags`` and ``keys`` live in ``properties`` as TAGS / KEYS,
-    like RocketMQ's Message. ``sys_flag`` carries the transaction type and COMPRESSED.
+    like RocketMQ's Message. ``sys_flag`` carries the transaction type and COMPRESSED
+    (see sys_flag_arg).
 
     Message(topic, body=b"", tags=None, keys=None, properties=None, *, flag=0, sys_flag=0,
     born_timestamp=0, born_host=None, reconsume_times=0, prepared_transaction_offset=0,
@@ -127,7 +141,7 @@ cdef class Message:
                 props["DELAY"] = str(delay_level)
         self.properties = props
         self.flag = int_arg("flag", flag, -0x80000000, 0x7FFFFFFF)
-        self.sys_flag = int_arg("sys_flag", sys_flag, 0, 0x7FFFFFFF)
+        self.sys_flag = sys_flag_arg(sys_flag)
         self.born_timestamp = int_arg("born_timestamp", born_timestamp, 0, 0x7FFFFFFFFFFFFFFF)
         self.born_host_packed = pack_host(born_host) if born_host is not None else None
         self.reconsume_times = int_arg("reconsume_times", reconsume_times, 0, 0x7FFFFFFF)
@@ -180,7 +194,7 @@ cdef dict FIELD_CHECKS = {
     "properties": _properties_field,
     "born_host_packed": _packed_host_field,
     "flag": _int_field("flag", -0x80000000, 0x7FFFFFFF),
-    "sys_flag": _int_field("sys_flag", 0, 0x7FFFFFFF),
+    "sys_flag": sys_flag_arg,
     "born_timestamp": _int_field("born_timestamp", 0, 0x7FFFFFFFFFFFFFFF),
     "reconsume_times": _int_field("reconsume_times", 0, 0x7FFFFFFF),
     "prepared_transaction_offset": _int_field("prepared_transaction_offset", 0, 0x7FFFFFFFFFFFFFFF),

@@ -106,6 +106,7 @@ ARG_CHECKS: dict[str, tuple[int, Callable[[str, Any], Any]]] = {
     "str": (_gate.ARG_STR, _message.text_arg),
     "str | None": (_gate.ARG_STR | _gate.ARG_OR_NONE, lambda name, v: v if v is None else _message.text_arg(name, v)),
     "int": (_gate.ARG_INT64, _int),
+    "QueueId": (_gate.ARG_QUEUE_ID, lambda name, v: _message.int_arg(name, v, 0, 0x7FFFFFFF)),
     "int | None": (_gate.ARG_INT64 | _gate.ARG_OR_NONE, lambda name, v: v if v is None else _int(name, v)),
     "bool": (_gate.ARG_OTHER, _bool),
     "float | None": (_gate.ARG_OTHER, _seconds),

@@ -192,16 +192,25 @@ def read_file(path, limit=MAX_WHOLE_FILE):
     return data
 
 
-def remove_stale(path):
-    """Remove ``path`` if it is a regular file (left by an earlier run); a symlink or
-    anything else there is refused with StoreIOError, its target untouched."""
+def check_replaceable(path):
+    """Whether a regular file is at ``path`` (False: nothing); StoreIOError for a symlink,
+    directory, FIFO or anything else, which a writer must not remove or write through."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        raise_errno(errno.ELOOP, path, "create")
     if not stat.S_ISREG(st.st_mode):
-        raise_errno(errno.ELOOP if stat.S_ISLNK(st.st_mode) else errno.EEXIST, path, "create")
-    os.unlink(path)
+        raise_not_regular(path, "create")
+    return True
+
+
+def remove_stale(path):
+    """Remove ``path`` if it is a regular file (left by an earlier run); a symlink or
+    anything else there is refused with StoreIOError, its target untouched."""
+    if check_replaceable(path):
+        os.unlink(path)
 
 
 def create_new(path, data, mode):

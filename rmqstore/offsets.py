@@ -103,7 +103,10 @@ class ConsumerOffsets:
 
     def commit(self, group, topic, queue_id, offset, strict=True):
         """Set an offset; what ``load`` would refuse is an InvalidArgumentError, so no
-        commit can make the file unreadable: a queue id or offset out of range, or an
+        commit can make the file unreadable: a queue id or offset out of range (an offset
+        is 0..2^63-1: -1, which a file may hold, reads as "none committed", so committing
+        it would silently forget the group's place; one past the queue's end is taken, as a
+        broker takes it, since the queue may grow to it), or an
         empty topic or group or one with ``@`` (``"T@a" + "@b"`` and ``"T" + "@a@b"``
         would share the key ``T@a@b``). ``group`` must be a group name (see
         topics.validate_group), ``topic`` one a store can hold (RocketMQ's rule or not:
@@ -115,8 +118,8 @@ class ConsumerOffsets:
         validate_topic(topic, version=2, strict=False)
         if not 0 <= queue_id <= _MAX_QUEUE_ID:
             raise InvalidArgumentError(f"queue_id {queue_id} is not in 0..{_MAX_QUEUE_ID}")
-        if not -1 <= offset <= _MAX_OFFSET:
-            raise InvalidArgumentError(f"offset {offset} is not in -1..{_MAX_OFFSET}")
+        if not 0 <= offset <= _MAX_OFFSET:
+            raise InvalidArgumentError(f"offset {offset} is not in 0..{_MAX_OFFSET}")
         with self._lock:
             self.table.setdefault(f"{topic}@{group}", {})[int(queue_id)] = int(offset)
             self.dirty = True

@@ -41,7 +41,7 @@ from rmqstore.errors import (
     StoreNotFoundError,
     StoreReadOnlyError,
 )
-from rmqstore.files import create_new, lock_writer, raise_open_file_limit, store_dir
+from rmqstore.files import check_replaceable, create_new, lock_writer, raise_open_file_limit, store_dir
 from rmqstore.flush import FlushService
 from rmqstore.index import IndexService
 from rmqstore.maintenance.rebuild import damaged_logics, dispatch_all, fresh_logics, keep_index_geometry, remove_logics
@@ -55,6 +55,7 @@ from rmqstore.shared_lock import SharedLock
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], object]
+QueueId = int   # a queue id: 0..2^31-1, checked as such (arguments.ARG_CHECKS)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -179,6 +180,8 @@ class MessageStore:
         self._sync = cfg.flush_mode == "sync" and not self.read_only
         self.abort_path = os.path.join(self.path, "abort")
         self.clean_shutdown = not os.path.lexists(self.abort_path)
+        if not self.read_only:   # one a writer cannot replace fails the open before recovery changes a file
+            check_replaceable(self.abort_path)
         self.checkpoint = Checkpoint(os.path.join(self.path, "checkpoint"), cfg.file_mode).load()
         self.commitlog = CommitLog(self.path, cfg, self.read_only)
         self.consume_queues = ConsumeQueueTable.of_store(self.path, cfg, self.read_only)
@@ -625,21 +628,21 @@ class MessageStore:
         return self.consume_queues.queue_ids(topic)
 
     @_gated_read
-    def min_offset(self, topic: str, queue_id: int) -> int:
+    def min_offset(self, topic: str, queue_id: QueueId) -> int:
         """The smallest queue offset still stored in queue ``queue_id`` of ``topic`` (0 if no queue)."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
     @_gated_read
-    def max_offset(self, topic: str, queue_id: int) -> int:
+    def max_offset(self, topic: str, queue_id: QueueId) -> int:
         """The queue offset the next message of ``queue_id`` of ``topic`` gets (0 if no queue)."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         return cq.max_offset if cq is not None else 0
 
     @_gated_read
-    def consume_queue_entries(self, topic: str, queue_id: int, offset: int = 0,
+    def consume_queue_entries(self, topic: str, queue_id: QueueId, offset: int = 0,
                               count: int | None = None) -> np.ndarray:
         """Raw consume-queue entries of one queue.
 
@@ -659,7 +662,7 @@ class MessageStore:
         return cq.read(max(offset, cq.min_offset), count)
 
     @_gated_read
-    def read_queue_columns(self, topic: str, queue_id: int, offset: int = 0, count: int | None = None,
+    def read_queue_columns(self, topic: str, queue_id: QueueId, offset: int = 0, count: int | None = None,
                            check_crc: bool = False) -> dict[str, np.ndarray]:
         """The messages of one queue decoded into numpy columns, GIL released.
 
@@ -680,7 +683,7 @@ class MessageStore:
         cols["missing"] += start
         return cols
 
-    def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+    def get_messages(self, topic: str, queue_id: QueueId, offset: int, max_count: int = 32,
                      tags: str | None = None) -> GetMessageResult:
         """RocketMQ's getMessage: up to ``max_count`` messages of one queue.
 
@@ -696,7 +699,7 @@ class MessageStore:
         return self._reader.get_messages(topic, queue_id, offset, max_count, tags)   # gated and checked in C
 
     @_gated_read
-    def offset_by_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
+    def offset_by_time(self, topic: str, queue_id: QueueId, timestamp: int, boundary: str = "lower") -> int:
         """The queue offset for a store time (RocketMQ getOffsetInQueueByTime).
 
         Args:
@@ -717,17 +720,19 @@ class MessageStore:
 
     # -- consumer offsets -----------------------------------------------------------------
     @_gated
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+    def commit_offset(self, group: str, topic: str, queue_id: QueueId, offset: int) -> None:
         """Record that ``group`` has consumed ``topic``/``queue_id`` up to ``offset``
         (kept in ``config/consumerOffset.json`` as a broker keeps it).
 
         Raises:
-            StoreReadOnlyError: on a read-only store."""
+            StoreReadOnlyError: on a read-only store.
+            InvalidArgumentError: a negative offset (-1 would read back as none committed),
+                a queue id outside 0..2^31-1, an empty group or topic or one with '@'."""
         self._check_writable()
         self.offsets.commit(group, topic, queue_id, offset, self.config.strict_topic_names)
 
     @_gated
-    def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
+    def committed_offset(self, group: str, topic: str, queue_id: QueueId) -> int:
         """The offset ``group`` committed for ``topic``/``queue_id``, or -1 if none."""
         self._check_open()
         return self.offsets.get(group, topic, queue_id)

@@ -231,8 +231,27 @@ def test_bad_paths_exit_1(tmp_path, cmd):
 
 
 def test_missing_message_and_bad_msg_id(small_store):
-    assert "offset 999999" in error_line(run("at", small_store, 999999, expect=1))
-    assert "hexadecimal" in error_line(run("msg", small_store, "XYZ", expect=1))
+    """No message where at / msg looked is exit status 4 (it was 1, a store error's); a
+    string that is no msgId is a usage error, 2 (it was 1); a query finding none is 0."""
+    assert "offset 999999" in error_line(run("at", small_store, 999999, expect=4))
+    assert "inside a record" in error_line(run("at", small_store, 5, expect=4))
+    first = json.loads(run("dump", small_store).stdout.splitlines()[0])
+    missing = first["msgId"][:-8] + "7FFFFFFF"
+    assert "offset 2147483647" in error_line(run("msg", small_store, missing, expect=4))
+    for bad in ("XYZ", "00", first["msgId"] + "0", first["msgId"][:-1] + "\u0660", " " + first["msgId"][1:]):
+        assert "not a msgId" in error_line(run("msg", small_store, bad, expect=2))
+    assert run("query", small_store, "--topic", "TopicA", "--key", "no-such-key", "--json").stdout.strip() == "[]"
+
+
+def test_argument_values_the_store_refuses_are_usage_errors(small_store):
+    """A command-line value the parser takes but the store refuses (a malformed tag
+    expression, an empty key, an index geometry out of range) exited 1, a store error's;
+    it is a usage error, 2, as the parser's own refusals are."""
+    for cmd, why in [(["get", small_store, "--topic", "TopicA", "--queue", 0, "--offset", 0, "--tags", "a ||"],
+                      "malformed tag expression"),
+                     (["query", small_store, "--topic", "TopicA", "--key", ""], "non-empty"),
+                     (["stats", small_store, "--index-slots", 1 << 40], "index_slots")]:
+        assert why in error_line(run(*cmd, expect=2))
 
 
 def test_locked_store(small_store):

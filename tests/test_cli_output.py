@@ -66,7 +66,7 @@ def test_errors_with_json_are_json_on_stdout(clean_498, tmp_path):
     one JSON object naming the error and its exit status on stdout, besides its line on stderr."""
     store, _ = clean_498
     (tmp_path / "file").write_text("x")
-    cases = [(2, ["get", store, "--topic", "T"]), (2, ["at", store, "-5"]), (1, ["at", store, 3]),
+    cases = [(2, ["get", store, "--topic", "T"]), (2, ["at", store, "-5"]), (4, ["at", store, 3]),
              (1, ["stats", tmp_path / "file"]), (1, ["verify", tmp_path / "none"]), (2, ["stats", "--bogus"])]
     for status, cmd in cases:
         p = run(*cmd, "--json", expect=status)

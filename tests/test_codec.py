@@ -168,7 +168,7 @@ prop_text = st.text(st.characters(blacklist_characters="\x00\x01\x02", blacklist
        body=st.binary(max_size=600),
        props=st.dictionaries(prop_text.filter(bool), prop_text, max_size=5),
        born=hosts, store=hosts, qid=st.integers(0, 2**31 - 1), qoff=st.integers(0, 2**63 - 1),
-       sys_flag=st.sampled_from([0, 1, 4, 8, 12, 2]), flag=st.integers(-2**31, 2**31 - 1),
+       sys_flag=st.sampled_from([0, 1, 4, 8, 12, 13]), flag=st.integers(-2**31, 2**31 - 1),
        ts=st.integers(0, 2**62), phy=st.integers(0, 2**40), version=st.sampled_from([1, 2]))
 def test_roundtrip_property(tmp_path, topic, body, props, born, store, qid, qoff, sys_flag, flag, ts, phy, version):
     kw = dict(queue_id=qid, queue_offset=qoff, sys_flag=sys_flag, flag=flag, born_timestamp=ts + 1,

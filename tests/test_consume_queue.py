@@ -89,8 +89,10 @@ def test_statuses_and_next_offsets(store):
     assert (res.status, res.next_offset, res.max_offset) == (S.NO_MESSAGE_IN_QUEUE, 0, 0)
     res = store.get_messages("Nope", 0, 7, 32)
     assert (res.status, res.next_offset) == (S.NO_MESSAGE_IN_QUEUE, 0)
-    for topic, qid in (("T", -1), ("../T", 0), ("a/b", 0)):
-        assert store.get_messages(topic, qid, 0, 32).status == S.NO_MATCHED_LOGIC_QUEUE
+    for topic in ("../T", "a/b"):
+        assert store.get_messages(topic, 0, 0, 32).status == S.NO_MATCHED_LOGIC_QUEUE
+    with pytest.raises(InvalidArgumentError, match="queue_id"):   # as a broker's pull refuses an illegal queue id
+        store.get_messages("T", -1, 0, 32)
     res = store.get_messages("T", 0, 0, 32, tags="Other")
     assert (res.status, res.messages, res.next_offset) == (S.NO_MATCHED_MESSAGE, [], 10)
 
@@ -192,17 +194,23 @@ def test_consumer_offsets_persisted_in_rocketmq_shape(tmp_path):
 def test_commits_the_file_could_not_hold_are_refused(tmp_path):
     """A commit the reader of consumerOffset.json would refuse (queue id or offset out
     of range), or whose topic@group key would be another pair's ('T@a' + 'b' and 'T' +
-    'a@b'), is an InvalidArgumentError: the store reopens with the good commits."""
+    'a@b'), is an InvalidArgumentError: the store reopens with the good commits. So is a
+    negative offset: -1 was taken and then read back as "none committed" (the group's
+    place forgotten). An offset past the queue's end is taken, as a broker takes it."""
     root = tmp_path / "s"
     with MessageStore(root, _cfg()) as s:
         s.commit_offset("g", "T", 0, 7)
-        for bad in [("g", "T", -1, 5), ("g", "T", 1 << 31, 5), ("g", "T", 0, -2), ("a@b", "T", 0, 1),
-                    ("b", "T@a", 0, 2), ("", "T", 0, 1), ("g", "", 0, 1)]:
+        for bad in [("g", "T", -1, 5), ("g", "T", 1 << 31, 5), ("g", "T", 0, -2), ("g", "T", 0, -1),
+                    ("g", "T", 0, np.int64(-1)), ("a@b", "T", 0, 1), ("b", "T@a", 0, 2), ("", "T", 0, 1),
+                    ("g", "", 0, 1)]:
             with pytest.raises(InvalidArgumentError):
                 s.commit_offset(*bad)
-        s.commit_offset("g", "T", 1, -1)
+        for bad in [-1, True, 1.0, "0"]:
+            with pytest.raises(InvalidArgumentError):
+                s.committed_offset("g", "T", bad)
+        s.commit_offset("g", "T", 1, 1 << 40)
     with MessageStore(root, _cfg()) as s:
-        assert [s.committed_offset("g", "T", q) for q in (0, 1, 2)] == [7, -1, -1]
+        assert [s.committed_offset("g", "T", q) for q in (0, 1, 2)] == [7, 1 << 40, -1]
         assert s.committed_offset("b", "T@a", 0) == s.committed_offset("a@b", "T", 0) == -1
 
 

@@ -183,3 +183,28 @@ def test_opening_a_writer_on_a_full_disk_is_disk_full(tiny_disk):
     filler.unlink()
     with MessageStore(store, _cfg(), read_only=True) as s:
         assert s.clean_shutdown and [m.body for m in s.scan()] == [b"m%d" % i for i in range(20)]
+
+
+@pytest.mark.parametrize("kind", ["dir", "fifo", "symlink"])
+def test_an_abort_no_writer_can_replace_fails_the_open_first(tmp_path, kind):
+    """``abort`` a directory or FIFO: a writer's open ran the whole crash recovery and
+    only then failed to create ``abort``, saying "File exists", which tells nothing of
+    what to remove. Now the open fails before recovery, saying what is there (not a
+    regular file / a symlink), with no byte changed; once it is removed the store opens whole."""
+    from rmqstore import StoreIOError
+    store = tmp_path / "s"
+    cfg = StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=100, index_slots=100, index_entries=400)
+    with MessageStore(store, cfg) as s:
+        for i in range(300):
+            s.put(Message("T", b"m%d" % i, keys=f"k{i}"), i % 2)
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    {"dir": lambda p: p.mkdir(), "fifo": os.mkfifo, "symlink": lambda p: p.symlink_to(tmp_path / "elsewhere")}[kind](
+        store / "abort")
+    with pytest.raises(StoreIOError, match="not a regular file|a symlink") as e:
+        MessageStore(store, cfg)
+    assert e.value.filename == str(store / "abort")
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+    (store / "abort").rmdir() if kind == "dir" else (store / "abort").unlink()
+    with MessageStore(store, cfg) as s:
+        assert [m.body for m in s.query_by_key("T", "k7")] == [b"m7"]
+        assert [m.body for m in s.scan()] == [b"m%d" % i for i in range(300)]

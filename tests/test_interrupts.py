@@ -110,3 +110,33 @@ def test_an_interrupted_segment_preparation_blocks_nothing(tmp_path, case):
     assert out["interrupted"] == 1, out
     assert out["stored"] == out["acked"] == 999, out
     assert out["reopened"] == out["stored"] and out["ok"], out
+
+
+def test_interrupt_deferred_in_a_write_that_then_fails_is_raised(tmp_path):
+    """A KeyboardInterrupt raised in warm (a signal handler's) waits for the write's end;
+    when the write then failed (here: no room for the segment it rolls into), it was
+    dropped and the user's Ctrl-C lost. It is raised, the write's error its context."""
+    from rmqstore import DiskFullError, Message, MessageStore, StoreConfig
+
+    class Warmer:
+        def submit(self, *args):
+            raise KeyboardInterrupt
+
+    def full(*args):
+        raise DiskFullError(28, "no room", "x")
+
+    cfg = StoreConfig(commitlog_file_size=256 << 10, consume_queue_entries=1000, index_slots=500,
+                      index_entries=2000, warm_mapped_file=True, warm_ahead_bytes=64 << 10)
+    with MessageStore(tmp_path / "s", cfg) as store:
+        store.put(Message("T", b"first"))
+        log = store.commitlog
+        queue = log.segments
+        queue.make_room, queue.roll = lambda *a: None, full   # the next segment is not made ahead, nor at the roll
+        warmer, log._warmer, log._warm_to, log.appender.warm_mark = log._warmer, Warmer(), 0, 0
+        try:
+            with pytest.raises(KeyboardInterrupt) as e:
+                store.put_batch([Message("T", b"b" * 10_000)] * 40)
+        finally:
+            del queue.make_room, queue.roll
+            log._warmer = warmer
+        assert isinstance(e.value.__context__, DiskFullError)

@@ -299,7 +299,7 @@ def test_put_batch_takes_a_queue_id_per_message(tmp_path):
 
 
 HOSTS = [None, "10.1.2.3:4567", "[fe80::1:2]:9876", "0.0.0.0:0", "[::]:65535"]
-SYS_FLAGS = [0, 0x1, 0x4, 0x8, 0xC, 0x30 | 0x1, 0x400]   # compressed, PREPARED, COMMIT, ROLLBACK, host bits, other
+SYS_FLAGS = [0, 0x1, 0x4, 0x8, 0xC, 0x30 | 0x1, 0x30 | 0xD]   # compressed, PREPARED, COMMIT, ROLLBACK, host bits
 
 
 def _fields(n):

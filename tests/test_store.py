@@ -8,9 +8,11 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 from rmqstore import (
+    InvalidArgumentError,
     InvalidArgumentTypeError,
     InvalidTopicError,
     Message,
@@ -302,6 +304,30 @@ def test_compressed_flag_passes_through(tmp_path):
     with MessageStore(tmp_path / "s", _cfg()) as store:
         r = store.put(Message("T", b"x\x9c", sys_flag=0x1))
         assert store.get_by_offset(r.phy_offset).sys_flag & 0x1
+
+
+@pytest.mark.parametrize("bits", [0x2, 0x40, 0x80, 0x100, 0x700, 1 << 30])
+def test_sys_flag_bits_rmqstore_does_not_implement_are_refused(tmp_path, bits):
+    """MULTI_TAGS, 5.x's NEED_UNWRAP / INNER_BATCH / compression type and unnamed bits were
+    stored as given, so a 5.x broker would unwrap or split the body as a batch: every write
+    path refuses them (InvalidArgumentError), storing nothing; the bits a writer takes
+    (COMPRESSED, the transaction type, the IPv6 bits recomputed from the hosts) pass."""
+    import pyarrow as pa
+    with MessageStore(tmp_path / "s", _cfg()) as store:
+        kept = store.put(Message("T", b"k", sys_flag=0x1 | 0x8 | 0x30))
+        m = Message("T", b"x")
+        Message.__dict__["sys_flag"].__set__(m, bits | 0x8)   # past Message's own check
+        calls = [lambda: Message("T", b"x", sys_flag=bits), lambda: setattr(Message("T"), "sys_flag", bits),
+                 lambda: store.put(m), lambda: store.put_batch([Message("T", b"y"), m]),
+                 lambda: store.put_columns("T", [b"a", b"b"], sys_flag=[0, bits]),
+                 lambda: store.put_columns("T", [b"a"], sys_flag=np.int32(bits)),
+                 lambda: store.put_arrow(pa.table({"topic": ["T"], "body": [b"a"],
+                                                   "sys_flag": pa.array([bits], pa.int32())}))]
+        for call in calls:
+            with pytest.raises(InvalidArgumentError, match="sys_flag"):
+                call()
+        assert [(x.body, x.sys_flag) for x in store.scan()] == [(b"k", 0x9)]
+        assert kept.phy_offset == 0
 
 
 def test_reopen_preserves_messages_and_queue_offsets(tmp_path, small_config):

@@ -1,8 +1,11 @@
 """The ``rmqstore`` command: inspect, query, export, verify and repair store directories
 (ours or a real RocketMQ broker's) from a shell.
 
-Exit status: 0 success; 1 a store or I/O error; 2 a usage error; 3 the command ran and
-found a difference or a problem (``diff``, ``verify``); 130 interrupted (Ctrl-C).
+Exit status: 0 success; 1 a store or I/O error (or stdin data ``put`` refuses); 2 a usage
+error (an argument the parser or the store refuses); 3 the command ran and found a
+difference or a problem (``diff``, ``verify``); 4 no message at the offset or msgId given
+(``at``, ``msg``, ``--from``; a query or get that finds none succeeds with an empty
+answer); 130 interrupted (Ctrl-C).
 Errors are one line on stderr: ``rmqstore: error: ...``; with ``--json`` also a JSON
 object ``{"error": ..., "exit": status}`` on stdout.
 """
@@ -18,6 +21,7 @@ from rmqstore.cli import admin, maintain, put, read, serve, spark
 from rmqstore.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
@@ -27,7 +31,7 @@ from rmqstore.cli.common import (
     positive_int,
     shown,
 )
-from rmqstore.errors import StoreError
+from rmqstore.errors import InvalidArgumentError, InvalidTopicError, MessageNotFoundError, StoreError
 
 
 def _help_text(text: str) -> str:
@@ -127,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _failed(EXIT_USAGE, str(e), as_json)
     except KeyboardInterrupt:
         return _failed(EXIT_INTERRUPTED, "interrupted", as_json)
+    except MessageNotFoundError as e:
+        return _failed(EXIT_NOT_FOUND, _error_text(e), as_json)
+    except (InvalidArgumentError, InvalidTopicError) as e:   # a command-line value the store refuses
+        return _failed(EXIT_USAGE, _error_text(e), as_json)
     except BrokenPipeError:
         # The reader went away (``| head``): silence the final flush too.
         _discard_stdout()

@@ -15,7 +15,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.segments import list_segment_files
 from rmqstore.store import MessageStore
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 
 class CommandError(Exception):
@@ -82,6 +82,13 @@ def nonneg_int(text, limit=I64_MAX):
 def queue_id(text):
     """A queue id: an int in 0..2^31-1."""
     return nonneg_int(text, 0x7FFFFFFF)
+
+
+def msg_id(text):
+    """A msgId: 32 (IPv4) or 56 (IPv6) hex digits."""
+    if not (text.isascii() and len(text) in (32, 56) and all(c in "0123456789abcdefABCDEF" for c in text)):
+        raise argparse.ArgumentTypeError(f"not a msgId (32 or 56 hex digits): {text!r}")
+    return text
 
 
 def positive_int(text):

@@ -11,6 +11,7 @@ from rmqstore.cli.common import (
     local_time,
     message_dict,
     message_line,
+    msg_id,
     nonneg_int,
     open_store,
     positive_int,
@@ -192,7 +193,7 @@ def register(sub, json_only, store_opts):
     p.add_argument("--count", type=positive_int, default=32, metavar="K", help="at most K messages (32)")
     p.add_argument("--tags", metavar="EXPR", help="tag expression, e.g. 'TagA || TagB' (default all)")
     p = add("msg", cmd_msg, "the message a msgId names", body=True)
-    p.add_argument("msg_id", metavar="MSGID")
+    p.add_argument("msg_id", type=msg_id, metavar="MSGID")
     p = add("at", cmd_at, "the message at a commitlog offset", body=True)
     p.add_argument("offset", type=nonneg_int, metavar="PHYOFFSET")
     p = add("query", cmd_query, "messages by key (UNIQ_KEY or a KEYS token) through the index", body=True)
