@@ -20,8 +20,8 @@ from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
 from rmqstore._message import queue_id_arg, sys_flag_arg
 from rmqstore._segment cimport MappedSegment, SegmentList, check, ensure, write_at
-from rmqstore._gate cimport Gate, bind
-from rmqstore._gate import MISSING
+from rmqstore._gate cimport Gate
+from rmqstore._gate import MISSING, misfit
 import numpy as np
 from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, InvalidTopicError, MessageTooLargeError,
                              ReentrantCallError, StoreClosedError)
@@ -1161,17 +1161,17 @@ cdef class StoreWriter:
         self.wait_flushed = wait_flushed
         self.refuse = refuse
 
-    def put(self, msg=MISSING, queue_id=MISSING, /, *more, **unknown):
-        """MessageStore.put (see its documentation; queue_id=None)."""
+    def put(self, msg=MISSING, queue_id=None, *more, **unknown):
+        """MessageStore.put (see its documentation)."""
         if msg is MISSING or more or unknown:
-            msg, queue_id = bind("put", (msg, queue_id), more, unknown)
-        return self._append(False, msg, None if queue_id is MISSING else queue_id)
+            misfit("put", (msg, queue_id), more, unknown)
+        return self._append(False, msg, queue_id)
 
-    def put_batch(self, msgs=MISSING, queue_id=MISSING, /, *more, **unknown):
-        """MessageStore.put_batch (see its documentation; queue_id=None)."""
+    def put_batch(self, msgs=MISSING, queue_id=None, *more, **unknown):
+        """MessageStore.put_batch (see its documentation)."""
         if msgs is MISSING or more or unknown:
-            msgs, queue_id = bind("put_batch", (msgs, queue_id), more, unknown)
-        return self._append(True, msgs, None if queue_id is MISSING else queue_id)
+            misfit("put_batch", (msgs, queue_id), more, unknown)
+        return self._append(True, msgs, queue_id)
 
     cdef object _append(self, bint batch, object what, object queue_id):
         cdef PutResult last

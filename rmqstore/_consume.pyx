@@ -3,8 +3,8 @@ checks, the store's operation gate, the queue's state machine and the read, with
 frame between them (a Python get_message cost about 3 us a call, 1 of 32 messages' worth)."""
 import logging
 
-from rmqstore._gate cimport ArgChecks, Gate, bind
-from rmqstore._gate import MISSING
+from rmqstore._gate cimport ArgChecks, Gate
+from rmqstore._gate import MISSING, misfit
 from rmqstore._layout cimport CqEntry
 from rmqstore._segment cimport MappedSegment, queue_end, queue_find
 from rmqstore._read import gather_messages
@@ -51,16 +51,11 @@ cdef class QueueReader:
         self.segments = segments
         self.max_msgs, self.max_bytes, self.per_file = limits
 
-    def get_messages(self, topic=MISSING, queue_id=MISSING, offset=MISSING, max_count=MISSING, tags=MISSING, /,
-                     *more, **unknown):
-        """MessageStore.get_messages (see its documentation; max_count=32, tags=None)."""
+    def get_messages(self, topic=MISSING, queue_id=MISSING, offset=MISSING, max_count=32, tags=None, *more,
+                     **unknown):
+        """MessageStore.get_messages (see its documentation)."""
         if topic is MISSING or queue_id is MISSING or offset is MISSING or more or unknown:
-            topic, queue_id, offset, max_count, tags = bind("get_messages", (topic, queue_id, offset, max_count, tags),
-                                                            more, unknown)
-        if max_count is MISSING:
-            max_count = 32
-        if tags is MISSING:
-            tags = None
+            misfit("get_messages", (topic, queue_id, offset, max_count, tags), more, unknown)
         cdef tuple a = self.checks.run((topic, queue_id, offset, max_count, tags), None)
         cdef long long generation
         self.gate.enter()

@@ -17,6 +17,3 @@ cdef class ArgChecks:
     cdef int *kinds
     cdef list names, funcs
     cdef tuple run(self, tuple args, dict kwargs)
-
-
-cdef tuple bind(str name, tuple given, tuple more, dict unknown)

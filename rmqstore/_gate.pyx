@@ -152,55 +152,15 @@ cdef class ArgChecks:
         return args if changed is None else tuple(changed)
 
 
-MISSING = object()     # the default of a C fast path's parameters: not given
-cdef dict SIGNATURES = {}   # MessageStore method name -> (parameter names, defaults: MISSING for none)
-
-
-cdef tuple signature_of(str name):
-    cdef tuple sig = SIGNATURES.get(name)
-    if sig is None:
-        import inspect
-        from rmqstore.store import MessageStore
-        params = list(inspect.signature(inspect.unwrap(getattr(MessageStore, name))).parameters.values())[1:]
-        sig = SIGNATURES[name] = (tuple(p.name for p in params),
-                                  tuple(MISSING if p.default is p.empty else p.default for p in params))
-    return sig
-
-
-cdef tuple bind(str name, tuple given, tuple more, dict unknown):
-    """The arguments of a call of MessageStore.``name`` through a C fast path whose
-    parameters are positional-only with MISSING defaults (so a keyword lands in
-    ``unknown``, never in Cython's own TypeError): each parameter's value, from ``given``
-    (MISSING: not given positionally), a keyword or its default. A call that does not fit
-    (an argument given twice, an unknown keyword, one too many or missing) is misfit's
-    InvalidArgumentTypeError, as a gated method's."""
-    cdef tuple names, defaults
-    cdef list values = list(given)
-    cdef Py_ssize_t i
-    names, defaults = signature_of(name)
-    if not more:
-        for k, v in unknown.items():
-            i = names.index(k) if k in names else -1
-            if i < 0 or values[i] is not MISSING:
-                break
-            values[i] = v
-        else:
-            for i in range(len(values)):
-                if values[i] is MISSING:
-                    if defaults[i] is MISSING:
-                        break
-                    values[i] = defaults[i]
-            else:
-                return tuple(values)
-    misfit(name, given, more, unknown)   # raises
+MISSING = object()     # the default of a C fast path's required parameters: not given
 
 
 def misfit(str name, tuple params, tuple more, dict unknown):
     """Raise InvalidArgumentTypeError for a call of MessageStore.``name`` through a C fast
     path (put, get_messages...) that does not fit its signature: ``params`` the values its
-    parameters got positionally (MISSING: none), ``more`` the extra positional arguments,
-    ``unknown`` the keywords. (Cython's own TypeError would not be a StoreError; gated
-    methods raise this for the same calls.)"""
+    parameters got (MISSING: none), ``more`` the extra positional arguments, ``unknown``
+    the unknown keywords. (Cython's own TypeError would not be a StoreError; gated methods
+    raise this for the same calls.)"""
     import inspect
     from rmqstore.store import MessageStore
     func = inspect.unwrap(getattr(MessageStore, name))

@@ -25,8 +25,8 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcmp, memcpy, memset
 import numpy as np
 cimport numpy as cnp
-from rmqstore._gate cimport ArgChecks, Gate, bind
-from rmqstore._gate import MISSING
+from rmqstore._gate cimport ArgChecks, Gate
+from rmqstore._gate import MISSING, misfit
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash, rmq_prefetch
 from rmqstore._segment cimport MappedSegment, SegmentList, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
@@ -603,18 +603,11 @@ cdef class KeyLookup:
         self.checks = checks
         self.cap = cap
 
-    def query_by_key(self, topic=MISSING, key=MISSING, max_num=MISSING, begin=MISSING, end=MISSING, /, *more,
-                     **unknown):
-        """MessageStore.query_by_key (see its documentation; max_num=64, begin=0, end=None)."""
+    def query_by_key(self, topic=MISSING, key=MISSING, max_num=64, begin=0, end=None, *more, **unknown):
+        """MessageStore.query_by_key (see its documentation)."""
         cdef IndexFiles view
         if topic is MISSING or key is MISSING or more or unknown:
-            topic, key, max_num, begin, end = bind("query_by_key", (topic, key, max_num, begin, end), more, unknown)
-        if max_num is MISSING:
-            max_num = 64
-        if begin is MISSING:
-            begin = 0
-        if end is MISSING:
-            end = None
+            misfit("query_by_key", (topic, key, max_num, begin, end), more, unknown)
         cdef tuple a = self.checks.run((topic, key, max_num, begin, end), None)
         cdef long long generation
         self.gate.enter()

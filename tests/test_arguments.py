@@ -66,23 +66,6 @@ def test_bad_arguments_are_invalid_argument_errors(store, name):
     assert bytes(store.get_messages("T", 0, 0, 4).messages[0].body) == b"kept"
 
 
-@pytest.mark.parametrize("name", ["put", "put_batch", "get_messages", "query_by_key", "scan", "get_by_offset",
-                                  "max_offset"])
-def test_an_argument_given_twice_is_an_invalid_argument_type_error(store, name):
-    """An argument given by position and by keyword: the C fast paths (put, put_batch,
-    get_messages, query_by_key) raised Cython's bare TypeError, the gated methods
-    InvalidArgumentTypeError (a StoreError and a TypeError) naming the argument. Now all
-    do; the same calls with keywords alone still work, through either path."""
-    args = [[Message("T", b"x")], 0] if name == "put_batch" else list(CALLS[name])
-    names = list(inspect.signature(getattr(MessageStore, name)).parameters)[1:]
-    with pytest.raises(InvalidArgumentTypeError, match=f"multiple values for argument '{names[0]}'"):
-        getattr(store, name)(*args, **{names[0]: args[0]})
-    r = getattr(store, name)(**dict(zip(names, args, strict=False)))   # the arguments given, by name
-    if hasattr(r, "__next__"):
-        list(r)
-    assert bytes(store.get_messages("T", 0, 0, max_count=4).messages[0].body) == b"kept"
-
-
 QUEUE_ID_AT = {"min_offset": 1, "max_offset": 1, "consume_queue_entries": 1, "read_queue_columns": 1, "get_messages": 1,
                "offset_by_time": 1, "commit_offset": 2, "committed_offset": 2}
 
