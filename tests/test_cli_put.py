@@ -2,9 +2,11 @@
 nothing (a refused input stores none of its chunk, and leaves no new store behind)."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
-from test_cli import error_line, put, run, run_json
+from test_cli import ENV, error_line, put, run, run_json
 
 from conftest import copy_store
 
@@ -78,6 +80,19 @@ def test_a_bad_line_stores_none_of_its_chunk(tmp_path, bad):
     p = run("put", store, "--chunk", 2, stdin=_lines(GOOD, {**GOOD, "queueId": 3}, bad), expect=1)
     assert "lines 3-3 refused" in p.stderr and "2 message(s) of earlier chunks stored" in p.stderr
     assert len(run("dump", store).stdout.splitlines()) == 3
+
+
+def test_a_line_that_is_not_utf8_is_refused_as_such(tmp_path):
+    """Bytes that are not UTF-8 on stdin were reported as a JSON error ("Expecting value:
+    line 1 column 1"), or depended on the locale; now the line is named as not UTF-8."""
+    store = tmp_path / "s"
+    put(store, GOOD, extra=("--create", *map(str, SMALL)))
+    for bad in (b"\xff" + _lines(GOOD).encode(), b'{"topic": "T1", "body": "caf\xe9"}\n'):   # Latin-1, not UTF-8
+        p = subprocess.run([sys.executable, "-m", "rmqstore", "put", str(store)], input=_lines(GOOD).encode() + bad,
+                           capture_output=True, env={**ENV, "LC_ALL": "C.UTF-8"}, timeout=120)
+        assert p.returncode == 1 and b"stdin line 2: not UTF-8 text" in p.stderr, p.stderr
+        assert b"lines 1-2 refused, none of it stored" in p.stderr
+    assert len(run("dump", store).stdout.splitlines()) == 1
 
 
 def test_an_oversized_record_after_other_queues_stores_none_of_its_chunk(tmp_path):

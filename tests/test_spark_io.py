@@ -536,3 +536,13 @@ def test_overwrite_refuses_a_link_named_as_its_own_store(tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
     with MessageStore(tmp_path / "elsewhere", read_only=True) as st:
         assert sum(1 for _ in st.scan()) == 3
+
+
+@pytest.mark.parametrize("name", ["begin", "end"])
+def test_query_names_its_own_time_argument(name):
+    """jobs.query(begin="yesterday") was refused as "option since": the source's option,
+    not the argument given. Now the error names begin or end, before any Spark job."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark import jobs
+    with pytest.raises(InvalidArgumentError, match=f"^query: {name}: not a time"):
+        jobs.query(None, ["/nonexistent"], **{name: "yesterday"})

@@ -112,11 +112,11 @@ def test_writer_refuses_a_path_inside_a_store_or_a_file(spark, stores, tmp_path)
 
 
 def test_time_criteria_that_are_not_times():
-    from rmqstore.spark.source import _epoch_ms
-    assert _epoch_ms("2026-11-01T00:00+05:30") == 1_793_471_400_000   # 2026-10-31 18:30 UTC and _epoch_ms("-5") == -5
+    from rmqstore.spark.source import epoch_ms
+    assert epoch_ms("2026-11-01T00:00+05:30") == 1_793_471_400_000   # 2026-10-31 18:30 UTC and epoch_ms("-5") == -5
     for bad in ("yesterday", "\u00b2", "2026-13-45", float("nan"), float("inf")):
         with pytest.raises(InvalidArgumentError):
-            _epoch_ms(bad)
+            epoch_ms(bad)
 
 
 @pytest.mark.slow

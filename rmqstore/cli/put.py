@@ -2,6 +2,7 @@
 all or nothing per chunk of lines."""
 import base64
 import binascii
+import io
 import os
 import shutil
 import sys
@@ -79,11 +80,22 @@ def _read_chunks(lines, size):
         yield chunk
 
 
+def _stdin_lines():
+    """stdin's lines as UTF-8, what ``dump`` writes, whatever the locale; bytes that are not
+    UTF-8 are kept as lone surrogates, for _parse_chunk to refuse naming their line (a JSON
+    error such as "Expecting value: line 1 column 1" said nothing of the encoding)."""
+    return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
+
+
 def _parse_chunk(chunk, config):
     """[(Message, queue id)] of a chunk, every line checked (fields, types, topic name, queue id)
     before anything is written. Raises CommandError naming the first bad line."""
     out = []
     for n, line in chunk:
+        try:
+            line.encode()
+        except UnicodeEncodeError as e:   # bytes _stdin_lines kept as lone surrogates
+            raise CommandError(f"stdin line {n}: not UTF-8 text (at character {e.start + 1})") from None
         try:
             msg, queue_id = parse_put_line(line)
             validate_topic(msg.topic, config.message_version, config.strict_topic_names)
@@ -126,7 +138,7 @@ def cmd_put(args):
         config = config.with_(strict_topic_names=False)
     stored, chunks, store = 0, 0, None
     try:
-        for chunk in _read_chunks(sys.stdin, args.chunk):
+        for chunk in _read_chunks(_stdin_lines(), args.chunk):
             lines = f"lines {chunk[0][0]}-{chunk[-1][0]}"
             try:
                 parsed = _parse_chunk(chunk, config)

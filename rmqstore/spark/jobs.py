@@ -26,7 +26,7 @@ from rmqstore.files import lock_writer
 from rmqstore.index import IndexService
 from rmqstore.segments import segment_name
 from rmqstore.spark.partitioned import name_max, topic_dir
-from rmqstore.spark.source import NAME, Scan, enclosing_store, find_stores, plan, store_paths
+from rmqstore.spark.source import NAME, Scan, enclosing_store, epoch_ms, find_stores, plan, store_paths
 
 _ENTRY = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _HOLE = (0, 0x7FFFFFFF, 0)   # RocketMQ's fillPreBlank entry
@@ -235,8 +235,18 @@ def query(spark, stores, topic=None, key=None, uniq_key=None, begin=None, end=No
     """Messages of ``stores`` matching every given criterion: topic, a key (one of KEYS),
     a unique key, store time in ``[begin, end)`` (epoch ms, ISO-8601 or datetime). The
     criteria are applied by the source's readers, so only matches reach the JVM."""
-    criteria = dict(topic=topic, key=key, uniqKey=uniq_key, since=begin, until=end)
+    criteria = dict(topic=topic, key=key, uniqKey=uniq_key, since=_query_ms("begin", begin),
+                    until=_query_ms("end", end))
     return read(spark, stores, **{k: v for k, v in criteria.items() if v is not None})
+
+
+def _query_ms(name, value):
+    """query's ``name`` (begin or end) as epoch ms, None when not given; InvalidArgumentError
+    naming it (the source's own error names its option, since or until)."""
+    try:
+        return None if value is None else epoch_ms(value)
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"query: {name}: {e}") from None
 
 
 def _verify_pieces(pieces):

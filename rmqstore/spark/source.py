@@ -204,16 +204,16 @@ def _bool_option(options, name):
 
 
 def _time_option(options, name):
-    """Option ``name`` as epoch ms (see _epoch_ms), None when absent."""
+    """Option ``name`` as epoch ms (see epoch_ms), None when absent."""
     if name not in options:
         return None
     try:
-        return _epoch_ms(options[name])
+        return epoch_ms(options[name])
     except InvalidArgumentError as e:
         raise InvalidArgumentError(f"rocketmq source: option {name}: {e}") from None
 
 
-def _epoch_ms(value):
+def epoch_ms(value):
     """Epoch ms from an int, a numeric string, an ISO-8601 string or a datetime (naive = UTC)."""
     if isinstance(value, (int, float)) and math.isfinite(value):
         return int(value)
@@ -400,7 +400,7 @@ class _StreamReader(DataSourceStreamReader):
         self.scan = scan
         self.starting = options.get("startingOffsets", "earliest")
         if self.starting not in ("earliest", "latest"):
-            raise InvalidArgumentError("startingOffsets must be 'earliest' or 'latest'")
+            raise InvalidArgumentError("rocketmq source: option startingOffsets must be 'earliest' or 'latest'")
         self.max_bytes = _int_option(options, "maxBytesPerTrigger", 0, 0)
         self._stopped = {}   # store -> (offset it stopped at, since, last hole check): monotonic times
 
