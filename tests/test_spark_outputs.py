@@ -128,12 +128,17 @@ def test_spark_command_reports_the_cause_in_one_line(stores, tmp_path):
 
     from test_cli import ENV
     a, _ = stores
-    p = subprocess.run([sys.executable, "-m", "rmqstore", "spark", "--master", "local[1]", "query", a, "--begin",
-                        "yesterday", "--json"], capture_output=True, text=True, env=ENV, timeout=300)
-    assert p.returncode == 1 and "Traceback" not in p.stderr
-    why = "InvalidArgumentError: rocketmq source: option since: not a time (epoch ms or ISO-8601): 'yesterday'"
-    assert json.loads(p.stdout)["error"] == why
-    assert [ln for ln in p.stderr.splitlines() if ln.startswith("rmqstore: error: ")] == [f"rmqstore: error: {why}"]
+    for args, status, why in [
+            # refused inside Spark, by the source's reader: Spark wraps it in its own error
+            (("--key", "a b"), 1, "InvalidArgumentError: rocketmq source: option key 'a b' names an empty, blank or "
+                                  "(a key) space-holding value, which no message has"),
+            # refused by jobs.query before any Spark job: a usage error, naming the argument
+            (("--begin", "yesterday"), 2, "query: begin: not a time (epoch ms or ISO-8601): 'yesterday'")]:
+        p = subprocess.run([sys.executable, "-m", "rmqstore", "spark", "--master", "local[1]", "query", a, *args,
+                            "--json"], capture_output=True, text=True, env=ENV, timeout=300)
+        assert p.returncode == status and "Traceback" not in p.stderr
+        assert json.loads(p.stdout)["error"] == why
+        assert [ln for ln in p.stderr.splitlines() if ln.startswith("rmqstore: error: ")] == [f"rmqstore: error: {why}"]
 
 
 @pytest.mark.slow
