@@ -9,12 +9,12 @@ from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_Check
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
-from rmqstore._cext cimport rmq_crc32, rmq_st16, rmq_st32, rmq_st64
+from rmqstore._cext cimport rmq_crc32, rmq_release, rmq_st16, rmq_st32, rmq_st64
 from rmqstore._copy cimport copy_short
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
@@ -182,6 +182,20 @@ cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
     return <int32_t>(c & 0x7FFFFFFF)
 
 
+cdef inline void seal(char *p, int32_t total) noexcept nogil:
+    """Write the TOTALSIZE of the record at ``p``, whole but for it (rmq_order.h): one a
+    crash cut short reads as the end of the log (size 0), never as a record with zeros
+    where its topic or properties belong."""
+    rmq_release()
+    rmq_st32(p, total)
+
+
+cdef inline void write_blank(char *p, int32_t room) noexcept nogil:
+    """The BLANK record that ends a segment with ``room`` (>= 8) bytes left, sealed."""
+    rmq_st32(p + 4, C_BLANK)
+    seal(p, room)
+
+
 cdef struct RecordHead:
     # the fields of a record that precede its body (positions as in DESIGN.md)
     int64_t phy, total, queue_offset, born_ts, store_ts, prepared
@@ -193,10 +207,9 @@ cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_l
                         int32_t store_len, const char *body, int64_t blen, const char *tp,
                         Py_ssize_t tlen) noexcept nogil:
     """A record up to its properties at ``p`` (``born``/``store``: packed hosts of
-    ``*_len`` bytes), the body CRC taken from the copy; returns where the properties'
-    length goes."""
+    ``*_len`` bytes), the body CRC taken from the copy, but for its TOTALSIZE, which
+    ``seal`` writes once the properties are in; returns where their length goes."""
     cdef char *start = p
-    rmq_st32(p, <int32_t>h.total)
     rmq_st32(p + 4, C_MAGIC_V1 if h.version == 1 else C_MAGIC_V2)
     rmq_st32(p + 12, h.queue_id)
     rmq_st32(p + 16, h.flag)
@@ -269,8 +282,7 @@ cdef PutResult encode(MappedSegment seg, Message msg, object body, bytes born, s
         if total + 8 > room:
             if room >= 8:   # a full segment (room 0) already ends with its BLANK record
                 ensure(seg, wpos + 8)
-                rmq_st32(p, <int32_t>room)
-                rmq_st32(p + 4, C_BLANK)
+                write_blank(p, <int32_t>room)
             seg.wrote_pos = seg.m.size
             return None
         ensure(seg, wpos + total)
@@ -288,6 +300,7 @@ cdef PutResult encode(MappedSegment seg, Message msg, object body, bytes born, s
             p = write_record(p, &h, born_p, born_alen + 4, store_p, store_alen + 4, bp, blen, tp, tlen)
         rmq_st16(p, <int16_t>len(props))
         memcpy(p + 2, PyBytes_AS_STRING(props), len(props))
+        seal(seg.m.base + wpos, <int32_t>total)
     finally:
         if have_view:
             PyBuffer_Release(&view)
@@ -505,6 +518,7 @@ cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, ch
         plen = r.po[i + 1] - r.po[i]
         rmq_st16(p, <int16_t>plen)
         copy_short(p + 2, r.props + r.po[i], plen)
+        seal(out + (pos - start), <int32_t>r.sizes[i])
         pos += r.sizes[i]
         i += 1
         if seg_base + pos >= warm_mark:
@@ -525,17 +539,24 @@ cdef int write_staged(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, char *
                       int64_t *wpos, int64_t warm_mark, Py_ssize_t *j) except -1:
     """write_run for a bulk batch: rows ``i``.. encoded into ``stage`` (STAGE_BYTES), then
     written to the file with one pwrite, which spares the kernel filling each fresh page
-    with zeros before the copy (see rmq_map_write). A row too large for the stage is
+    with zeros before the copy (see rmq_map_write). The first record's TOTALSIZE goes in
+    after the rest, so a pwrite a kill cut short leaves the end of the log where the run
+    begins, not a last record cut off inside. A row too large for the stage is
     written through the mapping. Sets ``j`` to the next row; if the pwrite fails, the
     rows are not published, their queue offsets are given back and StoreIOError is raised
     (the caller makes it the store's sticky error: a later write could leave whole records
     of this run behind its own end, for recovery to take as written)."""
     cdef int64_t pos = wpos[0]
     cdef int rc = 0
+    cdef char total[4]
     with nogil:
         j[0] = write_run(r, h, i, n, stage, seg.base_offset, min(seg.m.size, pos + STAGE_BYTES), wpos, warm_mark)
         if j[0] > i:
+            memcpy(total, stage, 4)
+            memset(stage, 0, 4)
             rc = write_at(seg, pos, stage, wpos[0] - pos)
+            if rc == 0:
+                rc = write_at(seg, pos, total, 4)
             if rc:
                 untake(r, i, j[0])
                 wpos[0] = pos
@@ -976,8 +997,7 @@ cdef class Appender:
                 wpos = seg.wrote_pos
                 if sizes[i] + 8 > seg.m.size - wpos:
                     if seg.m.size - wpos >= 8:
-                        rmq_st32(seg.m.base + wpos, <int32_t>(seg.m.size - wpos))
-                        rmq_st32(seg.m.base + wpos + 4, C_BLANK)
+                        write_blank(seg.m.base + wpos, <int32_t>(seg.m.size - wpos))
                     seg.wrote_pos = seg.m.size
                     seg = self.seg = self._roll()
                     continue

@@ -9,6 +9,9 @@ cdef extern from "rmq_endian.h" nogil:
     void rmq_st32(char *p, int32_t x)
     void rmq_st64(char *p, int64_t x)
 
+cdef extern from "rmq_order.h" nogil:
+    void rmq_release()
+
 cdef extern from "rmq_prefetch.h" nogil:
     void rmq_prefetch(const void *p)
 

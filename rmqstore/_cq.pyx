@@ -6,7 +6,7 @@ from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memcmp, memset
 import numpy as np
 cimport numpy as cnp
-from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64
+from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_release, rmq_st32, rmq_st64
 from rmqstore._layout cimport PAGE_SHIFT, CqEntry, DispatchRow, HOLE, gets_cq_entry_c
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore.errors import InvalidArgumentError, OutOfRangeError
@@ -38,9 +38,12 @@ def append_entry(MappedSegment seg not None, int64_t phy_offset, int32_t size, i
 
 
 cdef inline void store_entry(char *p, int64_t phy_offset, int32_t size, int64_t tags_code) noexcept nogil:
+    """SIZE last (rmq_order.h): an entry a crash cut short reads as size 0, the end of the
+    queue, never as a valid entry with a zero offset or tags code."""
     rmq_st64(p, phy_offset)
-    rmq_st32(p + 8, size)
     rmq_st64(p + 12, tags_code)
+    rmq_release()
+    rmq_st32(p + 8, size)
 
 
 def read_entries(MappedSegment seg not None, int64_t pos, int64_t count):
@@ -52,10 +55,14 @@ def read_entries(MappedSegment seg not None, int64_t pos, int64_t count):
     return out
 
 
-def valid_end(MappedSegment seg not None, int64_t pos, int64_t limit):
-    """First position at or after ``pos`` whose entry is not valid (offset >= 0 and size > 0),
-    as RocketMQ's ConsumeQueue.recover walks; returns (end, max_physic_end)."""
-    cdef int64_t off, end_phy = -1
+def valid_end(MappedSegment seg not None, int64_t pos, int64_t limit, int64_t end_phy=-1, bint ordered=True):
+    """First position at or after ``pos`` whose entry is not valid, and the commitlog
+    offset the last valid one's message ends at (``end_phy``: that of the entries before
+    ``pos``, -1 for none). Valid as RocketMQ's ConsumeQueue.recover walks (offset >= 0 and
+    size > 0), and, if ``ordered``, in commitlog order: a message starting before the
+    previous one ends is damage (a torn or overwritten entry), not a message dispatched
+    after it."""
+    cdef int64_t off
     cdef int32_t size
     limit = seg.pin_range(pos, limit)
     try:
@@ -66,6 +73,8 @@ def valid_end(MappedSegment seg not None, int64_t pos, int64_t limit):
                 if off < 0 or size <= 0:
                     break
                 if size != HOLE:
+                    if off < end_phy and ordered:
+                        break
                     end_phy = off + size
                 pos += 20
     finally:

@@ -27,7 +27,7 @@ import numpy as np
 cimport numpy as cnp
 from rmqstore._gate cimport ArgChecks, Gate
 from rmqstore._gate import MISSING, misfit
-from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_st32, rmq_st64, rmq_java_hash, rmq_prefetch
+from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_release, rmq_st32, rmq_st64, rmq_java_hash, rmq_prefetch
 from rmqstore._segment cimport MappedSegment, SegmentList, ensure, pin, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport RecView, find_property
@@ -221,8 +221,8 @@ cdef int check_geometry(MappedSegment seg, int64_t slots, int64_t entries) excep
 def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, const int32_t[:] hashes not None,
                 const int64_t[:] phys not None, const int64_t[:] tss not None, Py_ssize_t start):
     """RocketMQ IndexFile.putKey for keys ``start..`` until the file is full; returns the
-    index of the first key not written. Entry first, then slot, then header, so a
-    concurrent reader sees either the old chain or the new one."""
+    index of the first key not written. Entry first, then slot, then header, in that
+    order (rmq_order.h), so a concurrent reader sees either the old chain or the new one."""
     cdef Py_ssize_t i = start, n = hashes.shape[0]
     cdef char *b
     cdef char *sp
@@ -258,7 +258,9 @@ def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, cons
             rmq_st64(<char *>&e.phy_offset, phys[i])
             rmq_st32(<char *>&e.time_diff, <int32_t>diff)
             rmq_st32(<char *>&e.prev_index, sv)
+            rmq_release()
             rmq_st32(sp, count)
+            rmq_release()
             if count <= 1:
                 rmq_st64(b + 16, phys[i])
                 rmq_st64(b, tss[i])
@@ -273,12 +275,16 @@ def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, cons
 
 
 def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit):
-    """Keep the longest prefix of entries that is sane (phy offsets non-decreasing and below
-    ``phy_end``, prevIndex pointing strictly back, time <= ``ts_limit``), zero the rest,
-    repoint slots into the kept prefix and rewrite the header. Returns (kept, dropped)."""
+    """Keep the longest prefix of entries that is sane (key hash >= 0, phy offsets
+    non-decreasing and below ``phy_end``, prevIndex pointing strictly back, time <=
+    ``ts_limit``), zero the rest, point each slot at its last kept entry and rewrite the
+    header. Returns (kept, dropped). The slots are rebuilt from the kept entries, not
+    followed back through the cut ones: a crash may have left a slot pointing at an entry
+    whose page never reached the disk, and its zero link would cut the chain short."""
     cdef int64_t bts, prev_phy = -1, phy, i
-    cdef int32_t count, keep = 1, s, sv, td, prev, used = 0
+    cdef int32_t count, keep = 1, td, prev, used = 0
     cdef char *b
+    cdef char *sp
     cdef IndexEntry *e
     check_geometry(seg, slots, entries)
     if seg.m.readonly:
@@ -296,23 +302,17 @@ def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries,
             phy = rmq_ld64(<char *>&e.phy_offset)
             td = rmq_ld32(<char *>&e.time_diff)
             prev = rmq_ld32(<char *>&e.prev_index)
-            if phy < prev_phy or phy >= phy_end or td < 0 or prev < 0 or prev >= keep \
-                    or bts + <int64_t>td * 1000 > ts_limit:
+            if rmq_ld32(<char *>&e.key_hash) < 0 or phy < prev_phy or phy >= phy_end or td < 0 or prev < 0 \
+                    or prev >= keep or bts + <int64_t>td * 1000 > ts_limit:
                 break
             prev_phy = phy
             keep += 1
-        for s in range(slots):
-            sv = rmq_ld32(b + HDR + s * 4)
-            while sv >= keep:     # cut entries link back to older ones: follow them into the prefix
-                prev = rmq_ld32(<char *>&ents[sv].prev_index) if sv < count else 0
-                sv = prev if 0 < prev < sv else 0
-            if sv < 0:
-                sv = 0
-            rmq_st32(b + HDR + s * 4, sv)
-            if sv:
-                used += 1
-        for i in range(keep, count):   # only now: the walk above reads their links
-            memset(&ents[i], 0, sizeof(IndexEntry))
+        memset(b + HDR, 0, <size_t>slots * 4)
+        for i in range(1, keep):
+            sp = b + HDR + (rmq_ld32(<char *>&ents[i].key_hash) % slots) * 4
+            used += rmq_ld32(sp) == 0
+            rmq_st32(sp, <int32_t>i)
+        memset(&ents[keep], 0, <size_t>(count - keep) * sizeof(IndexEntry))
     if keep > 1:
         e = ents + keep - 1
         rmq_st64(b + 24, rmq_ld64(<char *>&e.phy_offset))

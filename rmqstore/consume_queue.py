@@ -66,16 +66,17 @@ class ConsumeQueue:
         self.segments.load()
         return self
 
-    def valid_end(self) -> tuple[int, int]:
+    def valid_end(self, ordered: bool = True) -> tuple[int, int]:
         """(the file offset after the last valid entry, the commitlog offset its message
         ends at, -1 with none) over the last three files, as RocketMQ's ConsumeQueue.recover
-        reads them; changes nothing."""
+        reads them, and, if ``ordered``, up to an entry out of commitlog order (a writer's
+        recovery cuts there and dispatches again; a read-only view shows such an entry
+        and what follows, and reads report it); changes nothing."""
         segs = self.segments.segments
         end, phy_end = (segs[0].base_offset if segs else 0), -1
         for seg in segs[-3:]:
-            pos, last = _cq.valid_end(seg, 0, seg.size)
+            pos, phy_end = _cq.valid_end(seg, 0, seg.size, phy_end, ordered)
             end = seg.base_offset + pos
-            phy_end = last if last >= 0 else phy_end
             if pos < seg.size:
                 break
         return end, phy_end

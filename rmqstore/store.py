@@ -236,7 +236,7 @@ class MessageStore:
 
     def _recover(self, progress: Progress | None, rebuild: bool, may_cut: str) -> None:
         cfg = self.config
-        valid = {key: cq.valid_end() for key, cq in self.consume_queues.queues.items()}
+        valid = {key: cq.valid_end(ordered=not self.read_only) for key, cq in self.consume_queues.queues.items()}
         # after a clean shutdown every consume-queue entry points at a durable message; one
         # past the commitlog's files is a damaged entry, which recovery cuts as before
         last = self.commitlog.segments.last
@@ -254,7 +254,11 @@ class MessageStore:
             rep.consume_queue_bytes_truncated += cut + cq.truncate_dirty(end)
             cq.correct_min_offset(self.commitlog.min_offset)
             if cut or cq.segments.dropped:   # entries lost to damage (or a torn write), not only a crash's tail
-                damaged = min(damaged, max(cq.max_physic_offset, 0))
+                # from the start of the segment its last entry's message ends in: a record
+                # starts there, even if that entry is damaged too (dispatching what the
+                # queues hold again skips it)
+                seg = self.commitlog.segments.find(max(cq.max_physic_offset, 0))
+                damaged = min(damaged, seg.base_offset if seg is not None else max(cq.max_physic_offset, 0))
         if cfg.message_index_enable:
             self.index = IndexService(self.path, cfg, self.checkpoint, self.read_only)
             if not (rebuild and self.read_only):

@@ -156,18 +156,23 @@ def test_malformed_tag_expressions(store, expr):
 
 
 def test_cq_entry_pointing_into_a_record_is_reported(tmp_path):
+    """An entry pointing 7 bytes into its message: after the previous message, so recovery
+    keeps it, but the next entry starts before it ends, so recovery cuts the queue there
+    and dispatches again, from the start of the segment (dispatching from where the
+    damaged entry ends, inside a record, stopped the dispatcher at a bad magic code)."""
     root = tmp_path / "s"
     with MessageStore(root, _cfg()) as s:
         rs = _fill(s, "T", 0, ["A"] * 5)
     path = root / "consumequeue" / "T" / "0" / ("%020d" % 0)
     data = bytearray(path.read_bytes())
-    struct.pack_into(">q", data, 2 * 20, rs[1].phy_offset + 7)      # still ascending, but mid-record
+    struct.pack_into(">q", data, 2 * 20, rs[2].phy_offset + 7)
     path.write_bytes(bytes(data))
     with MessageStore(root, _cfg()) as s:
         res = s.get_messages("T", 0, 0, 32)
         assert [m.queue_offset for m in res.messages] == [0, 1, 3, 4]
         assert [p[0] for p in res.problems] == [2]
         assert res.next_offset == 5
+        assert s.recovery.consume_queue_bytes_truncated >= 2 * 20
 
 
 def test_consumer_offsets_persisted_in_rocketmq_shape(tmp_path):
@@ -306,8 +311,8 @@ def test_read_queue_columns_match_get_messages(tmp_path):
         _fill(s, "U", 0, ["A"])
     path = root / "consumequeue" / "T" / "0" / ("%020d" % 0)
     data = bytearray(path.read_bytes())
-    phy, = struct.unpack_from(">q", data, 3 * 20)
-    struct.pack_into(">q", data, 3 * 20, phy + 7)
+    phy, size = struct.unpack_from(">qi", data, 3 * 20)
+    struct.pack_into(">qi", data, 3 * 20, phy + 7, size - 7)     # inside its record, before the next
     struct.pack_into(">qiq", data, 5 * 20, 0, 0x7FFFFFFF, 0)             # a RocketMQ hole entry
     path.write_bytes(bytes(data))
     with MessageStore(root, _cfg(), read_only=True) as s:

@@ -297,6 +297,38 @@ def test_checkpoint_and_unclean_shutdown_cut(tmp_path):
     assert rebuilt == list(baseline.values())
 
 
+def test_keys_of_kept_entries_survive_a_crash_that_lost_later_entries(tmp_path):
+    """A crash after the index's last flush: the entries written since never reached the
+    disk (zeros), while the slot page, written back, points at them. Recovery cuts the
+    entries newer than the checkpoint; it followed each slot back through the cut
+    entries' links, met zeros and emptied the slot, so every earlier key of that slot
+    was gone for good (re-dispatch adds only the messages after the cut). The slots are
+    rebuilt from the entries kept."""
+    import time
+    slots, hdr, cut = 4, 40, 20
+    cfg = StoreConfig(index_slots=slots, index_entries=100, commitlog_file_size=1 << 16, warm_mapped_file=False)
+    root = tmp_path / "s"
+    with MessageStore(root, cfg) as store:
+        res = _put_keyed(store, [("T", f"a{i} b{i}", None, 0) for i in range(cut)])
+        time.sleep(1.1)   # the checkpoint's index time keeps what is a second older than it
+        res += _put_keyed(store, [("T", f"a{i} b{i}", None, 0) for i in range(cut, 30)])
+    (path,) = index_files(root)
+    with open(path, "r+b") as f:   # entries 1 + 2i and 2 + 2i are message i's
+        f.seek(hdr + slots * 4 + (1 + 2 * cut) * 20)
+        f.write(b"\0" * (2 * (30 - cut) * 20))
+    open(root / "abort", "wb").close()
+    with open(root / "checkpoint", "r+b") as f:   # the index flushed up to message cut - 1
+        f.seek(16)
+        f.write(struct.pack(">q", res[cut].store_timestamp))
+    with MessageStore(root, cfg) as store:
+        assert store.recovery.index_entries_dropped == 2 * (30 - cut)
+        store.wait_dispatched(5)
+        for i in range(30):
+            for key in (f"a{i}", f"b{i}"):
+                assert [m.phy_offset for m in store.query_by_key("T", key)] == [res[i].phy_offset], key
+        assert store.verify().ok
+
+
 def test_generate_uniq_key(tmp_path):
     cfg = StoreConfig(generate_uniq_key=True, warm_mapped_file=False, commitlog_file_size=1 << 16,
                       **SMALL_INDEX)

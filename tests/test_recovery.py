@@ -296,6 +296,40 @@ def test_lost_consume_queue_is_redispatched(tmp_path):
         _check_prefix(s, res, bodies, 50, cfg)
 
 
+@pytest.mark.parametrize("damage", ["offset unwritten", "points back", "overlaps"])
+def test_a_consume_queue_entry_out_of_commitlog_order_is_cut_and_redispatched(tmp_path, damage):
+    """A crash left an entry of a queue's newest file with its size and tags written but
+    not its offset (gcc ordered the stores so; seen once in the crash tests), or an entry
+    damaged to point back into the log. Recovery took every entry with offset >= 0 and
+    size > 0 (as RocketMQ's ConsumeQueue.recover): the entry stayed, pointing at another
+    message, and dispatch skipped the message as already there. Entries must follow the
+    commitlog: recovery cuts the queue at the first one that does not, and dispatches
+    the messages again."""
+    cfg = _cfg()
+    res, bodies = _write(tmp_path, 60, cfg)
+    qdir = tmp_path / "consumequeue" / TOPIC / "0"
+    path = qdir / sorted(os.listdir(qdir))[-1]
+    mine = res[::2]        # queue 0's messages, in order
+    first = int(os.path.basename(path)) // 20
+    entries = len(mine) - first     # written in that file
+    assert entries >= 4
+    k = entries - 1 if damage == "offset unwritten" else entries // 2
+    phy = {"offset unwritten": 0, "points back": mine[first + k - 3].phy_offset,
+           "overlaps": mine[first + k - 1].phy_offset + 1}[damage]
+    with open(path, "r+b") as f:
+        f.seek(k * 20)
+        f.write(struct.pack(">q", phy))
+    _crash_marker(tmp_path, flushed=res[-1].store_timestamp)
+    with MessageStore(tmp_path, cfg, read_only=True) as s:   # shows the queue as it is; reads report it
+        assert s.max_offset(TOPIC, 0) == len(mine)
+        got = s.get_messages(TOPIC, 0, first + k, 1)
+        assert [p[0] for p in got.problems] == [first + k]
+    with MessageStore(tmp_path, cfg) as s:
+        assert s.recovery.consume_queue_bytes_truncated >= (entries - k) * 20
+        _check_prefix(s, res, bodies, 60, cfg)
+        assert s.verify().ok
+
+
 def test_segment_boundary_recovery(tmp_path):
     """Torn first record of a newly rolled segment: the end is that segment's start."""
     cfg = _cfg(commitlog_file_size=4096)
