@@ -14,7 +14,7 @@ from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThr
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
-from rmqstore._cext cimport rmq_crc32, rmq_release, rmq_st16, rmq_st32, rmq_st64
+from rmqstore._cext cimport rmq_crc32, rmq_ld32, rmq_release, rmq_st16, rmq_st32, rmq_st64
 from rmqstore._copy cimport copy_short
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg, body_arg
@@ -540,23 +540,23 @@ cdef int write_staged(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, char *
     """write_run for a bulk batch: rows ``i``.. encoded into ``stage`` (STAGE_BYTES), then
     written to the file with one pwrite, which spares the kernel filling each fresh page
     with zeros before the copy (see rmq_map_write). The first record's TOTALSIZE goes in
-    after the rest, so a pwrite a kill cut short leaves the end of the log where the run
-    begins, not a last record cut off inside. A row too large for the stage is
+    after the rest, through the mapping (one store), so a pwrite a kill cut short leaves
+    the end of the log where the run begins, not a last record cut off inside. A row too large for the stage is
     written through the mapping. Sets ``j`` to the next row; if the pwrite fails, the
     rows are not published, their queue offsets are given back and StoreIOError is raised
     (the caller makes it the store's sticky error: a later write could leave whole records
     of this run behind its own end, for recovery to take as written)."""
     cdef int64_t pos = wpos[0]
     cdef int rc = 0
-    cdef char total[4]
+    cdef int32_t total
     with nogil:
         j[0] = write_run(r, h, i, n, stage, seg.base_offset, min(seg.m.size, pos + STAGE_BYTES), wpos, warm_mark)
         if j[0] > i:
-            memcpy(total, stage, 4)
+            total = rmq_ld32(stage)
             memset(stage, 0, 4)
             rc = write_at(seg, pos, stage, wpos[0] - pos)
             if rc == 0:
-                rc = write_at(seg, pos, total, 4)
+                seal(seg.m.base + pos, total)
             if rc:
                 untake(r, i, j[0])
                 wpos[0] = pos

@@ -102,22 +102,24 @@ def append_entries(MappedSegment seg not None, const int64_t[:] phy not None, co
     return n
 
 
-def append_runs(list segs not None, const int64_t[:] phy not None, const int32_t[:] size not None,
-                const int64_t[:] tags not None, const int64_t[:] queue_offsets not None,
-                const int64_t[:] starts not None):
+def append_runs(list segs not None, const int64_t[:] ends not None, const int64_t[:] phy not None,
+                const int32_t[:] size not None, const int64_t[:] tags not None,
+                const int64_t[:] queue_offsets not None, const int64_t[:] starts not None):
     """The consume-queue writes of a dispatch batch in one GIL-free pass. Run k is entries
     ``[starts[k], starts[k + 1])`` of the arrays, for the queue whose last file is
-    ``segs[k]`` (None: no file yet). A run whose queue offsets go on one by one from where
-    that file ends is written there and published, as far as the file has room; returns
-    how many entries each run got, 0 for the others (``ConsumeQueue.put_run`` takes them:
-    a duplicate, a gap, a first file). One call per queue, or Python code per entry,
-    released the GIL and took it back once a queue while a putting thread waited for it."""
+    ``segs[k]`` (None: no file yet) and whose last entry's message ends at ``ends[k]``. A
+    run whose queue offsets go on one by one from where that file ends, and whose first
+    message ends after ``ends[k]``, is written there and published, as far as the file
+    has room; returns how many entries each run got, 0 for the others
+    (``ConsumeQueue.put_run`` takes them: a duplicate, a gap, a first file). One call per
+    queue, or Python code per entry, released the GIL and took it back once a queue while
+    a putting thread waited for it."""
     cdef Py_ssize_t k, i, nseg = len(segs), narr = min(phy.shape[0], size.shape[0], tags.shape[0],
                                                         queue_offsets.shape[0])
     cdef MappedSegment seg
     cdef int64_t lo, hi, pinned = 0
-    if starts.shape[0] != nseg + 1:
-        raise InvalidArgumentError(f"{nseg} segments, {starts.shape[0]} run starts")
+    if starts.shape[0] != nseg + 1 or ends.shape[0] != nseg:
+        raise InvalidArgumentError(f"{nseg} segments, {ends.shape[0]} ends, {starts.shape[0]} run starts")
     if len(set(id(x) for x in segs if x is not None)) != sum(x is not None for x in segs):
         raise InvalidArgumentError("a segment appears twice")
     for k in range(nseg):
@@ -136,7 +138,8 @@ def append_runs(list segs not None, const int64_t[:] phy not None, const int32_t
             lo, hi = starts[k], starts[k + 1]
             if lo == hi or not 0 <= queue_offsets[lo] <= (seg.base_offset + seg.wrote_pos) // 20 \
                     or queue_offsets[lo] * 20 != seg.base_offset + seg.wrote_pos \
-                    or queue_offsets[hi - 1] != queue_offsets[lo] + (hi - lo - 1):   # (no overflow)
+                    or queue_offsets[hi - 1] != queue_offsets[lo] + (hi - lo - 1) \
+                    or phy[lo] + size[lo] <= ends[k]:   # (no overflow)
                 continue
             n[k] = min(hi - lo, (seg.m.size - seg.wrote_pos) // 20)
             seg.check_range(seg.wrote_pos, n[k] * 20)

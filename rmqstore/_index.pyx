@@ -21,7 +21,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_FromObject
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy, memset
 import numpy as np
 cimport numpy as cnp
@@ -274,18 +274,39 @@ def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, cons
     return i
 
 
+cdef int32_t sane_prefix(const IndexEntry *ents, int32_t count, int64_t bts, int64_t phy_end,
+                         int64_t ts_limit) noexcept nogil:
+    """The end of the longest sane prefix of entries ``[1, count)`` (truncate_entries)."""
+    cdef const IndexEntry *e
+    cdef int64_t phy, prev_phy = -1
+    cdef int32_t td, prev, keep = 1
+    while keep < count:
+        e = ents + keep
+        phy = rmq_ld64(<const char *>&e.phy_offset)
+        td = rmq_ld32(<const char *>&e.time_diff)
+        prev = rmq_ld32(<const char *>&e.prev_index)
+        if rmq_ld32(<const char *>&e.key_hash) < 0 or phy < prev_phy or phy >= phy_end or td < 0 or prev < 0 \
+                or prev >= keep or bts + <int64_t>td * 1000 > ts_limit:
+            break
+        prev_phy = phy
+        keep += 1
+    return keep
+
+
 def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit):
     """Keep the longest prefix of entries that is sane (key hash >= 0, phy offsets
     non-decreasing and below ``phy_end``, prevIndex pointing strictly back, time <=
     ``ts_limit``), zero the rest, point each slot at its last kept entry and rewrite the
     header. Returns (kept, dropped). The slots are rebuilt from the kept entries, not
     followed back through the cut ones: a crash may have left a slot pointing at an entry
-    whose page never reached the disk, and its zero link would cut the chain short."""
-    cdef int64_t bts, prev_phy = -1, phy, i
-    cdef int32_t count, keep = 1, td, prev, used = 0
+    whose page never reached the disk, and its zero link would cut the chain short. Each
+    slot is stored once, and only if it changes, for queries running meanwhile."""
+    cdef int64_t bts, i, s
+    cdef int32_t count, keep = 1, used = 0
     cdef char *b
-    cdef char *sp
     cdef IndexEntry *e
+    cdef IndexEntry *ents
+    cdef int32_t *heads
     check_geometry(seg, slots, entries)
     if seg.m.readonly:
         raise StoreReadOnlyError(f"{seg.path}: opened read-only")
@@ -295,24 +316,23 @@ def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries,
         count = entries if count > entries else 1
     ensure(seg, HDR + slots * 4 + <int64_t>count * sizeof(IndexEntry))
     bts = rmq_ld64(b)
-    cdef IndexEntry *ents = <IndexEntry *>(b + HDR + <int64_t>slots * 4)
-    with nogil:
-        while keep < count:
-            e = ents + keep
-            phy = rmq_ld64(<char *>&e.phy_offset)
-            td = rmq_ld32(<char *>&e.time_diff)
-            prev = rmq_ld32(<char *>&e.prev_index)
-            if rmq_ld32(<char *>&e.key_hash) < 0 or phy < prev_phy or phy >= phy_end or td < 0 or prev < 0 \
-                    or prev >= keep or bts + <int64_t>td * 1000 > ts_limit:
-                break
-            prev_phy = phy
-            keep += 1
-        memset(b + HDR, 0, <size_t>slots * 4)
-        for i in range(1, keep):
-            sp = b + HDR + (rmq_ld32(<char *>&ents[i].key_hash) % slots) * 4
-            used += rmq_ld32(sp) == 0
-            rmq_st32(sp, <int32_t>i)
-        memset(&ents[keep], 0, <size_t>(count - keep) * sizeof(IndexEntry))
+    ents = <IndexEntry *>(b + HDR + <int64_t>slots * 4)
+    heads = <int32_t *>calloc(slots, sizeof(int32_t))
+    if heads == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            keep = sane_prefix(ents, count, bts, phy_end, ts_limit)
+            for i in range(1, keep):
+                heads[rmq_ld32(<char *>&ents[i].key_hash) % slots] = <int32_t>i
+            for s in range(slots):
+                used += heads[s] != 0
+                if rmq_ld32(b + HDR + s * 4) != heads[s]:
+                    rmq_st32(b + HDR + s * 4, heads[s])
+            rmq_release()
+            memset(&ents[keep], 0, <size_t>(count - keep) * sizeof(IndexEntry))
+    finally:
+        free(heads)
     if keep > 1:
         e = ents + keep - 1
         rmq_st64(b + 24, rmq_ld64(<char *>&e.phy_offset))
@@ -347,7 +367,7 @@ cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, 
     if count > f.entries:
         count = f.entries
     idx = rmq_ld32(b + HDR + <int64_t>(h % f.slots) * 4)
-    if idx <= 0 or idx >= count or count <= 1:
+    if idx <= 0 or idx > count or idx >= f.entries or count <= 1:   # == count: being counted (RocketMQ's too)
         return n
     while n < max_num:
         e = ents + idx
@@ -433,8 +453,8 @@ cdef class IndexFiles:
                 rmq_prefetch(slot)
                 continue
             idx = rmq_ld32(slot)
-            count = min(rmq_ld32(self.views[i].base + 36), self.views[i].entries)
-            if 0 < idx < count:
+            count = min(rmq_ld32(self.views[i].base + 36), self.views[i].entries - 1)
+            if 0 < idx <= count:
                 rmq_prefetch(<const IndexEntry *>(self.views[i].base + HDR + <int64_t>self.views[i].slots * 4)
                                    + idx)
 

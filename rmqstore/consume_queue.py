@@ -94,8 +94,8 @@ class ConsumeQueue:
         return cut
 
     def truncate_dirty(self, phy_offset: int) -> int:
-        """Remove entries whose message starts at or after ``phy_offset`` (the recovered
-        commitlog end)."""
+        """Remove entries whose message ends after ``phy_offset`` (the recovered commitlog
+        end): one starting at or after it, or a damaged one whose size runs past it."""
         segs = self.segments.segments
         if not segs:
             return 0
@@ -105,7 +105,7 @@ class ConsumeQueue:
         while lo < hi:
             mid = (lo + hi) // 2
             e = self.entry(mid)
-            if e is not None and e[1] != HOLE_SIZE and e[0] >= phy_offset:
+            if e is not None and e[1] != HOLE_SIZE and e[0] + e[1] > phy_offset:
                 hi = mid
             else:
                 lo = mid + 1
@@ -138,11 +138,13 @@ class ConsumeQueue:
     # -- writing --------------------------------------------------------------------------
     def put(self, phy_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
         """Append the entry for ``queue_offset``; an entry already present is skipped
-        (re-dispatch after recovery), a gap is filled with RocketMQ's blank entries. A
-        first offset whose file would end past int64 (a corrupt QUEUEOFFSET) starts at 0."""
+        (re-dispatch after recovery): one for a message that ends at or before the last
+        entry's, or, as RocketMQ's putMessagePositionInfo, one for ``queue_offset``. A gap
+        is filled with RocketMQ's blank entries. A first offset whose file would end past
+        int64 (a corrupt QUEUEOFFSET) starts at 0."""
         expect = queue_offset * ENTRY
         cur = self.segments.max_offset
-        if expect < cur:
+        if expect < cur or phy_offset + size <= self.max_physic_offset:
             return False
         seg = self.segments.last
         if seg is None:

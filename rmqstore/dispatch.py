@@ -318,7 +318,9 @@ class ConsumeQueueBuilder:
             queues.append(self.table.get_or_create(topic, int(rows["queue_id"][first])))
         # every queue whose offsets go on from its file's end in one GIL-free pass; the rest
         # (a duplicate, a gap, a new file, one filled) by ConsumeQueue
-        done = _cq.append_runs([cq.segments.last for cq in queues], phy, size, tags, qoff, starts).tolist()
+        done = _cq.append_runs([cq.segments.last for cq in queues],
+                               np.array([cq.max_physic_offset for cq in queues], np.int64),
+                               phy, size, tags, qoff, starts).tolist()
         for cq, lo, hi, k in zip(queues, bounds[:-1], bounds[1:], done, strict=True):
             if k:   # written in part or whole: end_run writes what is left
                 cq.end_run(phy[lo:hi], size[lo:hi], tags[lo:hi], k)

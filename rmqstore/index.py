@@ -137,14 +137,19 @@ class IndexService:
             self.files.append(IndexFile(seg, slots, entries))
         if not self.readonly:
             ts_limit = LONG_MAX if clean_shutdown else self.checkpoint.index_msg_timestamp - 1000
-            self._cut(commitlog_end, ts_limit)
+            self._cut(commitlog_end, ts_limit, not clean_shutdown)
         self._publish()
         return self
 
-    def _cut(self, phy_end, ts_limit):
+    def _cut(self, phy_end, ts_limit, crashed):
+        """Truncate the first file with entries past ``phy_end`` or ``ts_limit``, delete the
+        files after it; after a crash (``crashed``) the newest file at least, whose header a
+        kill may have left behind its slots (a slot pointing at the entry not yet counted,
+        the last entry's offset not yet in the header)."""
         for i, f in enumerate(self.files):
             _, end_ts, _, end_phy, _, count = f.header
-            if end_phy < phy_end and end_ts <= ts_limit and count <= f.entries:
+            if end_phy < phy_end and end_ts <= ts_limit and count <= f.entries and \
+                    not (crashed and f is self.files[-1]):
                 continue
             kept, dropped = _index.truncate_entries(f.seg, f.slots, f.entries, phy_end, ts_limit)
             self.entries_dropped += dropped
@@ -160,8 +165,9 @@ class IndexService:
                 g.seg.sync_all()
             last = self.files[-1].header if self.files else None
             self.resume_offset = last[3] if last else 0
-            log.warning("index: cut %d entries at commitlog offset %d / time %d; re-dispatch from %d",
-                        self.entries_dropped, phy_end, ts_limit, self.resume_offset)
+            log.log(logging.WARNING if self.entries_dropped else logging.INFO,
+                    "index: cut %d entries at commitlog offset %d / time %d; re-dispatch from %d",
+                    self.entries_dropped, phy_end, ts_limit, self.resume_offset)
             return
 
     def _publish(self):

@@ -172,7 +172,7 @@ def test_cq_entry_pointing_into_a_record_is_reported(tmp_path):
         assert [m.queue_offset for m in res.messages] == [0, 1, 3, 4]
         assert [p[0] for p in res.problems] == [2]
         assert res.next_offset == 5
-        assert s.recovery.consume_queue_bytes_truncated >= 2 * 20
+        assert s.recovery.consume_queue_bytes_truncated == (PER_FILE - 3) * 20   # from entry 3 to the file end
 
 
 def test_consumer_offsets_persisted_in_rocketmq_shape(tmp_path):
@@ -530,7 +530,8 @@ def test_mixed_batch_entries(tmp_path, per_file):
 def test_append_runs(tmp_path):
     """A batch's runs written in one pass: each run whose queue offsets go on one by one
     from its file's end is written there as far as the file has room; a run after a gap,
-    a duplicate or without a file gets nothing; bad arguments write nothing."""
+    a duplicate (by queue offset, or a message ending at or before the queue's last
+    entry's) or without a file gets nothing; bad arguments write nothing."""
     from rmqstore._segment import MappedSegment
     segs = [MappedSegment(tmp_path / f"f{k}", 0, 5 * _cq.ENTRY_SIZE, create=True) for k in range(4)]
     try:
@@ -540,16 +541,22 @@ def test_append_runs(tmp_path):
         qoff = np.array([0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 3, 4, 0, 1])
         runs = [segs[0], segs[1], None, segs[2], segs[3]]
         starts = np.array([0, 2, 10, 11, 13, 15])
+        ends = np.array([-1, 99 + 9, -1, -1, 98 + 8])
         before = [s.wrote_pos for s in segs]
         for bad in ([0, 2, 10, 11, 13, 16], [0, 2, 1, 11, 13, 15], [-1, 2, 10, 11, 13, 15]):
             with pytest.raises(OutOfRangeError):
-                _cq.append_runs(runs, phy, size, tags, qoff, np.array(bad))
+                _cq.append_runs(runs, ends, phy, size, tags, qoff, np.array(bad))
         with pytest.raises(InvalidArgumentError):
-            _cq.append_runs([segs[0], segs[0]], phy, size, tags, qoff, np.array([0, 1, 2]))
+            _cq.append_runs([segs[0], segs[0]], ends[:2], phy, size, tags, qoff, np.array([0, 1, 2]))
         with pytest.raises(InvalidArgumentError):
-            _cq.append_runs(runs, phy, size, tags, qoff, starts[:-1])
+            _cq.append_runs(runs, ends, phy, size, tags, qoff, starts[:-1])
+        with pytest.raises(InvalidArgumentError):
+            _cq.append_runs(runs, ends[:-1], phy, size, tags, qoff, starts)
+        # each run's first message ends at or before its queue's last one: dispatched already
+        assert _cq.append_runs(runs, np.array([1, 200 + 3, -1, 10**9, 10**9]), phy, size, tags, qoff,
+                               starts).tolist() == [0] * 5
         assert [s.wrote_pos for s in segs] == before
-        done = _cq.append_runs(runs, phy, size, tags, qoff, starts)
+        done = _cq.append_runs(runs, ends, phy, size, tags, qoff, starts)
         assert done.tolist() == [2, 4, 0, 0, 0]   # room for 4 of 8; no file; a gap (3 after 0); 0 after 1
         got = [[tuple(int(x) for x in e) for e in _cq.read_entries(s, 0, s.wrote_pos // _cq.ENTRY_SIZE)] for s in segs]
         assert got == [[(0, 1, 0), (100, 2, -1)], [(99, 9, 999), (200, 3, -2), (300, 4, -3), (400, 5, -4),

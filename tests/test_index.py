@@ -329,6 +329,37 @@ def test_keys_of_kept_entries_survive_a_crash_that_lost_later_entries(tmp_path):
         assert store.verify().ok
 
 
+def test_a_kill_between_slot_and_header_loses_no_key(tmp_path):
+    """The state a SIGKILL between put_entries' slot store and its header's leaves: the
+    last entry whole, its slot pointing at it, the header's count (and last offset and
+    time) one entry behind. The header looked consistent, so recovery kept the file as it
+    was; the re-dispatched message's entry took the slot as invalid (not below the count)
+    and dropped the chain behind it: keys of earlier messages of that slot were gone for
+    good. After a crash the newest file is always truncated, its slots rebuilt."""
+    slots, hdr = 4, 40
+    cfg = StoreConfig(index_slots=slots, index_entries=100, commitlog_file_size=1 << 16, warm_mapped_file=False)
+    root = tmp_path / "s"
+    with MessageStore(root, cfg) as store:
+        res = _put_keyed(store, [("T", f"k{i}", None, 0) for i in range(10)])
+    (path,) = index_files(root)
+    b = bytearray(open(path, "rb").read())
+    bts, count = struct.unpack_from(">q", b, 0)[0], struct.unpack_from(">i", b, 36)[0]
+    assert count == 11
+    _, phy9, td9, _ = struct.unpack_from(">iqii", b, hdr + slots * 4 + 9 * 20)
+    struct.pack_into(">q", b, 8, bts + td9 * 1000)
+    struct.pack_into(">q", b, 24, phy9)
+    struct.pack_into(">i", b, 36, 10)
+    open(path, "wb").write(bytes(b))
+    open(root / "abort", "wb").close()
+    with open(root / "checkpoint", "r+b") as f:   # keyless messages after them flushed the index checkpoint
+        f.seek(16)
+        f.write(struct.pack(">q", res[-1].store_timestamp + 5000))
+    with MessageStore(root, cfg) as store:
+        store.wait_dispatched(5)
+        for i in range(10):
+            assert [m.phy_offset for m in store.query_by_key("T", f"k{i}")] == [res[i].phy_offset], i
+
+
 def test_generate_uniq_key(tmp_path):
     cfg = StoreConfig(generate_uniq_key=True, warm_mapped_file=False, commitlog_file_size=1 << 16,
                       **SMALL_INDEX)

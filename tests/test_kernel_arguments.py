@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent("""
         (_cq.append_entry, (cq, 0, 1, 0)), (_cq.read_entries, (cq, 0, 1)), (_cq.valid_end, (cq, 0, 20)),
         (_cq.append_entries, (cq, i64, i32, i64, 0, 1)), (_cq.topic_ids, (b"t", i32, i32 + 1, {}, [])),
         (_cq.group_entries, (rows, np.zeros(len(rows), np.int32), np.zeros(1, np.uint8))),
-        (_cq.append_runs, ([cq], i64, i32, i64, i64, np.array([0, 1]))),
+        (_cq.append_runs, ([cq], i64, i64, i32, i64, i64, np.array([0, 1]))),
         (_index.read_header, (idx,)), (_index.key_hash, ("k",)), (_index.extract_keys, (raw, rows)),
         (_index.put_entries, (idx, 8, 8, i32, i64, i64, 0)), (_index.truncate_entries, (idx, 8, 8, 1 << 20, 1 << 62)),
         (_index.IndexFiles, ([(idx, 8, 8)],)), (_index.IndexFiles([]).query_messages, (segs, "t", "k")),

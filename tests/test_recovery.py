@@ -330,6 +330,53 @@ def test_a_consume_queue_entry_out_of_commitlog_order_is_cut_and_redispatched(tm
         assert s.verify().ok
 
 
+def test_records_whose_queue_offsets_run_ahead_are_dispatched_once(tmp_path):
+    """Records 5..9 of queue 0 carry queue offsets 15..19 (RocketMQ logs "logic queue
+    order maybe wrong" and appends such entries where the queue ends), and queue 1's
+    last entry is damaged, so recovery dispatches the segment again. Dispatch took an
+    entry as present by its queue offset alone and appended these five a second time,
+    out of commitlog order: the next open cut them and dispatched them again, on every
+    open. As RocketMQ's putMessagePositionInfo, a message ending at or before the queue's
+    last entry's is taken as dispatched."""
+    cfg = _cfg(commitlog_file_size=1 << 20)
+    with MessageStore(tmp_path, cfg) as s:
+        r0 = [s.put(Message(TOPIC, b"q0-%d" % i), queue_id=0) for i in range(10)]
+        r1 = [s.put(Message(TOPIC, b"q1-%d" % i), queue_id=1) for i in range(10)]
+    for i in range(5, 10):
+        _patch(tmp_path, r0[i].phy_offset + 20, struct.pack(">q", 10 + i), cfg)
+    qdir = tmp_path / "consumequeue" / TOPIC / "1"
+    with open(qdir / sorted(os.listdir(qdir))[-1], "r+b") as f:
+        f.seek((len(r1) - 1) % 8 * 20)
+        f.write(struct.pack(">q", r1[-3].phy_offset))
+    for attempt in range(3):
+        with MessageStore(tmp_path, cfg) as s:
+            assert (s.recovery.consume_queue_bytes_truncated > 0) == (attempt == 0)
+            for q in (0, 1):
+                got = [bytes(s.get_by_offset(int(e["phy_offset"])).body) for e in s.consume_queue_entries(TOPIC, q)]
+                assert got == [b"q%d-%d" % (q, i) for i in range(10)]
+
+
+def test_a_consume_queue_entry_running_past_the_log_is_cut(tmp_path):
+    """A clean store whose queue's last entry has a size running past the commitlog's
+    end (damage): recovery kept it, and no message of that queue could be dispatched
+    again (each ends before it: taken as dispatched). An entry whose message would end
+    past the log is cut, and its message dispatched again."""
+    cfg = _cfg()
+    res, bodies = _write(tmp_path, 60, cfg)
+    qdir = tmp_path / "consumequeue" / TOPIC / "0"
+    path = qdir / sorted(os.listdir(qdir))[-1]
+    last = (len(res[::2]) - 1) % 8
+    with open(path, "r+b") as f:
+        f.seek(last * 20 + 8)
+        f.write(struct.pack(">i", 1 << 30))
+    with MessageStore(tmp_path, cfg) as s:
+        assert s.recovery.records_redispatched > 0
+        _check_prefix(s, res, bodies, 60, cfg)
+        r = s.put(Message(TOPIC, b"after"), queue_id=0)
+        s.wait_dispatched()
+        assert s.get_messages(TOPIC, 0, r.queue_offset, 1).messages[0].body == b"after"
+
+
 def test_segment_boundary_recovery(tmp_path):
     """Torn first record of a newly rolled segment: the end is that segment's start."""
     cfg = _cfg(commitlog_file_size=4096)
