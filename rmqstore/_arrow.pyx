@@ -20,6 +20,7 @@ from rmqstore._layout cimport BORN_V6, STORE_V6
 from rmqstore._record cimport RecView, parse_record, status_of
 from rmqstore._columns cimport Extent, measure
 from rmqstore._columns import BATCH_FIELDS
+from rmqstore._copy cimport copy_short
 from rmqstore._segment cimport MappedSegment, pin, unpin
 from rmqstore._properties cimport check_offsets
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -142,7 +143,7 @@ cdef inline bint utf8_ok(const uint8_t *p, int64_t n) noexcept nogil:
 
 cdef inline void put(Str *s, int64_t i, const char *p, int64_t n) noexcept nogil:
     """Value ``i`` of ``s``: the ``n`` bytes at ``p``."""
-    memcpy(s.data + s.pos, p, n)
+    copy_short(s.data + s.pos, p, n)
     s.pos += n
     s.off[i + 1] = <int32_t>s.pos
     if s.valid != NULL:
@@ -212,7 +213,7 @@ cdef inline void put_host(Str *s, HostCache *c, int64_t i, const uint8_t *a, int
         memcpy(c.raw, a, alen)
         c.size = format_host(s.data + s.pos, a, alen, port)
     else:
-        memcpy(s.data + s.pos, s.data + c.at, c.size)
+        copy_short(s.data + s.pos, s.data + c.at, c.size)
     s.pos += c.size
     s.off[i + 1] = <int32_t>s.pos
 

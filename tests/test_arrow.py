@@ -144,6 +144,27 @@ def test_ipv6_hosts_and_msg_ids(tmp_path):
     assert got[-1]["keys"] is None and got[-1]["tags"] is None
 
 
+
+def test_values_of_every_short_length_and_mixed_record_sizes(tmp_path):
+    """Strings of 0 to 40 bytes in every string column (the builder copies short values
+    inline, in pieces by length) and records of mixed sizes (measure prefetches where a
+    header would be were the next records the size of this one)."""
+    rng = random.Random(16)
+    msgs = []
+    for n in range(41):
+        text = "".join(rng.choice("abcXYZ019é") for _ in range(n))
+        topic = "".join(rng.choice("abXY09_-") for _ in range(n))
+        msgs.append(Message(topic or "T", bytes(rng.randrange(256) for _ in range(n * n * 7)),
+                            tags=text or None, keys=[text] if n else None,
+                            properties={"p" * (n + 1): text or "v", "UNIQ_KEY": text or "u"}))
+    rng.shuffle(msgs)
+    with MessageStore(tmp_path / "s", StoreConfig(store_host="10.0.0.1:10911", **SMALL_INDEX)) as s:
+        for i in range(0, len(msgs), 7):
+            s.put_batch(msgs[i:i + 7])
+    got, batches = _arrow_rows(tmp_path / "s", batch_bytes=30000)
+    assert len(batches) > 1 and got == _rows_by_row_decoder(tmp_path / "s")
+    assert sorted(len(r["tags"] or "") for r in got) == list(range(41))
+
 # The child flips 60 seeded random bytes in each copy of a fixture segment (with CRCs
 # checked, some 30 corrupt regions a copy; bytes of topics and properties are hit too) and
 # checks that the Arrow kernel, skipping corrupt records, gives what to_arrow gives over the
