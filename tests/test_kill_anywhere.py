@@ -126,3 +126,56 @@ def test_clean_killed_anywhere(built, tmp_path):
         path = shutil.copytree(built, tmp_path / f"s{at}")
         assert _kill_at(path, "clean", at, "unlink") is None, at
         _check(path, suffix=True)
+
+
+SPARK_COMMIT = r"""
+import os, signal, sys
+import pyarrow as pa
+from rmqstore.spark.writer import StoreWriter
+out, at, job = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+calls = 0
+def killing(real):
+    def f(*a, **kw):
+        global calls
+        calls += 1
+        if calls == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*a, **kw)
+    return f
+w = StoreWriter(out, {"commitlogFileSize": "8192", "indexSlots": "16", "indexEntries": "64"}, True)
+rows = lambda p: pa.RecordBatch.from_pydict({"topic": ["T"] * 20, "body": [b"%s:%d:%d" % (job.encode(), p, i)
+                                                                          for i in range(20)]})
+msgs = [w.write(iter([rows(p)])) for p in range(3)]
+os.unlink, os.rmdir, os.replace, os.rename = map(killing, (os.unlink, os.rmdir, os.replace, os.rename))
+w.commit(msgs)
+print(calls)
+"""
+
+
+def _spark_commit(out, at, job):
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(rmqstore.__file__)))
+    p = subprocess.run([sys.executable, "-c", SPARK_COMMIT, str(out), str(at), job], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode in (0, -signal.SIGKILL), p.stderr
+    return int(p.stdout) if p.returncode == 0 else None
+
+
+def test_spark_overwrite_commit_killed_anywhere(tmp_path):
+    """The Spark writer's commit (mode overwrite) killed at each file removal or rename:
+    every part-* store there is whole (one job's 20 messages), and a ``_SUCCESS`` names
+    exactly the stores there. An earlier store was deleted in place (killed, it stayed
+    half there: a store of 0 messages), and the earlier job's ``_SUCCESS`` stood while
+    its stores went and the new ones came."""
+    pytest.importorskip("pyspark")
+    import json
+    _spark_commit(tmp_path / "old", 0, "old")
+    total = _spark_commit(shutil.copytree(tmp_path / "old", tmp_path / "full"), 0, "new")
+    for at in range(1, total, max(1, total // 8)):
+        out = shutil.copytree(tmp_path / "old", tmp_path / f"o{at}", symlinks=True)
+        assert _spark_commit(out, at, "new") is None
+        parts = sorted(d for d in os.listdir(out) if d.startswith("part-"))
+        for d in parts:
+            with MessageStore(out / d, read_only=True) as s:
+                assert [int(bytes(m.body).split(b":")[2]) for m in s.scan(check_crc=True)] == list(range(20)), (at, d)
+        if (out / "_SUCCESS").exists():
+            assert sorted(json.loads((out / "_SUCCESS").read_text())["stores"]) == parts, at

@@ -22,7 +22,7 @@ from rmqstore.checkpoint import Checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher, deliver_time
 from rmqstore.errors import InvalidArgumentError
-from rmqstore.files import lock_writer
+from rmqstore.files import lock_writer, remove_stale
 from rmqstore.index import IndexService
 from rmqstore.segments import segment_name
 from rmqstore.spark.partitioned import name_max, topic_dir
@@ -186,7 +186,8 @@ def export(spark, stores, out_dir: str | os.PathLike[str], mode: str = "fail", c
         _refuse_long_topics(os.listdir(cq) if os.path.isdir(cq) else (), longest)
     scan = Scan({"paths": json.dumps(stores), "mode": mode})
     parts = _export_parts(stores, _tasks(spark), SORTED_SPLIT_MAX if sort_by else EXPORT_SPLIT[1])
-    if os.path.isdir(out_dir):
+    if os.path.isdir(out_dir):   # _SUCCESS first: killed part way, no marker stands over half the files
+        remove_stale(os.path.join(out_dir, "_SUCCESS"))
         shutil.rmtree(out_dir)
     os.makedirs(out_dir)
     done = spark.sparkContext.parallelize(list(enumerate(parts)), max(1, len(parts))) \
