@@ -24,6 +24,7 @@ of these fields, see ``put_arrow``); the columns a store assigns (``store``,
 here), ``flushIntervalMs`` (100 here) and ``backgroundDispatch`` (false here; see
 ``store_config``).
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -159,24 +160,30 @@ def replace_parts(path):
     return stores
 
 
-def remove_stores(paths, mode, trash):
-    """Remove the stores ``paths`` once every one of them is locked as a writer locks it:
-    when a writer or a broker has one open (StoreLockedError), none is removed. Each is
-    first renamed into the directory ``trash`` (on the same file system), so a kill while
-    one is deleted leaves none half there."""
+@contextlib.contextmanager
+def locked(paths, mode):
+    """Hold the stores ``paths`` locked as a writer locks them: when a writer or a broker has
+    one open (StoreLockedError), none is locked and the block does not run."""
     fds = []
     try:
         for p in paths:
             fds.append(lock_writer(p, mode))
-        gone = [os.path.join(trash, os.path.basename(p)) for p in paths]
-        os.makedirs(trash, exist_ok=True)
-        for p, g in zip(paths, gone, strict=True):
-            os.rename(p, g)
-        for g in gone:
-            shutil.rmtree(g)
+        yield
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def remove_stores(paths, trash):
+    """Remove the (locked) stores ``paths``, each first renamed into the directory
+    ``trash`` (on the same file system), so a kill while one is deleted leaves none half
+    there."""
+    gone = [os.path.join(trash, os.path.basename(p)) for p in paths]
+    os.makedirs(trash, exist_ok=True)
+    for p, g in zip(paths, gone, strict=True):
+        os.rename(p, g)
+    for g in gone:
+        shutil.rmtree(g)
 
 
 class StoreWriter(DataSourceArrowWriter):
@@ -208,9 +215,10 @@ class StoreWriter(DataSourceArrowWriter):
         """Remove ``_SUCCESS``, then (overwrite) the earlier stores, move the new ones in and
         write ``_SUCCESS`` anew (atomically): killed part way, the directory never holds a
         ``_SUCCESS`` naming other stores than it holds."""
-        remove_stale(os.path.join(self.path, SUCCESS))
-        if self.overwrite:
-            remove_stores(replace_parts(self.path), self.config.file_mode, os.path.join(self.temp, "replaced"))
+        old = replace_parts(self.path) if self.overwrite else []
+        with locked(old, self.config.file_mode):
+            remove_stale(os.path.join(self.path, SUCCESS))
+            remove_stores(old, os.path.join(self.temp, "replaced"))
         written = {}
         for m in messages:
             if m is not None and m.messages:
