@@ -179,3 +179,23 @@ def test_spark_overwrite_commit_killed_anywhere(tmp_path):
                 assert [int(bytes(m.body).split(b":")[2]) for m in s.scan(check_crc=True)] == list(range(20)), (at, d)
         if (out / "_SUCCESS").exists():
             assert sorted(json.loads((out / "_SUCCESS").read_text())["stores"]) == parts, at
+
+
+def test_spark_rebuild_into_the_store_stopped_part_way(built, tmp_path, monkeypatch):
+    """jobs.rebuild into the store itself (its consumequeue/ and index/ removed first)
+    stopped after writing some queues (a stand-in for the kill: the job's work raises
+    half done): the store had no abort file and a checkpoint counting the old queues
+    durable, so the next open took the queues written for all (TB's never came back)."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark import jobs
+    path = shutil.copytree(built, tmp_path / "s")
+    shutil.rmtree(path / "consumequeue")
+    shutil.rmtree(path / "index")
+
+    def half(spark, store, out_dir, cfg, t0):
+        shutil.copytree(built / "consumequeue" / "TA", path / "consumequeue" / "TA")
+        raise RuntimeError("killed")
+    monkeypatch.setattr(jobs, "_rebuild", half)
+    with pytest.raises(RuntimeError):
+        jobs.rebuild(None, str(path), config=StoreConfig(**CFG))
+    _check(path)

@@ -75,18 +75,12 @@ def remove_logics(root: str, checkpoint: Checkpoint) -> None:
     their place is removed itself (a link's target is never touched). StoreIOError when
     something cannot be removed.
 
-    A rebuild killed part way must leave no set of files that looks whole: the checkpoint's
-    logics and index times go to 0 and ``abort`` is made first, so the next open recovers
-    as after a crash from the first segment and dispatches everything again; and each
-    directory's files go newest first, so what is left of a queue or an index is a prefix
-    that dispatch continues (removed in listing order, a queue kept its newer files
-    without its first ones, or a whole topic was gone while the others stood, and a clean
-    open dispatched neither again)."""
-    checkpoint.logics_msg_timestamp = checkpoint.index_msg_timestamp = 0
-    checkpoint.flush()
-    abort = os.path.join(root, "abort")
-    if not check_replaceable(abort):
-        create_new(abort, str(os.getpid()).encode(), checkpoint.file_mode)
+    A rebuild killed part way must leave no set of files that looks whole: they are
+    marked lost first (mark_logics_lost), and each directory's files go newest first, so
+    what is left of a queue or an index is a prefix that dispatch continues (removed in
+    listing order, a queue kept its newer files without its first ones, or a whole topic
+    was gone while the others stood, and a clean open dispatched neither again)."""
+    mark_logics_lost(root, checkpoint)
     for name in LOGICS:
         path = os.path.join(root, name)
         try:
@@ -96,6 +90,20 @@ def remove_logics(root: str, checkpoint: Checkpoint) -> None:
                 os.unlink(path)
         except OSError as e:
             raise_errno(e.errno or errno.EIO, e.filename or path, "remove for rebuild")
+
+
+def mark_logics_lost(root: str, checkpoint: Checkpoint) -> bool:
+    """Before consume queues and index files are removed or written anew: set the
+    checkpoint's logics and index times to 0 and make ``abort``, so an open after a kill
+    meanwhile recovers as after a crash, from the first segment, and dispatches everything
+    again. Returns whether ``abort`` was there already."""
+    checkpoint.logics_msg_timestamp = checkpoint.index_msg_timestamp = 0
+    checkpoint.flush()
+    abort = os.path.join(root, "abort")
+    if check_replaceable(abort):
+        return True
+    create_new(abort, str(os.getpid()).encode(), checkpoint.file_mode)
+    return False
 
 
 def _remove_tree(path: str) -> None:
