@@ -91,7 +91,8 @@ class SegmentQueue(SegmentList):
     def load(self):
         """Map every existing segment (read-write unless read-only). Positions start at
         the full size; recovery sets the real ones. Read-only, files a live writer removes
-        or is still creating at either end are left out: the rest is a consistent run."""
+        (retention oldest first; close, the newest; a rebuild, newest first) or is still
+        creating are left out: the rest is a consistent run."""
         segs = []
         files = list_segment_files(self.directory)
         try:
@@ -99,11 +100,14 @@ class SegmentQueue(SegmentList):
                 try:
                     seg = self._load_one(offset, path, path == files[-1][1], segs)
                 except OSError as e:
-                    if e.errno == errno.ENOENT and self.readonly and (not segs or path == files[-1][1]):
-                        continue   # a live writer's retention or close removed it since listing
-                    raise
-                if seg is not None:
-                    segs.append(seg)
+                    if e.errno != errno.ENOENT or not self.readonly:
+                        raise
+                    if segs:   # removed since listing by a live writer's close (the newest) or rebuild
+                        break   # (newest first, so the rest is gone too): what was read is a run
+                    continue   # ... or its retention (oldest first)
+                if seg is None:   # being created: what a writer makes after it is not there yet
+                    break
+                segs.append(seg)
         except BaseException:
             for s in segs:
                 s.close()
@@ -113,8 +117,10 @@ class SegmentQueue(SegmentList):
 
     def _load_one(self, offset, path, newest, segs):
         size = file_size(path)
-        if size < self.file_size and newest and only_zeros(path):
-            # being created by a live writer, or killed between creating it and reserving its blocks
+        if size < self.file_size and (newest or self.readonly) and (
+                only_zeros(path) or self.readonly and file_size(path) != size):
+            # being created (zeros, or growing under us) by a live writer (a rebuild's,
+            # read-only: any one it lists), or killed between creating it and reserving its blocks
             if not self.readonly:
                 os.unlink(path)
             self.dropped = True

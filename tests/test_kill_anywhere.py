@@ -199,3 +199,31 @@ def test_spark_rebuild_into_the_store_stopped_part_way(built, tmp_path, monkeypa
     with pytest.raises(RuntimeError):
         jobs.rebuild(None, str(path), config=StoreConfig(**CFG))
     _check(path)
+
+
+@pytest.mark.parametrize("gone", ["removed", "recreated"])
+def test_read_only_open_beside_a_rebuild(built, tmp_path, monkeypatch, gone):
+    """A read-only open while a live writer's rebuild removes a queue's files (newest
+    first) and makes them again: files it listed are gone, or there again empty, before
+    it opens them. It raised DerivedFileError (a file missing in the middle, or "0 bytes,
+    expected 160"); it now reads the run of files before them (queue entries that are a
+    prefix of the queue's messages)."""
+    from rmqstore import segments
+    path = shutil.copytree(built, tmp_path / "s")
+    real = segments.list_segment_files
+    queue = str(path / "consumequeue" / "TA" / "0")
+
+    def listing(directory):
+        files = real(directory)
+        if directory == queue:
+            os.unlink(files[-1][1])
+            if gone == "removed":
+                os.unlink(files[-2][1])
+            else:
+                os.truncate(files[-2][1], 0)
+        return files
+    monkeypatch.setattr(segments, "list_segment_files", listing)
+    with MessageStore(path, StoreConfig(**CFG), read_only=True) as s:
+        want = [(m.phy_offset, m.store_size) for m in s.scan() if (m.topic, m.queue_id) == ("TA", 0)]
+        got = [(int(e["phy_offset"]), int(e["size"])) for e in s.consume_queue_entries("TA", 0)]
+    assert 0 < len(got) < len(want) and got == want[:len(got)]
