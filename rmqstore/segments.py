@@ -263,24 +263,21 @@ class SegmentQueue(SegmentList):
         return self.flushed_where != before
 
     def truncate(self, offset):
-        """Drop everything at and after ``offset``: later files are deleted, the one holding
-        it gets its tail zero-filled (when anything but zeros is there). Returns the bytes
-        of old data discarded (0 when only unwritten space followed)."""
-        dropped = 0
-        keep = []
-        for seg in self.segments:
-            doomed = self._bytes_after(seg, offset)
-            dropped += doomed
-            if self._wholly_after(seg, offset):
-                self._delete(seg)
-                continue
+        """Drop everything at and after ``offset``: later files are deleted, newest first (a
+        kill meanwhile leaves a run of files, not one with a gap that no open accepts), then
+        the one holding it gets its tail zero-filled (when anything but zeros is there).
+        Returns the bytes of old data discarded (0 when only unwritten space followed)."""
+        dropped = sum(self._bytes_after(seg, offset) for seg in self.segments)
+        keep = [seg for seg in self.segments if not self._wholly_after(seg, offset)]
+        for seg in reversed(self.segments[len(keep):]):
+            self._delete(seg)
+        for seg in keep:
             pos = offset - seg.base_offset
             if pos < seg.size:
-                if doomed and not self.readonly:
+                if not self.readonly and self._bytes_after(seg, offset):
                     seg.zero(pos, seg.size - pos)
                     seg.sync_all()
                 seg.wrote_pos = seg.flushed_pos = pos
-            keep.append(seg)
         self._publish(keep)
         self.flushed_where = min(self.flushed_where, offset)
         return dropped
