@@ -254,3 +254,27 @@ def test_repair_killed_anywhere(built, tmp_path):
             for t in TOPICS:
                 assert [int(e["phy_offset"]) for e in s.consume_queue_entries(t, 0)] == \
                     [m.phy_offset for m in msgs if (m.topic, m.queue_id) == (t, 0)], at
+
+
+def test_export_over_an_earlier_one_stopped_while_deleting_it(built, tmp_path, monkeypatch):
+    """jobs.export replacing an earlier export, killed while it deleted the earlier files
+    (a stand-in: the deletion stops after one file): the earlier ``_SUCCESS`` stood over
+    what was left of them. It now goes first."""
+    pytest.importorskip("pyspark")
+    from types import SimpleNamespace
+
+    from rmqstore.spark import jobs
+    out = tmp_path / "out"
+    day = out / "topic=TA" / "date=2026-01-01"
+    day.mkdir(parents=True)
+    for n in range(3):
+        (day / f"part-00000-{n}.parquet").write_bytes(b"x")
+    (out / "_SUCCESS").write_bytes(b"")
+
+    def killed(path, *a, **kw):
+        os.unlink(day / "part-00000-0.parquet")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(jobs.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        jobs.export(SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=1)), [str(built)], str(out))
+    assert not (out / "_SUCCESS").exists()
