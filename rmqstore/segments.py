@@ -96,9 +96,9 @@ class SegmentQueue(SegmentList):
         segs = []
         files = list_segment_files(self.directory)
         try:
-            for offset, path in files:
+            for k, (offset, path) in enumerate(files):
                 try:
-                    seg = self._load_one(offset, path, path == files[-1][1], segs)
+                    seg = self._load_one(offset, path, files[k + 1:], segs)
                 except OSError as e:
                     if e.errno != errno.ENOENT or not self.readonly:
                         raise
@@ -115,12 +115,18 @@ class SegmentQueue(SegmentList):
         self._publish(segs)
         return self
 
-    def _load_one(self, offset, path, newest, segs):
+    def _being_made(self, path, size, later):
+        """Whether the short file ``path`` is one a writer is creating, or a kill cut while it
+        created it (before it reserved its blocks): the newest, holding only zeros; read-only
+        also the last one still there (a live rebuild makes files again once it removed
+        them all) or one growing under us."""
+        if later and (not self.readonly or any(os.path.lexists(p) for _, p in later)):
+            return False
+        return only_zeros(path) or self.readonly and file_size(path) != size
+
+    def _load_one(self, offset, path, later, segs):
         size = file_size(path)
-        if size < self.file_size and (newest or self.readonly) and (
-                only_zeros(path) or self.readonly and file_size(path) != size):
-            # being created (zeros, or growing under us) by a live writer (a rebuild's,
-            # read-only: any one it lists), or killed between creating it and reserving its blocks
+        if size < self.file_size and self._being_made(path, size, later):
             if not self.readonly:
                 os.unlink(path)
             self.dropped = True
