@@ -10,7 +10,7 @@ import time
 import rmqstore._index as _index
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
-from rmqstore.files import file_size, list_dir, make_dirs, only_zeros
+from rmqstore.files import file_size, list_dir, make_dirs
 
 log = logging.getLogger(__name__)
 LONG_MAX = (1 << 63) - 1
@@ -131,9 +131,8 @@ class IndexService:
                 seg = MappedSegment(path, 0, _index.file_size(slots, entries), readonly=self.readonly,
                                     ahead=cfg.logics_reserve_ahead())
             except (OSError, CorruptStoreError) as e:
-                if name == names[-1] and isinstance(e, CorruptStoreError) and only_zeros(path):
-                    if not self.readonly:   # a kill between creating it and sizing it: nothing in it
-                        os.unlink(path)
+                if not self.readonly and name == names[-1] and isinstance(e, CorruptStoreError) and not file_size(path):
+                    os.unlink(path)   # a kill between creating it and sizing it (ftruncate): nothing in it
                     continue
                 if self.readonly and _being_changed(e, path, name == names[-1]):
                     continue   # a live writer's retention removed it, or it is creating it
