@@ -340,14 +340,17 @@ class ConsumeQueue:
         return len(doomed)
 
     def correct_min_offset(self, phy_min: int) -> None:
-        """RocketMQ correctMinOffset: the first entry whose message is still in the commitlog."""
-        seg = self.segments.segments[0] if self.segments.segments else None
-        if seg is None:
-            return
-        arr = _cq.read_entries(seg, 0, seg.wrote_pos // ENTRY)
-        ok = np.nonzero((arr["phy_offset"] >= phy_min) & (arr["size"] != HOLE_SIZE))[0]
-        idx = int(ok[0]) if len(ok) else len(arr)
-        self.min_logic_offset = max(self.min_logic_offset, seg.base_offset + idx * ENTRY)
+        """RocketMQ correctMinOffset: the first entry whose message is still in the commitlog,
+        past whole files of entries below it (retention killed between deleting commitlog
+        segments and deleting their queue files leaves them: looking at the first file only,
+        the queue began inside the second, at entries pointing into deleted segments)."""
+        for seg in self.segments.segments:
+            arr = _cq.read_entries(seg, 0, seg.wrote_pos // ENTRY)
+            ok = np.nonzero((arr["phy_offset"] >= phy_min) & (arr["size"] != HOLE_SIZE))[0]
+            idx = int(ok[0]) if len(ok) else len(arr)
+            self.min_logic_offset = max(self.min_logic_offset, seg.base_offset + idx * ENTRY)
+            if len(ok):
+                return
 
     def close(self) -> None:
         self.segments.close()

@@ -131,6 +131,9 @@ class IndexService:
                 seg = MappedSegment(path, 0, _index.file_size(slots, entries), readonly=self.readonly,
                                     ahead=cfg.logics_reserve_ahead())
             except (OSError, CorruptStoreError) as e:
+                if not self.readonly and name == names[-1] and isinstance(e, CorruptStoreError) and not file_size(path):
+                    os.unlink(path)   # a kill between creating it and sizing it (ftruncate): nothing in it
+                    continue
                 if self.readonly and _being_changed(e, path, name == names[-1]):
                     continue   # a live writer's retention removed it, or it is creating it
                 raise

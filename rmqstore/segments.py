@@ -91,19 +91,23 @@ class SegmentQueue(SegmentList):
     def load(self):
         """Map every existing segment (read-write unless read-only). Positions start at
         the full size; recovery sets the real ones. Read-only, files a live writer removes
-        or is still creating at either end are left out: the rest is a consistent run."""
+        (retention oldest first; close, the newest; a rebuild, newest first) or is still
+        creating are left out: the rest is a consistent run."""
         segs = []
         files = list_segment_files(self.directory)
         try:
-            for offset, path in files:
+            for k, (offset, path) in enumerate(files):
                 try:
-                    seg = self._load_one(offset, path, path == files[-1][1], segs)
+                    seg = self._load_one(offset, path, files[k + 1:], segs)
                 except OSError as e:
-                    if e.errno == errno.ENOENT and self.readonly and (not segs or path == files[-1][1]):
-                        continue   # a live writer's retention or close removed it since listing
-                    raise
-                if seg is not None:
-                    segs.append(seg)
+                    if e.errno != errno.ENOENT or not self.readonly:
+                        raise
+                    if segs:   # removed since listing by a live writer's close (the newest) or rebuild
+                        break   # (newest first, so the rest is gone too): what was read is a run
+                    continue   # ... or its retention (oldest first)
+                if seg is None:   # being created: what a writer makes after it is not there yet
+                    break
+                segs.append(seg)
         except BaseException:
             for s in segs:
                 s.close()
@@ -111,10 +115,18 @@ class SegmentQueue(SegmentList):
         self._publish(segs)
         return self
 
-    def _load_one(self, offset, path, newest, segs):
+    def _being_made(self, path, size, later):
+        """Whether the short file ``path`` is one a writer is creating, or a kill cut while it
+        created it (before it reserved its blocks): the newest, holding only zeros; read-only
+        also the last one still there (a live rebuild makes files again once it removed
+        them all) or one growing under us."""
+        if later and (not self.readonly or any(os.path.lexists(p) for _, p in later)):
+            return False
+        return only_zeros(path) or self.readonly and file_size(path) != size
+
+    def _load_one(self, offset, path, later, segs):
         size = file_size(path)
-        if size < self.file_size and newest and only_zeros(path):
-            # being created by a live writer, or killed between creating it and reserving its blocks
+        if size < self.file_size and self._being_made(path, size, later):
             if not self.readonly:
                 os.unlink(path)
             self.dropped = True
@@ -257,24 +269,21 @@ class SegmentQueue(SegmentList):
         return self.flushed_where != before
 
     def truncate(self, offset):
-        """Drop everything at and after ``offset``: later files are deleted, the one holding
-        it gets its tail zero-filled (when anything but zeros is there). Returns the bytes
-        of old data discarded (0 when only unwritten space followed)."""
-        dropped = 0
-        keep = []
-        for seg in self.segments:
-            doomed = self._bytes_after(seg, offset)
-            dropped += doomed
-            if self._wholly_after(seg, offset):
-                self._delete(seg)
-                continue
+        """Drop everything at and after ``offset``: later files are deleted, newest first (a
+        kill meanwhile leaves a run of files, not one with a gap that no open accepts), then
+        the one holding it gets its tail zero-filled (when anything but zeros is there).
+        Returns the bytes of old data discarded (0 when only unwritten space followed)."""
+        dropped = sum(self._bytes_after(seg, offset) for seg in self.segments)
+        keep = [seg for seg in self.segments if not self._wholly_after(seg, offset)]
+        for seg in reversed(self.segments[len(keep):]):
+            self._delete(seg)
+        for seg in keep:
             pos = offset - seg.base_offset
             if pos < seg.size:
-                if doomed and not self.readonly:
+                if not self.readonly and self._bytes_after(seg, offset):
                     seg.zero(pos, seg.size - pos)
                     seg.sync_all()
                 seg.wrote_pos = seg.flushed_pos = pos
-            keep.append(seg)
         self._publish(keep)
         self.flushed_where = min(self.flushed_where, offset)
         return dropped

@@ -246,7 +246,7 @@ class MessageStore:
                                                 cfg.check_crc_on_recover, cfg.message_index_enable, progress,
                                                 may_cut, referenced)
         if rebuild and not self.read_only:
-            remove_logics(self.path)
+            remove_logics(self.path, self.checkpoint)
         end = self.commitlog.max_offset
         damaged = end   # dispatch again from where the first damaged consume queue now ends
         for key, cq in self.consume_queues.queues.items():   # read-only: positions only, files untouched

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from rmqstore.consume_queue import ConsumeQueueTable
@@ -27,7 +26,7 @@ from rmqstore.errors import (
     StoreIOError,
     raise_errno,
 )
-from rmqstore.files import file_size, list_dir
+from rmqstore.files import check_replaceable, create_new, file_size, list_dir
 from rmqstore.index import IndexService, detect_geometry
 
 if TYPE_CHECKING:
@@ -71,19 +70,49 @@ def keep_index_geometry(root: str, config: StoreConfig) -> StoreConfig:
     return config
 
 
-def remove_logics(root: str) -> None:
+def remove_logics(root: str, checkpoint: Checkpoint) -> None:
     """Remove ``consumequeue/`` and ``index/`` whatever they hold; a file, FIFO or link in
     their place is removed itself (a link's target is never touched). StoreIOError when
-    something cannot be removed."""
+    something cannot be removed.
+
+    A rebuild killed part way must leave no set of files that looks whole: they are
+    marked lost first (mark_logics_lost), and each directory's files go newest first, so
+    what is left of a queue or an index is a prefix that dispatch continues (removed in
+    listing order, a queue kept its newer files without its first ones, or a whole topic
+    was gone while the others stood, and a clean open dispatched neither again)."""
+    mark_logics_lost(root, checkpoint)
     for name in LOGICS:
         path = os.path.join(root, name)
         try:
             if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)   # links inside are unlinked, not followed
+                _remove_tree(path)
             elif os.path.lexists(path):
                 os.unlink(path)
         except OSError as e:
             raise_errno(e.errno or errno.EIO, e.filename or path, "remove for rebuild")
+
+
+def mark_logics_lost(root: str, checkpoint: Checkpoint) -> bool:
+    """Before consume queues and index files are removed or written anew: set the
+    checkpoint's logics and index times to 0 and make ``abort``, so an open after a kill
+    meanwhile recovers as after a crash, from the first segment, and dispatches everything
+    again. Returns whether ``abort`` was there already."""
+    checkpoint.logics_msg_timestamp = checkpoint.index_msg_timestamp = 0
+    checkpoint.flush()
+    abort = os.path.join(root, "abort")
+    if check_replaceable(abort):
+        return True
+    create_new(abort, str(os.getpid()).encode(), checkpoint.file_mode)
+    return False
+
+
+def _remove_tree(path: str) -> None:
+    """shutil.rmtree, but each directory's files newest (highest name) first; links inside
+    are unlinked, not followed."""
+    for where, dirs, files in os.walk(path, topdown=False):
+        for name in sorted(files, reverse=True) + [d for d in dirs if os.path.islink(os.path.join(where, d))]:
+            os.unlink(os.path.join(where, name))
+        os.rmdir(where)
 
 
 def fresh_logics(root: str, config: StoreConfig, commitlog: CommitLog, checkpoint: Checkpoint,
@@ -97,7 +126,7 @@ def fresh_logics(root: str, config: StoreConfig, commitlog: CommitLog, checkpoin
     if index is not None:
         index.close()
     consume_queues.close()
-    remove_logics(root)
+    remove_logics(root, checkpoint)
     table = ConsumeQueueTable.of_store(root, cfg)
     if index is not None:
         index = IndexService(root, cfg, checkpoint).load(True, commitlog.max_offset)

@@ -22,8 +22,9 @@ from rmqstore.checkpoint import Checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher, deliver_time
 from rmqstore.errors import InvalidArgumentError
-from rmqstore.files import lock_writer
+from rmqstore.files import lock_writer, remove_stale
 from rmqstore.index import IndexService
+from rmqstore.maintenance.rebuild import mark_logics_lost
 from rmqstore.segments import segment_name
 from rmqstore.spark.partitioned import name_max, topic_dir
 from rmqstore.spark.source import NAME, Scan, enclosing_store, epoch_ms, find_stores, plan, store_paths
@@ -186,7 +187,8 @@ def export(spark, stores, out_dir: str | os.PathLike[str], mode: str = "fail", c
         _refuse_long_topics(os.listdir(cq) if os.path.isdir(cq) else (), longest)
     scan = Scan({"paths": json.dumps(stores), "mode": mode})
     parts = _export_parts(stores, _tasks(spark), SORTED_SPLIT_MAX if sort_by else EXPORT_SPLIT[1])
-    if os.path.isdir(out_dir):
+    if os.path.isdir(out_dir):   # _SUCCESS first: killed part way, no marker stands over half the files
+        remove_stale(os.path.join(out_dir, "_SUCCESS"))
         shutil.rmtree(out_dir)
     os.makedirs(out_dir)
     done = spark.sparkContext.parallelize(list(enumerate(parts)), max(1, len(parts))) \
@@ -394,7 +396,14 @@ def rebuild(spark, store, out_dir: str | os.PathLike[str] | None = None, config:
             raise InvalidArgumentError(f"{d}: not empty; rebuild writes into a new directory")
     lock = lock_writer(store, cfg.file_mode) if around else None   # no broker or writer on it meanwhile
     try:
-        return _rebuild(spark, store, out_dir, cfg, t0)
+        if lock is None:
+            return _rebuild(spark, store, out_dir, cfg, t0)
+        # killed part way, the queues written so far are not taken for all (see remove_logics)
+        crashed = mark_logics_lost(store, Checkpoint(os.path.join(store, "checkpoint"), cfg.file_mode).load())
+        out = _rebuild(spark, store, out_dir, cfg, t0)
+        if not crashed:
+            os.unlink(os.path.join(store, "abort"))
+        return out
     finally:
         if lock is not None:
             os.close(lock)

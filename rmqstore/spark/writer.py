@@ -24,6 +24,7 @@ of these fields, see ``put_arrow``); the columns a store assigns (``store``,
 here), ``flushIntervalMs`` (100 here) and ``backgroundDispatch`` (false here; see
 ``store_config``).
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -36,7 +37,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from rmqstore import MessageStore, StoreConfig
 from rmqstore.arguments import decimal_int, path_arg
 from rmqstore.errors import InvalidArgumentError
-from rmqstore.files import lock_writer
+from rmqstore.files import lock_writer, remove_stale, write_atomic
 from rmqstore.spark.source import check_options, enclosing_store
 
 REQUIRED = ("topic", "body")
@@ -159,18 +160,30 @@ def replace_parts(path):
     return stores
 
 
-def remove_stores(paths, mode):
-    """Remove the stores ``paths`` once every one of them is locked as a writer locks it:
-    when a writer or a broker has one open (StoreLockedError), none is removed."""
+@contextlib.contextmanager
+def locked(paths, mode):
+    """Hold the stores ``paths`` locked as a writer locks them: when a writer or a broker has
+    one open (StoreLockedError), none is locked and the block does not run."""
     fds = []
     try:
         for p in paths:
             fds.append(lock_writer(p, mode))
-        for p in paths:
-            shutil.rmtree(p)
+        yield
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def remove_stores(paths, trash):
+    """Remove the (locked) stores ``paths``, each first renamed into the directory
+    ``trash`` (on the same file system), so a kill while one is deleted leaves none half
+    there."""
+    gone = [os.path.join(trash, os.path.basename(p)) for p in paths]
+    os.makedirs(trash, exist_ok=True)
+    for p, g in zip(paths, gone, strict=True):
+        os.rename(p, g)
+    for g in gone:
+        shutil.rmtree(g)
 
 
 class StoreWriter(DataSourceArrowWriter):
@@ -199,15 +212,19 @@ class StoreWriter(DataSourceArrowWriter):
         return Written(path, *write_store(path, self.config, iterator))
 
     def commit(self, messages):
-        if self.overwrite:
-            remove_stores(replace_parts(self.path), self.config.file_mode)
+        """Remove ``_SUCCESS``, then (overwrite) the earlier stores, move the new ones in and
+        write ``_SUCCESS`` anew (atomically): killed part way, the directory never holds a
+        ``_SUCCESS`` naming other stores than it holds."""
+        old = replace_parts(self.path) if self.overwrite else []
+        with locked(old, self.config.file_mode):
+            remove_stale(os.path.join(self.path, SUCCESS))
+            remove_stores(old, os.path.join(self.temp, "replaced"))
         written = {}
         for m in messages:
             if m is not None and m.messages:
                 os.replace(m.store, os.path.join(self.path, os.path.basename(m.store)))
                 written[os.path.basename(m.store)] = [m.messages, m.nbytes]
-        with open(os.path.join(self.path, SUCCESS), "w") as f:
-            json.dump({"stores": written}, f)
+        write_atomic(os.path.join(self.path, SUCCESS), json.dumps({"stores": written}).encode(), self.config.file_mode)
         self._clean()
 
     def abort(self, messages):
