@@ -93,15 +93,17 @@ class ConsumeQueue:
         self.min_logic_offset = self.segments.min_offset
         return cut
 
-    def truncate_dirty(self, phy_offset: int) -> int:
+    def truncate_dirty(self, phy_offset: int) -> tuple[int, bool]:
         """Remove entries whose message ends after ``phy_offset`` (the recovered commitlog
-        end): one starting at or after it, or a damaged one whose size runs past it."""
+        end): one starting at or after it (a crash's tail), or a damaged one whose size runs
+        past it. Returns the bytes cut, and whether the first entry cut was such a damaged
+        one (its message is in the log: to be dispatched again)."""
         segs = self.segments.segments
         if not segs:
-            return 0
+            return 0, False
         end = self.max_logic_offset_bytes
         lo, hi = self.min_logic_offset // ENTRY, end // ENTRY
-        # entries are in commitlog order: binary search the first one >= phy_offset
+        # entries are in commitlog order: binary search the first one ending past phy_offset
         while lo < hi:
             mid = (lo + hi) // 2
             e = self.entry(mid)
@@ -110,7 +112,8 @@ class ConsumeQueue:
             else:
                 lo = mid + 1
         if lo * ENTRY >= end:
-            return 0
+            return 0, False
+        first = self.entry(lo)
         cut = self.segments.truncate(lo * ENTRY)
         self.max_physic_offset = -1
         for i in range(lo - 1, max(self.min_logic_offset // ENTRY, lo - 64) - 1, -1):
@@ -118,7 +121,7 @@ class ConsumeQueue:
             if e is not None and e[1] != HOLE_SIZE:
                 self.max_physic_offset = e[0] + e[1]
                 break
-        return cut
+        return cut, first is not None and first[0] < phy_offset
 
     # -- positions ------------------------------------------------------------------------
     @property

@@ -251,10 +251,10 @@ class MessageStore:
         damaged = end   # dispatch again from where the first damaged consume queue now ends
         for key, cq in self.consume_queues.queues.items():   # read-only: positions only, files untouched
             cut = cq.recover(valid[key])
-            cut += cq.truncate_dirty(end)
-            rep.consume_queue_bytes_truncated += cut
+            tail, inside = cq.truncate_dirty(end)
+            rep.consume_queue_bytes_truncated += cut + tail
             cq.correct_min_offset(self.commitlog.min_offset)
-            if cut or cq.segments.dropped:   # entries lost to a crash, to damage or to a torn write
+            if cut or inside or cq.segments.dropped:   # entries lost to damage (or a torn write)
                 # from the start of the segment its last entry's message ends in: a record
                 # starts there, even if that entry is damaged too (dispatching what the
                 # queues hold again skips it)
