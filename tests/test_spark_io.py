@@ -546,3 +546,44 @@ def test_query_names_its_own_time_argument(name):
     from rmqstore.spark import jobs
     with pytest.raises(InvalidArgumentError, match=f"^query: {name}: not a time"):
         jobs.query(None, ["/nonexistent"], **{name: "yesterday"})
+
+
+def test_python_writers_get_arrow_batches_bounded_by_rows_not_bytes(spark, tmp_path):
+    """session() lifts Spark's 64 MB limit on the Arrow batches a Python writer is sent
+    (rmqstore.spark.DEFAULTS): 72 MB of rows arrive as one batch, under maxRecordsPerBatch;
+    a byte limit given back splits them."""
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class Recorder(DataSourceArrowWriter):
+        def __init__(self, log):
+            self.log = log
+
+        def write(self, iterator):
+            with open(self.log, "a") as f:
+                f.writelines(f"{rb.num_rows}\n" for rb in iterator)
+            return WriterCommitMessage()
+
+    class RecordingSink(DataSource):
+        @classmethod
+        def name(cls):
+            return "rmq_test_batch_recorder"
+
+        def writer(self, schema, overwrite):
+            return Recorder(self.options["path"])
+
+    def batches(log, **conf):
+        before = {k: spark.conf.get(k) for k in conf}
+        try:
+            for k, v in conf.items():
+                spark.conf.set(k, v)
+            spark.range(0, 2400, numPartitions=1).selectExpr("repeat('x', 30000) AS s") \
+                .write.format("rmq_test_batch_recorder").mode("append").save(str(tmp_path / log))
+        finally:
+            for k, v in before.items():
+                spark.conf.set(k, v)
+        with open(tmp_path / log) as f:
+            return [int(n) for n in f]
+    spark.dataSource.register(RecordingSink)
+    assert batches("default") == [2400]
+    limited = batches("limited", **{"spark.sql.execution.arrow.maxBytesPerBatch": str(1 << 20)})
+    assert sum(limited) == 2400 and len(limited) >= 60   # 1 MB: about 34 rows of 30 KB each
