@@ -136,10 +136,11 @@ def append_runs(list segs not None, const int64_t[:] ends not None, const int64_
                 continue
             seg = segs[k]
             lo, hi = starts[k], starts[k + 1]
+            # queue_offsets[lo] is checked in range before it is added to (no overflow)
             if lo == hi or not 0 <= queue_offsets[lo] <= (seg.base_offset + seg.wrote_pos) // 20 \
                     or queue_offsets[lo] * 20 != seg.base_offset + seg.wrote_pos \
                     or queue_offsets[hi - 1] != queue_offsets[lo] + (hi - lo - 1) \
-                    or phy[lo] + size[lo] <= ends[k]:   # (no overflow)
+                    or phy[lo] + size[lo] <= ends[k]:
                 continue
             n[k] = min(hi - lo, (seg.m.size - seg.wrote_pos) // 20)
             seg.check_range(seg.wrote_pos, n[k] * 20)

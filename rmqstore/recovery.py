@@ -133,7 +133,7 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     flushed = checkpoint.physic_msg_timestamp if checkpoint.existed else 0
     # invariant 7: store times grow along the log, so a last valid record older than the
     # last flush has flushed records after it
-    if after and not clean and not last_ts and i:   # none before the cut in the segments scanned
+    if (after or referenced > end) and not last_ts and i:   # none before the cut in the segments scanned
         last_ts = _read.scan_segment(segs[i - 1], 0, segs[i - 1].size, False)[3]
     rep.cuts_durable_data = (after and (clean or last_ts < flushed)) or referenced > end
     if after or rep.cuts_durable_data:
@@ -152,6 +152,8 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
         else:
             log.warning("recovery: %s (%s); truncating", rep.stop_reason, why)
     if not commitlog.readonly:
+        if after or rep.cuts_durable_data:   # before: a kill in the cut leaves no time counting what it removed
+            _forget_cut(checkpoint, last_ts)
         rep.commitlog_bytes_truncated = commitlog.segments.truncate(end)
         if after:   # the probe truncate() makes misses data past a page of zeros
             rep.commitlog_bytes_truncated += _zero_stale_tail(commitlog.segments.find(end), end)
@@ -164,6 +166,17 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
              "%.3f s", "clean" if clean else "unclean", rep.segments_scanned, rep.records_verified,
              rep.start_offset, end, rep.commitlog_bytes_truncated, rep.seconds)
     return rep
+
+
+def _forget_cut(checkpoint, newest):
+    """Before a cut, lower every checkpoint time past ``newest``, the store time of the last
+    message kept: else the checkpoint counts as flushed messages that are gone, and verify
+    reports the repaired store as damaged. A lower time only makes recovery start earlier."""
+    names = ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp")
+    if any(getattr(checkpoint, n) > newest for n in names):
+        for n in names:
+            setattr(checkpoint, n, min(getattr(checkpoint, n), newest))
+        checkpoint.flush()
 
 
 def _data_after(segs, end):

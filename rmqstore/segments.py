@@ -273,20 +273,20 @@ class SegmentQueue(SegmentList):
         kill meanwhile leaves a run of files, not one with a gap that no open accepts), then
         the one holding it gets its tail zero-filled (when anything but zeros is there).
         Returns the bytes of old data discarded (0 when only unwritten space followed)."""
-        dropped = sum(self._bytes_after(seg, offset) for seg in self.segments)
+        after = {id(seg): self._bytes_after(seg, offset) for seg in self.segments}
         keep = [seg for seg in self.segments if not self._wholly_after(seg, offset)]
         for seg in reversed(self.segments[len(keep):]):
             self._delete(seg)
         for seg in keep:
             pos = offset - seg.base_offset
             if pos < seg.size:
-                if not self.readonly and self._bytes_after(seg, offset):
+                if not self.readonly and after[id(seg)]:
                     seg.zero(pos, seg.size - pos)
                     seg.sync_all()
                 seg.wrote_pos = seg.flushed_pos = pos
         self._publish(keep)
         self.flushed_where = min(self.flushed_where, offset)
-        return dropped
+        return sum(after.values())
 
     def view_until(self, offset):
         """Read-only: the data ends at ``offset`` (what a writer's recovery would keep).

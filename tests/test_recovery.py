@@ -8,6 +8,7 @@ import pytest
 
 from rmqstore import CorruptRecordError, Message, MessageStore, StoreConfig
 from rmqstore._segment import MappedSegment
+from rmqstore.checkpoint import Checkpoint
 
 from conftest import CRASHED_498, SMALL_INDEX, copy_store, load_jsonl_gz, tree_state
 
@@ -165,7 +166,8 @@ def test_damage_to_flushed_records_is_cut_only_when_asked(tmp_path, clean, how):
     everything after a clean shutdown, after a crash those stored up to the checkpoint's
     last flush. A writer open used to cut them all (as RocketMQ does), losing acknowledged
     messages; it now refuses and changes no byte, a read-only open shows the cut, and
-    ``repair=True`` (``rmqstore recover --yes``) makes it."""
+    ``repair=True`` (``rmqstore recover --yes``) makes it, and lowers the checkpoint's
+    times to the last message kept (verify found them counting the cut ones as flushed)."""
     cfg = _cfg()
     res, bodies = _write_in_two_flushes(tmp_path, cfg, 20, 200)
     k = 10
@@ -188,6 +190,10 @@ def test_damage_to_flushed_records_is_cut_only_when_asked(tmp_path, clean, how):
         _check_prefix(s, res, bodies, k, cfg)
     with MessageStore(tmp_path, cfg) as s:   # repaired: a plain open is clean again
         _check_prefix(s, res, bodies, k, cfg)
+        assert s.verify().problems == []
+        kept = s.get_by_offset(res[k - 1].phy_offset).store_timestamp
+    cp = Checkpoint(tmp_path / "checkpoint").load()
+    assert max(cp.physic_msg_timestamp, cp.logics_msg_timestamp, cp.index_msg_timestamp) <= kept
 
 
 def test_garbage_after_last_record_is_zeroed(tmp_path):
@@ -262,6 +268,8 @@ def test_a_zeroed_last_segment_of_a_clean_store_is_cut_only_when_asked(tmp_path)
         assert s.max_phy_offset == int(last)
         assert [s.get_by_offset(r.phy_offset).body for r in res[:first_lost]] == bodies[:first_lost]
         assert sum(s.max_offset(TOPIC, q) for q in (0, 1)) == first_lost
+    with MessageStore(tmp_path, cfg, read_only=True) as s:
+        assert s.verify().problems == []
 
 
 def test_bad_crc_after_the_last_flush_is_cut_there(tmp_path):
