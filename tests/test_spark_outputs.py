@@ -2,6 +2,7 @@
 writes into a store it was not asked to (nor into one a broker or writer holds)."""
 import json
 import os
+import time
 
 import pytest
 
@@ -91,6 +92,9 @@ def test_rebuild_writes_into_no_other_store_and_not_under_a_writer(spark, stores
         jobs.rebuild(spark, a, os.path.join(b, "x"))
     empty = tmp_path / "empty"   # a writer's store whose queues are still empty
     with MessageStore(empty, StoreConfig(commitlog_file_size=1 << 16)):
+        deadline = time.monotonic() + 30   # its first segment (and commitlog/) is made in the background
+        while not (empty / "commitlog").is_dir() and time.monotonic() < deadline:
+            time.sleep(0.01)
         with pytest.raises(StoreLockedError):
             jobs.rebuild(spark, str(empty))
     assert jobs.rebuild(spark, str(empty))[1]["messages"] == 0   # the lock was released
