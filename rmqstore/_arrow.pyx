@@ -6,9 +6,10 @@ bitmaps, list and map offsets) row by row with the GIL released: msgIds as upper
 hosts as ``a.b.c.d:port`` / ``[x:..:x]:port``, properties as a map, TAGS / UNIQ_KEY as
 strings and KEYS as a list, parsed in one pass over each record's properties. Only the
 requested columns are built. Rows come from mapped records (``decode``) or from
-``_columns.decode_batch`` columns (``from_columns``); pyarrow wraps the finished buffers
-without copying. Strings that are not valid UTF-8 get U+FFFD replacements, like the single
+``_columns.decode_batch`` columns (``from_columns``); pyarrow takes the finished buffers
+through the Arrow C data interface, without copying. Strings that are not valid UTF-8 get U+FFFD replacements, like the single
 message decoder (the rare repair runs in Python)."""
+from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.string cimport memcmp, memcpy, memset
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 import operator
@@ -27,6 +28,9 @@ from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 cnp.import_array()
 
+cdef extern from "Python.h":
+    int Py_IsInitialized() nogil
+
 _TS = pa.timestamp("us", tz="UTC")
 SCHEMA = pa.schema([
     ("store", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()),
@@ -38,7 +42,6 @@ SCHEMA = pa.schema([
     ("store_host", pa.string()), ("reconsume_times", pa.int32()),
 ])
 COLUMNS = tuple(SCHEMA.names)
-_TYPES = [f.type for f in SCHEMA]
 _SCHEMAS = {}   # column names -> their schema: batches of a scan share one
 
 
@@ -80,7 +83,7 @@ cdef struct Str:         # a string/binary array being filled
     int32_t *off
     char *data
     uint8_t *valid
-    int64_t pos
+    int64_t pos, nulls
     bint bad              # some value is not valid UTF-8
 
 
@@ -97,6 +100,7 @@ cdef struct Builder:
     uint8_t *list_valid
     int32_t *map_off
     int64_t nk, nm        # key tokens and map entries so far
+    int64_t list_nulls    # rows without KEYS
     const char *store
     int32_t store_len
     HostCache hosts[2]
@@ -152,6 +156,7 @@ cdef inline void put(Str *s, int64_t i, const char *p, int64_t n) noexcept nogil
 
 cdef inline void put_null(Str *s, int64_t i) noexcept nogil:
     s.off[i + 1] = <int32_t>s.pos
+    s.nulls += 1
 
 
 cdef inline int32_t put_decimal(char *out, int32_t v) noexcept nogil:
@@ -295,6 +300,8 @@ cdef inline void put_props(Builder *b, int64_t i, const char *p, int32_t n) noex
                     put(&b.s[KEY_VALUES], b.nk, p + a, j - a)
                     b.nk += 1
                 a = j + 1
+        else:
+            b.list_nulls += 1
         b.list_off[i + 1] = <int32_t>b.nk
 
 
@@ -353,111 +360,231 @@ cdef inline void fields_of_record(const char *p, RecView *r, Fields *f) noexcept
 
 # ------------------------------------------------------------------------ allocation
 
+cdef struct ArrowArray:  # the Arrow C data interface's array
+    int64_t length
+    int64_t null_count
+    int64_t offset
+    int64_t n_buffers
+    int64_t n_children
+    const void **buffers
+    ArrowArray **children
+    ArrowArray *dictionary
+    void (*release)(ArrowArray *) noexcept nogil
+    void *private_data
+
+cdef enum:
+    ENTRIES = NSTR       # the properties map's struct child
+    NNODE                # the arrays under a batch: columns, then child arrays
+    ALIGN = 64
+
+
+cdef struct Arena:       # one batch's arrays; its buffers follow, ALIGN-aligned
+    ArrowArray node[NNODE]
+    const void *buf[NNODE][3]
+    const void *batch_buf[1]
+    ArrowArray *kid[NCOL + 4]   # the batch's columns, keys' child, the map's, the map's two
+
+
+cdef void release_batch(ArrowArray *a) noexcept nogil:
+    """Drop the pyarrow buffer the batch lives in (any thread; none at exit)."""
+    if Py_IsInitialized():
+        with gil:
+            Py_DECREF(<object>a.private_data)
+    a.release = NULL
+
+
+cdef void release_child(ArrowArray *a) noexcept nogil:
+    a.release = NULL     # its memory goes with the batch's arena
+
+
+cdef inline char *take(char **at, int64_t *total, int64_t size) noexcept nogil:
+    """The next ``size`` bytes at ``at[0]`` (NULL while only measuring), counted in ``total``."""
+    cdef char *p = at[0]
+    size = (size + ALIGN - 1) & ~(<int64_t>ALIGN - 1)
+    total[0] += size
+    if p != NULL:
+        at[0] = p + size
+    return p
+
+
+cdef ArrowArray *node(Arena *a, int i, int64_t length, int64_t nulls, int nbuf, const void *b0, const void *b1,
+                      const void *b2, int nkid, ArrowArray **kids) noexcept nogil:
+    """Array ``i`` of arena ``a``: ``nbuf`` buffers and ``nkid`` children."""
+    cdef ArrowArray *x = &a.node[i]
+    x.length, x.null_count, x.offset, x.n_buffers, x.n_children = length, nulls, 0, nbuf, nkid
+    a.buf[i][0], a.buf[i][1], a.buf[i][2] = b0, b1, b2
+    x.buffers, x.children, x.dictionary = a.buf[i], kids, NULL
+    x.release, x.private_data = release_child, NULL
+    return x
+
+
+cdef ArrowArray *string_node(Arena *a, Str *s, int i, int64_t length) noexcept nogil:
+    return node(a, i, length, s.nulls, 3, s.valid if s.nulls else NULL, s.off, s.data, 0, NULL)
+
+
 cdef class _Batch:
-    """The buffers of one batch (from pyarrow's memory pool, which keeps freed pages for
-    the next batch) and the builder filling them."""
+    """One batch being built. Its buffers are carved from one buffer of pyarrow's memory
+    pool (which keeps freed pages for the next batch), handed to pyarrow through the Arrow
+    C data interface (no copy, no Python object per column) and freed when pyarrow drops the
+    last array of the batch. pyarrow keeps child arrays inside the batch it imported and
+    never moves one out, so the batch's release covers them all."""
     cdef Builder b
-    cdef int64_t n
-    cdef list names
-    cdef dict bufs
+    cdef int64_t n, topic_total, body_total, props_total
+    cdef int ncols
+    cdef int order[NCOL]
+    cdef tuple names
+    cdef object memory   # the pyarrow buffer holding the arena
+    cdef Arena *arena
     cdef bytes store
 
     def __init__(self, columns, int64_t n, int64_t topic_total, int64_t body_total, int64_t props_total, store):
-        cdef int c
-        cdef int64_t size
-        self.n, self.bufs, self.names = n, {}, list(columns)
+        cdef int k
+        cdef int64_t total
+        self.n, self.names = n, tuple(columns)
+        self.topic_total, self.body_total, self.props_total = topic_total, body_total, props_total
         self.store = str(store).encode("utf-8", "replace")
         self.b.store, self.b.store_len = self.store, len(self.store)
-        self.b.nk = self.b.nm = 0
+        self.b.nk = self.b.nm = self.b.list_nulls = 0
         self.b.hosts[0].alen = self.b.hosts[1].alen = -1
         memset(self.b.s, 0, sizeof(self.b.s))
-        for c in range(NCOL):
-            self.b.want[c] = COLUMNS[c] in self.names
-        sizes = {STORE: n * len(self.store), TOPIC: topic_total, MSG_ID: n * ID_MAX, TAGS: props_total,
-                 UNIQ_KEY: props_total, BODY: body_total, BORN_HOST: n * HOST_MAX, STORE_HOST: n * HOST_MAX}
+        memset(self.b.want, 0, sizeof(self.b.want))
+        memset(self.b.fixed, 0, sizeof(self.b.fixed))
+        self.ncols = len(self.names)
+        for k, name in enumerate(self.names):
+            self.order[k] = COLUMNS.index(name)
+            self.b.want[self.order[k]] = True
+        for k in range(NSTR):
+            if self._wants(k) and self._data_size(k) > MAX_DATA:
+                raise InvalidArgumentError(f"{self._data_size(k)} bytes for column {_column_name(k)} in one Arrow "
+                                           f"batch; decode smaller batches (at most {MAX_DATA} bytes)")
+        total = self._carve(NULL)
+        self.memory = pa.allocate_buffer(sizeof(Arena) + 2 * ALIGN + total)
+        self.arena = <Arena *>((<uintptr_t>self.memory.address + ALIGN - 1) & ~(<uintptr_t>ALIGN - 1))
+        self._carve(<char *>self.arena + ((sizeof(Arena) + ALIGN - 1) & ~(<size_t>ALIGN - 1)))
+
+    cdef bint _wants(self, int c):
+        """Whether string array ``c`` (a column or child array) is built."""
+        if c == KEY_VALUES:
+            return self.b.want[KEYS]
+        if c == MAP_KEYS or c == MAP_VALUES:
+            return self.b.want[PROPERTIES]
+        return c in (STORE, TOPIC, MSG_ID, TAGS, UNIQ_KEY, BODY, BORN_HOST, STORE_HOST) and self.b.want[c]
+
+    cdef int64_t _data_size(self, int c):
+        """Most data bytes string array ``c`` can hold for the batch."""
+        if c == STORE:
+            return self.n * self.b.store_len
+        if c == TOPIC or c == BODY:
+            return self.topic_total if c == TOPIC else self.body_total
+        if c == MSG_ID:
+            return self.n * ID_MAX
+        if c == BORN_HOST or c == STORE_HOST:
+            return self.n * HOST_MAX
+        return self.props_total
+
+    cdef int64_t _carve(self, char *at):
+        """Point the builder's buffers into ``at`` (NULL: only measure them); returns their
+        bytes. A child array holds at most one KEYS token per 2 bytes of properties (with its
+        space) or one pair per 3 (name, 0x01, value), plus one per record."""
+        cdef int64_t n = self.n, total = 0, rows
+        cdef int c
+        cdef Str *s
+        for c in range(NSTR):
+            if self._wants(c):
+                s = &self.b.s[c]
+                rows = n if c < NCOL else self.props_total // (2 if c == KEY_VALUES else 3) + n
+                s.off = <int32_t *>take(&at, &total, 4 * (rows + 1))
+                s.data = take(&at, &total, self._data_size(c))
+                if c == TAGS or c == UNIQ_KEY:
+                    s.valid = <uint8_t *>take(&at, &total, (n + 7) >> 3)
+                if at != NULL:
+                    s.off[0] = 0
+                    if s.valid != NULL:
+                        memset(s.valid, 0, (n + 7) >> 3)
+        for c in (QUEUE_ID, QUEUE_OFFSET, PHY_OFFSET, STORE_SIZE, BODY_CRC, SYS_FLAG, FLAG, BORN_TS, STORE_TS,
+                  RECONSUME):
+            if self.b.want[c]:
+                self.b.fixed[c] = take(&at, &total, n * (8 if c in (QUEUE_OFFSET, PHY_OFFSET, BORN_TS, STORE_TS)
+                                                         else 4))
         if self.b.want[KEYS]:
-            sizes[KEY_VALUES] = props_total
-            self.b.list_off = self._offsets("keys.off", n)
-            self.b.list_valid = self._bits("keys.valid", n)
+            self.b.list_off = <int32_t *>take(&at, &total, 4 * (n + 1))
+            self.b.list_valid = <uint8_t *>take(&at, &total, (n + 7) >> 3)
+            if at != NULL:
+                self.b.list_off[0] = 0
+                memset(self.b.list_valid, 0, (n + 7) >> 3)
         if self.b.want[PROPERTIES]:
-            sizes[MAP_KEYS] = sizes[MAP_VALUES] = props_total
-            self.b.map_off = self._offsets("properties.off", n)
-        for c, size in sizes.items():
-            if c >= NCOL or self.b.want[c]:
-                if size > MAX_DATA:
-                    raise InvalidArgumentError(f"{size} bytes for column {_column_name(c)} in one Arrow batch; "
-                                               f"decode smaller batches (at most {MAX_DATA} bytes)")
-                self.b.s[c].off = self._offsets(f"{c}.off", n if c < NCOL else props_total)
-                self.b.s[c].data = <char *>self._alloc(f"{c}.data", size)
-                if c in (TAGS, UNIQ_KEY):
-                    self.b.s[c].valid = self._bits(f"{c}.valid", n)
-        for c in (QUEUE_ID, STORE_SIZE, BODY_CRC, SYS_FLAG, FLAG, RECONSUME):
-            if self.b.want[c]:
-                self.b.fixed[c] = self._alloc(c, 4 * n)
-        for c in (QUEUE_OFFSET, PHY_OFFSET, BORN_TS, STORE_TS):
-            if self.b.want[c]:
-                self.b.fixed[c] = self._alloc(c, 8 * n)
+            self.b.map_off = <int32_t *>take(&at, &total, 4 * (n + 1))
+            if at != NULL:
+                self.b.map_off[0] = 0
+        return total
 
-    cdef void *_alloc(self, key, int64_t nbytes) except NULL:
-        buf = pa.allocate_buffer(max(nbytes, 1))
-        self.bufs[key] = buf
-        return <void *><uintptr_t>buf.address
-
-    cdef int32_t *_offsets(self, key, int64_t n) except NULL:
-        cdef int32_t *off = <int32_t *>self._alloc(key, 4 * (n + 1))
-        off[0] = 0
-        return off
-
-    cdef uint8_t *_bits(self, key, int64_t n) except NULL:
-        cdef int64_t size = (n + 7) >> 3
-        cdef uint8_t *bits = <uint8_t *>self._alloc(key, size)
-        memset(bits, 0, size)
-        return bits
-
-    cdef object _strings(self, int c, int64_t n, binary=False):
-        off, data = self.bufs[f"{c}.off"], self.bufs[f"{c}.data"].slice(0, self.b.s[c].pos)
-        if self.b.s[c].bad:
-            off, data = _repair(np.frombuffer(off, np.int32, n + 1), np.frombuffer(data, np.uint8))
-            off, data = pa.py_buffer(off), pa.py_buffer(data)
-        return pa.Array.from_buffers(pa.binary() if binary else pa.string(), n,
-                                     [self.bufs.get(f"{c}.valid"), off, data])
+    cdef ArrowArray *_column(self, int c) noexcept nogil:
+        """The array of column ``c`` (its children made too)."""
+        cdef Arena *a = self.arena
+        cdef Builder *b = &self.b
+        if c == KEYS:
+            a.kid[NCOL] = string_node(a, &b.s[KEY_VALUES], KEY_VALUES, b.nk)
+            return node(a, c, self.n, b.list_nulls, 2, b.list_valid if b.list_nulls else NULL, b.list_off, NULL,
+                        1, &a.kid[NCOL])
+        if c == PROPERTIES:
+            a.kid[NCOL + 2] = string_node(a, &b.s[MAP_KEYS], MAP_KEYS, b.nm)
+            a.kid[NCOL + 3] = string_node(a, &b.s[MAP_VALUES], MAP_VALUES, b.nm)
+            a.kid[NCOL + 1] = node(a, ENTRIES, b.nm, 0, 1, NULL, NULL, NULL, 2, &a.kid[NCOL + 2])
+            return node(a, c, self.n, 0, 2, NULL, b.map_off, NULL, 1, &a.kid[NCOL + 1])
+        if b.fixed[c] != NULL:
+            return node(a, c, self.n, 0, 2, NULL, b.fixed[c], NULL, 0, NULL)
+        return string_node(a, &b.s[c], c, self.n)
 
     cdef object record_batch(self):
-        """The finished columns as a ``pyarrow.RecordBatch`` (in the requested order)."""
-        cdef int64_t n = self.n
-        out = {}
-        for c in range(NCOL):
-            if not self.b.want[c]:
-                continue
-            t = _TYPES[c]
-            if c in (QUEUE_ID, STORE_SIZE, BODY_CRC, SYS_FLAG, FLAG, RECONSUME, QUEUE_OFFSET, PHY_OFFSET,
-                     BORN_TS, STORE_TS):
-                out[COLUMNS[c]] = pa.Array.from_buffers(t, n, [None, self.bufs[c]])
-            elif c == KEYS:
-                out["keys"] = pa.Array.from_buffers(t, n, [self.bufs["keys.valid"], self.bufs["keys.off"]],
-                                                    children=[self._strings(KEY_VALUES, self.b.nk)])
-            elif c == PROPERTIES:
-                entries = pa.StructArray.from_arrays(
-                    [self._strings(MAP_KEYS, self.b.nm), self._strings(MAP_VALUES, self.b.nm)],
-                    fields=[t.key_field, t.item_field])
-                out["properties"] = pa.Array.from_buffers(t, n, [None, self.bufs["properties.off"]],
-                                                          children=[entries])
-            else:
-                out[COLUMNS[c]] = self._strings(c, n, binary=c == BODY)
-        return pa.RecordBatch.from_arrays([out[k] for k in self.names],
-                                          schema=_schema_of(tuple(self.names)))
+        """The finished columns as a ``pyarrow.RecordBatch`` (in the requested order); the
+        builder is spent."""
+        cdef ArrowArray batch
+        cdef int k
+        bad = {_column_name(c) for c in range(NSTR) if self._wants(c) and self.b.s[c].bad}
+        for k in range(self.ncols):
+            self.arena.kid[k] = self._column(self.order[k])
+        self.arena.batch_buf[0] = NULL
+        batch.length, batch.null_count, batch.offset, batch.n_buffers, batch.n_children = self.n, 0, 0, 1, self.ncols
+        batch.buffers, batch.children, batch.dictionary = self.arena.batch_buf, self.arena.kid, NULL
+        batch.release, batch.private_data = release_batch, <void *>self.memory
+        Py_INCREF(self.memory)   # the batch's, dropped by its release
+        try:
+            rb = pa.RecordBatch._import_from_c(<uintptr_t>&batch, _schema_of(self.names))
+        finally:
+            if batch.release != NULL:   # not taken
+                batch.release(&batch)
+        return _repaired(rb, bad) if bad else rb
 
 
 def _column_name(int c):
     return COLUMNS[c] if c < NCOL else {KEY_VALUES: "keys", MAP_KEYS: "properties", MAP_VALUES: "properties"}[c]
 
 
-def _repair(off, data):
-    """Offsets and data with each value's invalid UTF-8 replaced by U+FFFD."""
-    raw, bounds = data.tobytes(), off.tolist()
-    values = [raw[a:b].decode("utf-8", "replace").encode() for a, b in zip(bounds, bounds[1:])]
+def _repaired(rb, names):
+    """``rb`` with the strings of columns ``names`` made valid UTF-8 (see _valid_utf8)."""
+    return pa.RecordBatch.from_arrays([_valid_utf8(col) if name in names else col
+                                       for name, col in zip(rb.schema.names, rb.columns)], schema=rb.schema)
+
+
+def _valid_utf8(a):
+    """String, list-of-string or string-map array ``a`` with each value's invalid UTF-8
+    replaced by U+FFFD."""
+    t = a.type
+    if pa.types.is_map(t):
+        entries = pa.StructArray.from_arrays([_valid_utf8(a.keys), _valid_utf8(a.items)],
+                                             fields=[t.key_field, t.item_field])
+        return pa.Array.from_buffers(t, len(a), a.buffers()[:2], children=[entries])
+    if pa.types.is_list(t):
+        return pa.Array.from_buffers(t, len(a), a.buffers()[:2], null_count=a.null_count,
+                                     children=[_valid_utf8(a.values)])
+    valid, off, data = a.buffers()
+    bounds = np.frombuffer(off, np.int32, len(a) + 1).tolist()
+    raw = b"" if data is None else data.to_pybytes()
+    values = [raw[i:j].decode("utf-8", "replace").encode() for i, j in zip(bounds, bounds[1:])]
     lengths = np.fromiter(map(len, values), np.int64, len(values))
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), np.frombuffer(b"".join(values), np.uint8)
+    off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.Array.from_buffers(t, len(a), [valid, pa.py_buffer(off), pa.py_buffer(b"".join(values))],
+                                 null_count=a.null_count)
 
 
 def check_columns(columns):

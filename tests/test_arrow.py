@@ -1,11 +1,14 @@
 """The Arrow kernel (rmqstore._arrow via batch.iter_arrow / batch.to_arrow) against the row
 decoder (MessageExt) on every record of the RocketMQ fixtures, projections, UTF-8 repair
 and IPv6 hosts."""
+import gc
 import os
 import random
 import shutil
+import string
 from datetime import datetime, timezone
 
+import numpy as np
 import pytest
 
 from rmqstore import MessageStore, StoreConfig, batch
@@ -58,6 +61,8 @@ def _normalize(rows):
 def _arrow_rows(store, columns=None, batch_bytes=4 << 20):
     bs = [rb for p, b, _ in batch.segment_files(store)
           for rb in batch.iter_arrow(p, b, store=store, columns=columns, mode="skip", batch_bytes=batch_bytes)]
+    for rb in bs:   # the null counts the builder passes along agree with the values
+        assert [c.null_count for c in rb.columns] == [c.to_pylist().count(None) for c in rb.columns]
     return _normalize(pa.Table.from_batches(bs).to_pylist()), bs
 
 
@@ -164,6 +169,42 @@ def test_values_of_every_short_length_and_mixed_record_sizes(tmp_path):
     got, batches = _arrow_rows(tmp_path / "s", batch_bytes=30000)
     assert len(batches) > 1 and got == _rows_by_row_decoder(tmp_path / "s")
     assert sorted(len(r["tags"] or "") for r in got) == list(range(41))
+
+def test_child_arrays_at_their_densest(tmp_path):
+    """KEYS of one-letter tokens and properties of one-letter pairs: the most KEYS tokens and
+    map entries per byte of properties, which the builder sizes its child arrays by."""
+    letters = string.ascii_letters
+    with MessageStore(tmp_path / "s", StoreConfig(**SMALL_INDEX)) as s:
+        s.put_batch([Message("T", b"", keys=list(letters[:k]) or None, properties={c: c for c in letters[:k]})
+                     for k in range(len(letters) + 1)] * 20)
+    got, batches = _arrow_rows(tmp_path / "s")
+    assert len(batches) == 1 and got == _rows_by_row_decoder(tmp_path / "s")
+    batches[0].validate(full=True)
+    assert got[-1]["keys"] == list(letters) and len(got[-1]["properties"]) >= len(letters)
+
+
+def test_a_batch_owns_its_memory_and_gives_it_back(clean_498):
+    """A batch's columns stay whole after the segment is closed and the batch dropped (their
+    memory reused by then would show); the memory goes back to pyarrow's pool with the last
+    column."""
+    store, _ = clean_498
+    path, base, _ = batch.segment_files(store)[0]
+    gc.collect()
+    before = pa.total_allocated_bytes()
+    rbs = list(batch.iter_arrow(path, base, store=store, mode="skip"))
+    kept = {k: rbs[0].column(k) for k in ("body", "properties", "keys", "msg_id")}
+    want = {k: a.to_pylist() for k, a in kept.items()}
+    del rbs
+    gc.collect()
+    scratch = [pa.allocate_buffer(1 << k) for k in range(6, 24) for _ in range(4)]
+    for block in scratch:   # the pool's freed blocks taken and overwritten
+        np.frombuffer(block, np.uint8)[:] = 0xFF
+    assert {k: a.to_pylist() for k, a in kept.items()} == want
+    assert pa.total_allocated_bytes() > before
+    del kept, scratch, block
+    gc.collect()
+    assert pa.total_allocated_bytes() == before
+
 
 # The child flips 60 seeded random bytes in each copy of a fixture segment (with CRCs
 # checked, some 30 corrupt regions a copy; bytes of topics and properties are hit too) and

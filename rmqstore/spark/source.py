@@ -12,9 +12,9 @@ stores must be at the same path everywhere, else the task fails with StoreIOErro
 
 Options: ``mode`` fail (default) | skip (corrupt records are skipped; each partition logs
 what it skipped), ``checkCrc`` (false), ``splitBytes`` (32 MiB), ``minPartitions`` (1:
-smaller splits, down to 4 MiB, until there are this many), ``batchBytes`` (4 MiB of records
-per Arrow batch: cache-sized batches decode fastest), ``topic`` (comma-separated),
-``since`` / ``until`` (store time: epoch ms or ISO-8601, ``until`` exclusive), ``key`` (one
+smaller splits, down to 4 MiB, until there are this many), ``batchBytes`` (1 MiB of records
+per Arrow batch: a batch goes to the JVM while it is still in the core's cache), ``topic``
+(comma-separated), ``since`` / ``until`` (store time: epoch ms or ISO-8601, ``until`` exclusive), ``key`` (one
 of KEYS) and ``uniqKey``: applied in the reader, so only matches reach the JVM. With
 ``spark.sql.python.filterPushdown.enabled`` on (see ``register``), filters on ``topic``
 (=, IN) and ``store_timestamp`` (<, <=, >, >=, =) are pushed down and applied in the reader.
@@ -244,7 +244,7 @@ class Scan:
         self.check_crc = _bool_option(options, "checkCrc")
         self.split_bytes = _int_option(options, "splitBytes", 32 << 20, 1)
         self.min_partitions = _int_option(options, "minPartitions", 1, 1)
-        self.batch_bytes = _int_option(options, "batchBytes", 4 << 20, 1)
+        self.batch_bytes = _int_option(options, "batchBytes", 1 << 20, 1)
         topics = options.get("topic")
         self.topics = None if topics is None else set(topics.split(","))
         self.since = _time_option(options, "since")   # inclusive
