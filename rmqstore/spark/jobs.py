@@ -74,6 +74,7 @@ def _export_part(scan, index, part, out_dir, compression, row_group_rows, sort_b
 
 
 EXPORT_SPLIT = (32 << 20, 1 << 30)
+EXPORT_BATCH = 4 << 20         # each batch is split by topic and day: larger than the source's 1 MiB
 SORTED_SPLIT_MAX = 256 << 20   # a sorting task holds its rows twice (read, sorted)
 PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
 
@@ -185,7 +186,7 @@ def export(spark, stores, out_dir: str | os.PathLike[str], mode: str = "fail", c
     for store in stores:   # the topics the consume queues name, before anything is replaced
         cq = os.path.join(store, "consumequeue")
         _refuse_long_topics(os.listdir(cq) if os.path.isdir(cq) else (), longest)
-    scan = Scan({"paths": json.dumps(stores), "mode": mode})
+    scan = Scan({"paths": json.dumps(stores), "mode": mode, "batchBytes": str(EXPORT_BATCH)})
     parts = _export_parts(stores, _tasks(spark), SORTED_SPLIT_MAX if sort_by else EXPORT_SPLIT[1])
     if os.path.isdir(out_dir):   # _SUCCESS first: killed part way, no marker stands over half the files
         remove_stale(os.path.join(out_dir, "_SUCCESS"))
