@@ -7,8 +7,8 @@ hosts as ``a.b.c.d:port`` / ``[x:..:x]:port``, properties as a map, TAGS / UNIQ_
 strings and KEYS as a list, parsed in one pass over each record's properties. Only the
 requested columns are built. Rows come from mapped records (``decode``) or from
 ``_columns.decode_batch`` columns (``from_columns``); pyarrow takes the finished buffers
-through the Arrow C data interface, without copying. Strings that are not valid UTF-8 get U+FFFD replacements, like the single
-message decoder (the rare repair runs in Python)."""
+through the Arrow C data interface, without copying. Strings that are not valid UTF-8 get
+U+FFFD replacements, like the single message decoder (the rare repair runs in Python)."""
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.string cimport memcmp, memcpy, memset
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t

@@ -170,6 +170,7 @@ def test_values_of_every_short_length_and_mixed_record_sizes(tmp_path):
     assert len(batches) > 1 and got == _rows_by_row_decoder(tmp_path / "s")
     assert sorted(len(r["tags"] or "") for r in got) == list(range(41))
 
+
 def test_child_arrays_at_their_densest(tmp_path):
     """KEYS of one-letter tokens and properties of one-letter pairs: the most KEYS tokens and
     map entries per byte of properties, which the builder sizes its child arrays by."""

@@ -14,10 +14,11 @@ Options: ``mode`` fail (default) | skip (corrupt records are skipped; each parti
 what it skipped), ``checkCrc`` (false), ``splitBytes`` (32 MiB), ``minPartitions`` (1:
 smaller splits, down to 4 MiB, until there are this many), ``batchBytes`` (1 MiB of records
 per Arrow batch: a batch goes to the JVM while it is still in the core's cache), ``topic``
-(comma-separated), ``since`` / ``until`` (store time: epoch ms or ISO-8601, ``until`` exclusive), ``key`` (one
-of KEYS) and ``uniqKey``: applied in the reader, so only matches reach the JVM. With
-``spark.sql.python.filterPushdown.enabled`` on (see ``register``), filters on ``topic``
-(=, IN) and ``store_timestamp`` (<, <=, >, >=, =) are pushed down and applied in the reader.
+(comma-separated), ``since`` / ``until`` (store time: epoch ms or ISO-8601, ``until``
+exclusive), ``key`` (one of KEYS) and ``uniqKey``: applied in the reader, so only matches
+reach the JVM. With ``spark.sql.python.filterPushdown.enabled`` on (see ``register``),
+filters on ``topic`` (=, IN) and ``store_timestamp`` (<, <=, >, >=, =) are pushed down and
+applied in the reader.
 An option the source does not take (names in any case) is an InvalidArgumentError.
 
 Streaming (``spark.readStream``): offsets are ``{store path: commitlog offset}``, always
