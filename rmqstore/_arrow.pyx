@@ -59,6 +59,9 @@ cdef enum:   # column numbers, in SCHEMA order
     NCOL
     KEY_VALUES = NCOL, MAP_KEYS, MAP_VALUES, NSTR   # child string arrays
 
+cdef int WIDTH[NCOL]                 # bytes a value of a fixed-width column; 0 for the others
+for _i, _f in enumerate(SCHEMA):
+    WIDTH[_i] = _f.type.bit_width // 8 if pa.types.is_primitive(_f.type) else 0
 cdef int32_t MAX_DATA = 0x7FFFFFFF    # int32 offsets: bytes of one string column per batch
 cdef int32_t HOST_MAX = 54            # '[' 39 ']' ':' 11
 cdef int32_t ID_MAX = 56
@@ -468,7 +471,7 @@ cdef class _Batch:
             return self.b.want[KEYS]
         if c == MAP_KEYS or c == MAP_VALUES:
             return self.b.want[PROPERTIES]
-        return c in (STORE, TOPIC, MSG_ID, TAGS, UNIQ_KEY, BODY, BORN_HOST, STORE_HOST) and self.b.want[c]
+        return c < NCOL and c != KEYS and c != PROPERTIES and not WIDTH[c] and self.b.want[c]
 
     cdef int64_t _data_size(self, int c):
         """Most data bytes string array ``c`` can hold for the batch."""
@@ -501,11 +504,9 @@ cdef class _Batch:
                     s.off[0] = 0
                     if s.valid != NULL:
                         memset(s.valid, 0, (n + 7) >> 3)
-        for c in (QUEUE_ID, QUEUE_OFFSET, PHY_OFFSET, STORE_SIZE, BODY_CRC, SYS_FLAG, FLAG, BORN_TS, STORE_TS,
-                  RECONSUME):
-            if self.b.want[c]:
-                self.b.fixed[c] = take(&at, &total, n * (8 if c in (QUEUE_OFFSET, PHY_OFFSET, BORN_TS, STORE_TS)
-                                                         else 4))
+        for c in range(NCOL):
+            if self.b.want[c] and WIDTH[c]:
+                self.b.fixed[c] = take(&at, &total, n * WIDTH[c])
         if self.b.want[KEYS]:
             self.b.list_off = <int32_t *>take(&at, &total, 4 * (n + 1))
             self.b.list_valid = <uint8_t *>take(&at, &total, (n + 7) >> 3)

@@ -273,20 +273,20 @@ class SegmentQueue(SegmentList):
         kill meanwhile leaves a run of files, not one with a gap that no open accepts), then
         the one holding it gets its tail zero-filled (when anything but zeros is there).
         Returns the bytes of old data discarded (0 when only unwritten space followed)."""
-        after = {id(seg): self._bytes_after(seg, offset) for seg in self.segments}
+        after = [self._bytes_after(seg, offset) for seg in self.segments]
         keep = [seg for seg in self.segments if not self._wholly_after(seg, offset)]
         for seg in reversed(self.segments[len(keep):]):
             self._delete(seg)
-        for seg in keep:
+        for seg, dropped in zip(keep, after, strict=False):   # keep is a prefix of the segments
             pos = offset - seg.base_offset
             if pos < seg.size:
-                if not self.readonly and after[id(seg)]:
+                if not self.readonly and dropped:
                     seg.zero(pos, seg.size - pos)
                     seg.sync_all()
                 seg.wrote_pos = seg.flushed_pos = pos
         self._publish(keep)
         self.flushed_where = min(self.flushed_where, offset)
-        return sum(after.values())
+        return sum(after)
 
     def view_until(self, offset):
         """Read-only: the data ends at ``offset`` (what a writer's recovery would keep).
