@@ -157,3 +157,11 @@ def spark():
     s = session("local[2]", spark_sql_shuffle_partitions="2", spark_default_parallelism="2")
     yield s
     s.stop()
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (--dist loadgroup), every Spark test runs on one worker, which holds
+    the one SparkSession: two JVMs on a 2-core machine would each be slower than one."""
+    for item in items:
+        if "spark" in item.keywords or "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Sequence
 
+from rmqstore import __version__
 from rmqstore.cli import admin, maintain, put, read, serve, spark
 from rmqstore.cli.common import (
     EXIT_ERROR,
@@ -54,6 +55,7 @@ def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rmqstore", description=_help_text(__doc__.split("\n\n")[0]),
                      epilog=_help_text(__doc__.split("\n\n")[1]), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"rmqstore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     json_only, store_opts = _parents()

@@ -9,6 +9,7 @@ import numpy as np
 from rmqstore.cli.common import (
     EXIT_FOUND,
     CommandError,
+    byte_size,
     camel_keys,
     human,
     nonneg_int,
@@ -122,7 +123,7 @@ def cmd_diff(args):
 
 def _body_size(text):
     """A bench body size: at most the store's message size limit."""
-    v, limit = nonneg_int(text), StoreConfig().max_message_size
+    v, limit = byte_size(text, minimum=0), StoreConfig().max_message_size
     if v > limit:
         raise argparse.ArgumentTypeError(f"must be at most {limit} (the store's message size limit), got {v}")
     return v
@@ -165,7 +166,7 @@ def register(sub, json_only, store_opts):
                        "table.")
     p.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
     p.add_argument("--messages", type=positive_int, default=1_000_000, metavar="N", help="messages (1000000)")
-    p.add_argument("--body-size", type=_body_size, default=128, metavar="BYTES", help="body size (128)")
+    p.add_argument("--body-size", type=_body_size, default=128, metavar="BYTES", help="body size, e.g. 1K (128)")
     p.add_argument("--batch", type=nonneg_int, default=0, metavar="K", help="put_batch of K (0: single puts)")
     p.add_argument("--no-peers", action="store_true", help="time rmqstore only")
     p.set_defaults(func=cmd_bench)

@@ -123,10 +123,14 @@ def duration(text):
 _SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
-def byte_size(text):
-    """A positive size in bytes, optionally with a binary suffix: ``4096``, ``64M``, ``1G``."""
+def byte_size(text, minimum=1):
+    """A size in bytes, at least ``minimum``, optionally with a binary suffix (either case):
+    ``4096``, ``64K``, ``64M``, ``1G``."""
     unit = _SUFFIXES.get(text[-1:].upper(), 1)
-    return positive_int(text[:-1] if unit > 1 else text) * unit
+    v = nonneg_int(text[:-1] if unit > 1 else text) * unit
+    if v < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum} bytes, got {text}")
+    return v
 
 
 def store_config(args):

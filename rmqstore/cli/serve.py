@@ -4,7 +4,7 @@ import dataclasses
 import logging
 import sys
 
-from rmqstore.cli.common import CommandError, positive_int, require_store, store_config
+from rmqstore.cli.common import CommandError, byte_size, positive_int, require_store, store_config
 from rmqstore.store import MessageStore
 
 
@@ -44,8 +44,8 @@ def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser
                    help="deliveries before a message goes to %%DLQ%%group (default 17)")
     p.add_argument("--fifo-group", action="append", default=[], metavar="GROUP",
                    help="tell push consumers of GROUP to consume in FIFO order (repeatable)")
-    p.add_argument("--segment-size", dest="commitlog_file_size", type=positive_int, metavar="BYTES",
-                   help="commitlog segment size of a new store (default 1 GiB)")
+    p.add_argument("--segment-size", dest="commitlog_file_size", type=byte_size, metavar="BYTES",
+                   help="commitlog segment size of a new store, e.g. 64M (default RocketMQ's 1G)")
     p.add_argument("--sync-flush", action="store_true", help="acknowledge a send only once it is on disk")
     p.add_argument("--workers", type=positive_int, default=256, metavar="N",
                    help="gRPC worker threads (default 256): each connected client holds one and each waiting "

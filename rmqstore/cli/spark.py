@@ -98,7 +98,7 @@ def _spark_failure(e):
 def cmd_spark(args):
     jobs, session = _jobs()
     from pyspark.errors import PySparkException  # there once _jobs found the [spark] extra
-    spark = session(args.master)
+    spark = session(args.master, verbose=args.verbose)
     # a failed task's ERROR/WARN logs carry the JVM and Python tracebacks; the cause is reported below
     spark.sparkContext.setLogLevel("FATAL")
     try:
@@ -118,6 +118,8 @@ def register(sub, json_only, store_opts):
     p.add_argument("--master", metavar="URL",
                    help="Spark master URL, e.g. spark://host:7077 (default: spark-submit's, $SPARK_MASTER "
                    "or local[*])")
+    p.add_argument("--verbose", action="store_true",
+                   help="Spark's own warnings and progress bars on stderr (default: errors only)")
     jobs = p.add_subparsers(dest="job_name", metavar="JOB", parser_class=type(p))
     jobs.required = True
 

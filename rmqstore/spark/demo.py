@@ -44,6 +44,7 @@ def main(argv=None):
     ap.add_argument("--stores", type=int, default=3, metavar="N", help="store directories to write (3)")
     ap.add_argument("--messages", type=int, default=100_000, metavar="N",
                     help="messages per store, 256-byte bodies over 4 topics (100000)")
+    ap.add_argument("--verbose", action="store_true", help="Spark's warnings and progress bars on stderr")
     ap.add_argument("--master", help="Spark master URL (default: spark-submit's, $SPARK_MASTER or local[*])")
     args = ap.parse_args(argv)
     if args.dir and os.path.exists(args.dir) and (not os.path.isdir(args.dir) or os.listdir(args.dir)):
@@ -56,7 +57,7 @@ def main(argv=None):
     print(_rate(f"write {args.stores} stores under {root}", f"{args.stores * args.messages} messages", nbytes,
                 time.perf_counter() - t0))
     t1 = time.perf_counter()
-    spark = session(args.master, spark_sql_shuffle_partitions="4")
+    spark = session(args.master, verbose=args.verbose, spark_sql_shuffle_partitions="4")
     print(f"spark session ({spark.sparkContext.master}): started in {time.perf_counter() - t1:.1f} s")
     try:
         s = jobs.export(spark, paths, os.path.join(root, "parquet"))
