@@ -21,12 +21,12 @@ from rmqstore.endpoint.state import PopState  # noqa: E402
 from endpoint_client import consumer, message, producer, receive_all  # noqa: E402
 
 
-def _start(store, log):
-    """``rmqstore serve`` on a free port (sync flush); (process, address) once it listens."""
+def _start(store, log, options=()):
+    """``rmqstore serve`` on a free port (sync flush, more ``options``); (process, address) once it listens."""
     with open(log, "ab") as err:
         proc = subprocess.Popen([sys.executable, "-m", "rmqstore.cli", "serve", str(store), "--create",
                                  "--listen", "127.0.0.1:0", "--sync-flush", "--segment-size", str(1 << 20),
-                                 "--index-slots", "1024", "--index-entries", "8192"],
+                                 "--index-slots", "1024", "--index-entries", "8192", *options],
                                 stdout=subprocess.DEVNULL, stderr=err)
     for _ in range(600):
         text = open(log, encoding="utf-8", errors="replace").read().split("=== start")[-1]

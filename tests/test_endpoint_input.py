@@ -476,11 +476,13 @@ def test_stale_receipts_and_unsupported_calls(strict):
     assert {e.status.code for e in res.entries} == {Code.INVALID_RECEIPT_HANDLE}
     cid = service_pb2.ChangeInvisibleDurationRequest(receipt_handle="0.0.1")
     assert s.ChangeInvisibleDuration(cid, timeout=10).status.code == Code.INVALID_RECEIPT_HANDLE
-    assert s.EndTransaction(service_pb2.EndTransactionRequest(), timeout=10).status.code == Code.UNSUPPORTED
+    end = service_pb2.EndTransactionRequest(resolution=definition_pb2.TransactionResolution.COMMIT)
+    assert s.EndTransaction(end, timeout=10).status.code == Code.INVALID_TRANSACTION_ID
     assert s.RecallMessage(service_pb2.RecallMessageRequest(), timeout=10).status.code == Code.UNSUPPORTED
     tx = _send_request("Known", b"x")
     tx.messages[0].system_properties.message_type = definition_pb2.MessageType.TRANSACTION
-    assert s.SendMessage(tx, timeout=10).status.code == Code.UNSUPPORTED
+    tx.messages.add().CopyFrom(tx.messages[0])
+    assert s.SendMessage(tx, timeout=10).status.code == Code.MESSAGE_CORRUPTED     # one half message a send
     _route_ok(s)
 
 

@@ -38,7 +38,8 @@ RESERVED_PROPERTIES = SYSTEM_PROPERTIES | frozenset(
     "CONSUME_START_TIME POP_CK POP_CK_OFFSET 1ST_POP_TIME TRAN_PREPARED_QUEUE_OFFSET DUP_INFO EXTEND_UNIQ_INFO "
     "INSTANCE_ID CORRELATION_ID REPLY_TO_CLIENT TTL ARRIVE_TIME PUSH_REPLY_TIME CLUSTER MSG_TYPE "
     "INNER_MULTI_QUEUE_OFFSET TIMER_DELAY_SEC TIMER_DELIVER_MS TIMER_ENQUEUE_MS TIMER_DEQUEUE_MS TIMER_ROLL_TIMES "
-    "TIMER_OUT_MS TIMER_DEL_UNIQKEY TIMER_DELAY_LEVEL __BORNHOST BORN_TIMESTAMP".split())
+    "TIMER_OUT_MS TIMER_DEL_UNIQKEY TIMER_DELAY_LEVEL __BORNHOST BORN_TIMESTAMP TRANSACTION_CHECK_TIMES "
+    "CHECK_IMMUNITY_TIME_IN_SECONDS".split())
 
 
 class RequestError(Exception):
@@ -151,6 +152,8 @@ def to_store(pb: definition_pb2.Message, peer: str, max_body: int) -> Message:
 
 
 def message_type(props: dict[str, str]) -> int:
+    if props.get("TRAN_MSG") == "true":     # kept on a committed transactional message, as the broker keeps it
+        return definition_pb2.MessageType.TRANSACTION
     if MESSAGE_GROUP in props:
         return definition_pb2.MessageType.FIFO
     if DELIVER_MS in props:
@@ -175,7 +178,7 @@ def to_proto(m: MessageExt, out: definition_pb2.Message, receipt: str, attempt: 
     out.topic.name = m.topic
     out.body = m.body
     for k, v in props.items():
-        if k not in SYSTEM_PROPERTIES and v is not None:
+        if k not in RESERVED_PROPERTIES and v is not None:   # the user's: RocketMQ's own names are refused on send
             out.user_properties[k] = v
     sp = out.system_properties
     if props.get(TAGS):

@@ -19,7 +19,7 @@ from rmqstore.topics import validate_topic
 Code = definition_pb2.Code
 BROKER_NAME = "rmqstore"
 ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
-                  definition_pb2.MessageType.DELAY)
+                  definition_pb2.MessageType.DELAY, definition_pb2.MessageType.TRANSACTION)
 # RocketMQ's TopicValidator.isSystemTopic, which its proxy refuses to route, send to or receive from
 SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "SCHEDULE_TOPIC_XXXX_V2", "BenchmarkTest",
                            "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
