@@ -82,8 +82,8 @@ def test_sigkill_mid_consumption(tmp_path):
 
 def _state_with_entries(root):
     st = PopState(str(root))
-    st.append([["r", "G", "T", 0, 5, 1000, 1, 7, 0], ["n", "G", "T", 0, 6]], durable=False)
-    st.append([["r", "G", "T", 1, 2, 2000, 1, 8, 1], ["a", "G", "T", 0, 5], ["n", "G", "T", 1, 9]], durable=True)
+    st.append([["r", "G", "T", 0, 5, 1000, 1, 7, 0], ["n", "G", "T", 0, 6]])
+    st.sync(st.append([["r", "G", "T", 1, 2, 2000, 1, 8, 1], ["a", "G", "T", 0, 5], ["n", "G", "T", 1, 9]]))
     return st
 
 
@@ -192,3 +192,45 @@ def test_a_delivery_time_past_int64_is_not_a_delay():
     assert deliver_at(M) == 0
     M.properties = {DELIVER_MS: "1700000000000"}
     assert deliver_at(M) == 1700000000000
+
+
+def test_concurrent_acks_share_one_fsync_and_each_waits_for_it(tmp_path, monkeypatch):
+    """Group commit of the state log: threads that appended before a sync began are covered
+    by its one fsync (each had one of its own, in turn under the state lock); each sync
+    returns only once an fsync covering its records has ended; an fsync that failed fails
+    every later sync (nothing written before it is acknowledged)."""
+    import threading
+
+    from rmqstore import StoreIOError
+    from rmqstore.endpoint import state as state_module
+    synced = []
+
+    def counted(fd, path):
+        synced.append(os.fstat(fd).st_size)
+    st = PopState(str(tmp_path))
+    monkeypatch.setattr(state_module, "fsync", counted)
+    appended = threading.Barrier(8)
+    covered = []
+
+    def ack(i):
+        ticket = st.append([["a", "G", "T", 0, i]])
+        appended.wait()
+        st.sync(ticket)
+        covered.append(max(synced) >= ticket[1])
+    threads = [threading.Thread(target=ack, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert covered == [True] * 8 and len(synced) == 1
+    st.sync(st.append([["a", "G", "T", 0, 99]]))
+    assert len(synced) == 2
+
+    def failing(fd, path):
+        raise StoreIOError("fsync: EIO")
+    monkeypatch.setattr(state_module, "fsync", failing)
+    with pytest.raises(StoreIOError):
+        st.sync(st.append([["a", "G", "T", 0, 100]]))
+    monkeypatch.setattr(state_module, "fsync", counted)
+    with pytest.raises(StoreIOError, match="earlier fsync failed"):
+        st.sync(st.append([["a", "G", "T", 0, 101]]))

@@ -26,7 +26,10 @@ On disk, under ``STORE/config/``:
 Durability rules:
 
 1. An ack is appended and the log fsynced before the ack is answered, so an acked
-   message is never handed out again, whatever kills the process afterwards.
+   message is never handed out again, whatever kills the process afterwards. Acks of
+   concurrent calls share one fsync (group commit: ``sync`` covers every record appended
+   before it began), taken outside the state lock so appends go on meanwhile. Once an
+   fsync has failed, ``sync`` raises for good: nothing written before it is acknowledged.
 2. Receives and ``next`` moves are appended without fsync: losing them in a crash only
    makes messages visible again (at-least-once), never loses one.
 3. Replaying the log over the snapshot is idempotent (``r`` sets, ``a`` drops, ``n`` takes
@@ -35,7 +38,7 @@ Durability rules:
    crash) and truncates the log there. Both files are created 0600 with O_NOFOLLOW.
 
 Thread-safety: every method takes the instance lock; callers group their changes with
-``with state.lock:``.
+``with state.lock:`` and call ``sync`` after letting it go.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ import time
 import zlib
 from typing import Any
 
-from rmqstore.errors import CorruptStoreError
+from rmqstore.errors import CorruptStoreError, StoreIOError
 from rmqstore.files import fsync, make_dirs, open_file, parse_json, read_file, write_atomic
 
 QueueKey = tuple[str, str, int]
@@ -87,6 +90,10 @@ class PopState:
         self.queues: dict[QueueKey, QueueState] = {}
         self._seq = 0
         self._fd = -1
+        self._generation = 0     # log files started (a ticket of an older one is in a snapshot)
+        self._synced = 0         # log bytes known on disk
+        self._sync_lock = threading.Lock()
+        self._sync_failed: OSError | None = None
         make_dirs(self.dir, dir_mode)
         self._load()
         self._compact()
@@ -158,7 +165,8 @@ class PopState:
         self._fd = open_file(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self.file_mode)
         os.ftruncate(self._fd, 0)
         fsync(self._fd, self.log_path)
-        self._size = 0
+        self._size = self._synced = 0
+        self._generation += 1
 
     # -- changes --------------------------------------------------------------------------
     def queue(self, key: QueueKey) -> QueueState:
@@ -172,10 +180,9 @@ class PopState:
         self._seq = max(self._seq + 1, time.time_ns() // 1000)
         return self._seq
 
-    def append(self, records: list[list[Any]], durable: bool) -> None:
-        """Apply ``records`` and append them to the log (fsynced when ``durable``)."""
-        if not records:
-            return
+    def append(self, records: list[list[Any]]) -> tuple[int, int]:
+        """Apply ``records`` and append them to the log (not synced); the ticket ``sync``
+        takes to make them durable."""
         with self.lock:
             out = []
             for rec in records:
@@ -186,10 +193,34 @@ class PopState:
             self._size += len(blob)
             while blob:
                 blob = blob[os.write(self._fd, blob):]
-            if durable:
-                fsync(self._fd, self.log_path)
+            ticket = (self._generation, self._size)
             if self._size > _COMPACT_BYTES:
                 self._compact()
+            return ticket
+
+    def sync(self, ticket: tuple[int, int]) -> None:
+        """Make the records appended up to ``ticket`` durable (call without holding ``lock``).
+        One caller's fsync covers what every thread appended before it began; the callers
+        queued meanwhile find their records covered and return without one."""
+        generation, upto = ticket
+        with self._sync_lock:
+            with self.lock:
+                if self._sync_failed is not None:
+                    raise StoreIOError(f"{self.log_path}: an earlier fsync failed ({self._sync_failed}); nothing "
+                                       "written before it is acknowledged until the endpoint restarts")
+                if generation != self._generation or self._synced >= upto:
+                    return      # in a snapshot written since (durable), or synced by another caller
+                fd, end = os.dup(self._fd), self._size   # a compaction may close the log's fd meanwhile
+            try:
+                fsync(fd, self.log_path)
+            except OSError as e:
+                self._sync_failed = e
+                raise
+            finally:
+                os.close(fd)
+            with self.lock:
+                if generation == self._generation:
+                    self._synced = max(self._synced, end)
 
     def close(self) -> None:
         with self.lock:
