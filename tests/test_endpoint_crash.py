@@ -234,3 +234,30 @@ def test_concurrent_acks_share_one_fsync_and_each_waits_for_it(tmp_path, monkeyp
     monkeypatch.setattr(state_module, "fsync", counted)
     with pytest.raises(StoreIOError, match="earlier fsync failed"):
         st.sync(st.append([["a", "G", "T", 0, 101]]))
+
+
+def test_state_files_are_left_alone_once_the_store_lets_its_lock_go(tmp_path):
+    """The store closed under a running endpoint (its writer lock let go), another writer
+    opens the directory, and the endpoint stops: the stop rewrote popState.json (a rename)
+    and truncated popState.log in a directory it no longer owned. Now every rename and
+    truncation of the state files runs as an operation of the open store, and after the
+    close both are left as they were (the log holds the state)."""
+    from endpoint_client import endpoint_config, running
+    cfg = endpoint_config()
+    root = tmp_path / "s"
+    with running(root, cfg) as (store, ep, addr):
+        with producer(addr, "T") as p:
+            for i in range(3):
+                p.send(message("T", b"m%d" % i))
+        with consumer(addr, "G", "T") as c:
+            assert len(receive_all(c, 3)) == 3
+        files = [root / "config" / n for n in ("popState.json", "popState.log")]
+        assert files[1].stat().st_size > 0
+        store.close()
+        before = [(os.stat(f).st_ino, f.read_bytes()) for f in files]
+        with MessageStore(root, cfg):                    # another writer holds the lock now
+            ep.stop()
+            assert [(os.stat(f).st_ino, f.read_bytes()) for f in files] == before
+    st = PopState(str(root))
+    assert sum(len(q.pending) for q in st.queues.values()) == 0 and sum(q.next for q in st.queues.values()) == 3
+    st.close()

@@ -28,6 +28,10 @@ MAX_USER_PROPERTIES = 128
 MAX_USER_PROPERTY_BYTES = 16 * 1024
 MAX_GROUP_BYTES = 64
 PROPERTIES_MAX = 32767      # a record's properties length is an i16
+RETRY_PREFIX = "%RETRY%"    # a group's retry topic is this + the group
+# a record's bytes besides its body, at most: the fixed fields with IPv6 hosts, a topic of 255
+# bytes with its i16 length, the properties with theirs
+RECORD_OVERHEAD = 4 * 5 + 8 * 2 + 4 + 8 + 20 + 8 + 20 + 4 + 8 + 4 + 2 + 255 + 2 + PROPERTIES_MAX
 SYSTEM_PROPERTIES = frozenset({UNIQ_KEY, TAGS, KEYS, MESSAGE_GROUP, DELIVER_MS, "DLQ_ORIGIN_TOPIC",
                                "DLQ_ORIGIN_MESSAGE_ID"})
 # names a sent message's user properties may not use: ours, and RocketMQ's MessageConst.STRING_HASH_SET,
@@ -48,6 +52,16 @@ class RequestError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def body_limit(max_message_size: int, segment_size: int) -> int:
+    """The largest body the endpoint takes (and tells clients): the store's limit on a whole
+    record (and a segment's room) less the most a record's other fields can take, so a body of
+    this size is stored whatever its topic and properties. A limit too small to leave room for
+    the largest properties leaves room for the fixed fields and topic only."""
+    limit = min(max_message_size, segment_size - 8)
+    room = limit - RECORD_OVERHEAD
+    return room if room >= RECORD_OVERHEAD else max(1, limit - (RECORD_OVERHEAD - PROPERTIES_MAX))
 
 
 def _millis(ts: object) -> int:

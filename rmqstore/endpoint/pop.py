@@ -149,7 +149,7 @@ class Pop:
         not written: the message is finished for the group all the same and stays in its
         topic, where retrying could never succeed and would stop every receive of the group."""
         try:
-            self.store.put(to_dead_letter(m, group, attempts))
+            self.store.put(to_dead_letter(m, group, attempts), 0)   # the broker's one DLQ queue
         except (MessageTooLargeError, InvalidArgumentError) as e:
             log.error("group %s: the dead-letter copy of %s queue %d offset %d was refused (%s); the message "
                       "is finished for the group and stays in its topic", group, m.topic, m.queue_id,

@@ -20,7 +20,7 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from rmqstore._message import MessageExt
-from rmqstore.endpoint.codec import DLQ_PREFIX, RequestError, to_proto, to_store
+from rmqstore.endpoint.codec import DLQ_PREFIX, RETRY_PREFIX, RequestError, body_limit, to_proto, to_store
 from rmqstore.endpoint.pop import Pop, check_filter
 from rmqstore.endpoint.routes import Routes
 from rmqstore.endpoint.transactions import Transactions, transaction_id
@@ -98,6 +98,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.max_attempts = max_attempts
         self.fifo_groups = fifo_groups
         self.stopping = threading.Event()
+        self.max_body = body_limit(store.config.max_message_size, store.config.commitlog_file_size)
         self.transactions: Transactions | None = None   # set by the Endpoint before it serves
         self._producers: dict[str, list[queue.SimpleQueue[Any]]] = {}   # topic -> its producers' streams
         self._producers_lock = threading.Lock()
@@ -201,7 +202,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         s.backoff_policy.exponential_backoff.max.seconds = 10
         s.backoff_policy.exponential_backoff.multiplier = 2.0
         if asked.HasField("publishing"):
-            s.publishing.max_body_size = self.store.config.max_message_size
+            s.publishing.max_body_size = self.max_body
             s.publishing.validate_message_type = True
         if asked.HasField("subscription"):
             s.subscription.fifo = asked.subscription.group.name in self.fifo_groups
@@ -224,9 +225,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         msgs, qids = [], []
         for pb in request.messages:
             queues = self.routes.queues(_name(pb.topic))
-            msgs.append(to_store(pb, context.peer(), self.store.config.max_message_size))
+            msg = to_store(pb, context.peer(), self.max_body)
             group = pb.system_properties.message_group
-            qids.append(queues[_hash(group) % len(queues)] if group else None)
+            qid = queues[(_hash(group) if group else next(self._turn)) % len(queues)]
+            if msg.topic.startswith(RETRY_PREFIX):
+                qid = self._retry(msg, pb.system_properties.delivery_attempt, qid)
+            msgs.append(msg)
+            qids.append(qid)
         res = service_pb2.SendMessageResponse()   # all or nothing: a refused message stores none of the request
         for pb, put in zip(request.messages, self.store.put_batch(msgs, qids), strict=True):
             e = res.entries.add()
@@ -235,6 +240,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             e.offset = put.queue_offset
         self.pop.notify()
         return _ok(res)
+
+    def _retry(self, msg: Any, attempt: int, qid: int) -> int:
+        """A send to a group's retry topic, as RocketMQ's broker takes one: its delivery
+        attempt is the record's reconsume times, and past the group's last attempt it goes to
+        the group's dead-letter topic (queue 0) instead. The queue id it is stored in."""
+        msg.reconsume_times = max(0, attempt)
+        if attempt < self.max_attempts:
+            return qid
+        msg.topic = DLQ_PREFIX + msg.topic[len(RETRY_PREFIX):]
+        self.routes.queues(msg.topic)
+        return 0
 
     def _send_half(self, request: Any, context: Any) -> Any:
         """A transactional send: one message, stored as a half message."""
@@ -245,7 +261,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             raise RequestError(Code.MESSAGE_CORRUPTED, "a transactional message cannot have a message group or a "
                                "delivery time")
         queues = self.routes.queues(_name(pb.topic))
-        msg = to_store(pb, context.peer(), self.store.config.max_message_size)
+        msg = to_store(pb, context.peer(), self.max_body)
         assert self.transactions is not None
         half = self.transactions.put_half(msg, queues[next(self._turn) % len(queues)],
                                           int(pb.system_properties.orphaned_transaction_recovery_duration.seconds))

@@ -36,22 +36,28 @@ Durability rules:
    the maximum), so a crash between writing a new snapshot and emptying the log is safe.
 4. Replay stops at the first line that is torn or fails its CRC (the unsynced tail of a
    crash) and truncates the log there. Both files are created 0600 with O_NOFOLLOW.
+5. Every rename and truncation of these files runs inside ``guard`` (the endpoint's: an
+   operation of the open store, which holds the writer lock): once the store has let the
+   lock go, another writer may own the directory, and the files are left as they are.
 
 Thread-safety: every method takes the instance lock; callers group their changes with
 ``with state.lock:`` and call ``sync`` after letting it go.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import threading
 import time
 import zlib
-from typing import Any
+from typing import Any, Callable, ContextManager
 
-from rmqstore.errors import CorruptStoreError, StoreIOError
+from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreIOError
 from rmqstore.files import fsync, make_dirs, open_file, parse_json, read_file, write_atomic
 
+log = logging.getLogger("rmqstore.endpoint")
 QueueKey = tuple[str, str, int]
 _COMPACT_BYTES = 4 << 20
 
@@ -80,12 +86,14 @@ class QueueState:
 class PopState:
     """The consumption state of every group (see the module docstring for the format)."""
 
-    def __init__(self, root: str, file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
+    def __init__(self, root: str, file_mode: int = 0o600, dir_mode: int = 0o700,
+                 guard: Callable[[], ContextManager[object]] = contextlib.nullcontext) -> None:
         self.dir = os.path.join(root, "config")
         self.snapshot_path = os.path.join(self.dir, "popState.json")
         self.log_path = os.path.join(self.dir, "popState.log")
         self.file_mode = file_mode
         self.dir_mode = dir_mode
+        self.guard = guard
         self.lock = threading.RLock()
         self.queues: dict[QueueKey, QueueState] = {}
         self._seq = 0
@@ -155,7 +163,11 @@ class PopState:
             raise ValueError(f"record kind {op!r} (not r, a or n)")
 
     def _compact(self) -> None:
-        """Write the whole state as a new snapshot, then start an empty log."""
+        """Write the whole state as a new snapshot, then start an empty log (inside ``guard``)."""
+        with self.guard():
+            self._compact_held()
+
+    def _compact_held(self) -> None:
         rows = [[g, t, q, qs.next, [[o, *e] for o, e in sorted(qs.pending.items())]]
                 for (g, t, q), qs in self.queues.items()]
         write_atomic(self.snapshot_path, json.dumps({"version": 1, "seq": self._seq, "queues": rows}).encode(),
@@ -223,8 +235,15 @@ class PopState:
                     self._synced = max(self._synced, end)
 
     def close(self) -> None:
+        """Compact and close the log; if ``guard`` refuses (the store is closed), only close
+        it: the log holds every change, and the files are not the endpoint's to rewrite."""
         with self.lock:
             if self._fd >= 0:
-                self._compact()
-                os.close(self._fd)
-                self._fd = -1
+                try:
+                    self._compact()
+                except StoreClosedError:
+                    log.warning("%s: the store closed before the endpoint; consumption state left as the log "
+                                "holds it", self.dir)
+                finally:
+                    os.close(self._fd)
+                    self._fd = -1
