@@ -216,16 +216,18 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def SendMessage(self, request: Any, context: Any) -> Any:
         if len(request.messages) == 0:
             raise RequestError(Code.MESSAGE_CORRUPTED, "no message to send")
-        topic = request.messages[0].topic
-        if any(pb.topic != topic for pb in request.messages):   # as RocketMQ's proxy: one topic per send
+        first = request.messages[0]
+        topic = first.topic
+        if len(request.messages) > 1 and any(pb.topic != topic for pb in request.messages):   # as RocketMQ's proxy
             raise RequestError(Code.MESSAGE_CORRUPTED, f"the messages of a send name several topics "
                                f"({sorted({pb.topic.name for pb in request.messages})[:4]}); one send, one topic")
         if any(pb.system_properties.message_type == definition_pb2.MessageType.TRANSACTION for pb in request.messages):
             return self._send_half(request, context)
+        queues = self.routes.queues(_name(topic))
+        peer = context.peer()
         msgs, qids = [], []
         for pb in request.messages:
-            queues = self.routes.queues(_name(pb.topic))
-            msg = to_store(pb, context.peer(), self.max_body)
+            msg = to_store(pb, peer, self.max_body)
             group = pb.system_properties.message_group
             qid = queues[(_hash(group) if group else next(self._turn)) % len(queues)]
             if msg.topic.startswith(RETRY_PREFIX):
