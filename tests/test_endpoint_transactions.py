@@ -238,3 +238,31 @@ def test_sigkill_between_half_and_resolution(tmp_path):
     with MessageStore(store, cfg, read_only=True) as s:
         assert s.verify().ok
         assert sorted(m.body for m in s.scan() if m.topic == "Tx") == bodies     # stored once each
+
+
+def test_an_orphan_of_a_producer_gone_is_resolved_by_another(tmp_path):
+    """The producer that sent the half shuts down without ending it: the checks go to the
+    producers of the topic still connected (none for a while: the check is counted and
+    nothing is sent to the gone one), and a producer started later resolves it, once."""
+    silent = Checker(lambda body: Resolution.TRANSACTION_RESOLUTION_UNSPECIFIED)
+    later = Checker(lambda body: Resolution.COMMIT)
+    with running(tmp_path / "s", transaction_check_interval_ms=200, transaction_timeout_ms=0) as (store, ep, addr):
+        p = _producer(addr, silent)
+        try:
+            _send(p, b"left")
+        finally:
+            p.shutdown()
+        asked_before = len(silent.asked)
+        assert _wait(lambda: "TRANSACTION_CHECK_TIMES" in ep.transactions.open[next(iter(ep.transactions.open))]
+                     .latest.properties and not ep.service._producers)
+        p = _producer(addr, later)
+        try:
+            assert _wait(lambda: not ep.transactions.open)
+        finally:
+            p.shutdown()
+        assert len(silent.asked) == asked_before and later.asked[:1] == [b"left"]
+        with consumer(addr, "G", "Tx") as c:
+            got = receive_all(c, 1, limit_s=10)
+            c.await_duration = 2
+            assert c.receive(32, 30) == []
+        assert [m.body for m in got] == [b"left"]

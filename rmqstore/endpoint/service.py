@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 import zlib
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -102,6 +103,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.transactions: Transactions | None = None   # set by the Endpoint before it serves
         self._producers: dict[str, list[queue.SimpleQueue[Any]]] = {}   # topic -> its producers' streams
         self._producers_lock = threading.Lock()
+        self._ended: weakref.WeakSet[queue.SimpleQueue[Any]] = weakref.WeakSet()   # streams closed
         self._turn = itertools.count()
 
     # -- routes and clients ---------------------------------------------------------------
@@ -149,7 +151,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 for cmd in request_iterator:
                     if cmd.HasField("settings"):
                         if cmd.settings.HasField("publishing"):
-                            self._publishes(out, topics, {t.name for t in cmd.settings.publishing.topics})
+                            self._publishes(out, topics, {t.name for t in cmd.settings.publishing.topics}, True)
                         out.put(self._settings(cmd.settings))
             except grpc.RpcError:   # the stream ended under the reader
                 pass
@@ -161,21 +163,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             while (cmd := out.get()) is not None:
                 yield cmd
         finally:
-            self._publishes(out, topics, set())
+            self._publishes(out, topics, set(), False)
             self.sessions.release()
             log.info("client %s disconnected", client)
 
-    def _publishes(self, stream: queue.SimpleQueue[Any], now: set[str], topics: set[str]) -> None:
-        """Register ``stream`` as a producer of ``topics`` (instead of ``now``)."""
+    def _publishes(self, stream: queue.SimpleQueue[Any], now: set[str], topics: set[str], live: bool) -> None:
+        """Register ``stream`` as a producer of ``topics`` instead of ``now`` (``live``
+        False: the stream ended, and later registrations by its reader are ignored)."""
         with self._producers_lock:
+            if stream in self._ended:
+                return
             for t in now - topics:
                 self._producers[t].remove(stream)
                 if not self._producers[t]:
                     del self._producers[t]
             for t in topics - now:
                 self._producers.setdefault(t, []).append(stream)
-        now.clear()
-        now.update(topics)
+            now.clear()
+            now.update(topics)
+            if not live:
+                self._ended.add(stream)
 
     def send_check(self, group: str, half: MessageExt, transaction_id: str) -> bool:
         """Ask one producer of ``group`` (RocketMQ's proxy makes a topic its own producer
