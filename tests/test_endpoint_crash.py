@@ -261,3 +261,11 @@ def test_state_files_are_left_alone_once_the_store_lets_its_lock_go(tmp_path):
     st = PopState(str(root))
     assert sum(len(q.pending) for q in st.queues.values()) == 0 and sum(q.next for q in st.queues.values()) == 3
     st.close()
+
+
+@pytest.mark.parametrize("rec", [["r", "G", "T", 0, 5, 1000, 1, 7, 0], ["a", "g\"\\\u00e9\u4e2d", "%DLQ%T", 3, 1 << 62],
+                                 ["n", "", "T\x01", 2147483647, 0]])
+def test_state_records_are_written_as_json_writes_them(rec):
+    """The log's record encoder (names encoded once) writes what json.dumps writes."""
+    from rmqstore.endpoint.state import encode_record
+    assert encode_record(rec) == json.dumps(rec, separators=(",", ":")).encode()

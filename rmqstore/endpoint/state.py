@@ -46,6 +46,7 @@ Thread-safety: every method takes the instance lock; callers group their changes
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -71,6 +72,18 @@ def _int(v: Any, lo: int = -(1 << 63), hi: int = 1 << 63, what: str = "a 64-bit 
 
 def _queue_id(v: Any) -> int:
     return _int(v, 0, 1 << 31, "a queue id")
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_text(s: str) -> str:
+    return json.dumps(s)
+
+
+def encode_record(rec: list[Any]) -> bytes:
+    """A log record as ``json.dumps(rec, separators=(",", ":"))`` writes it: kind, group,
+    topic, then integers (the names encoded once, not per record)."""
+    op, g, t, *ints = rec
+    return f"[{_json_text(op)},{_json_text(g)},{_json_text(t)},{','.join(map(str, ints))}]".encode()
 
 
 class QueueState:
@@ -199,7 +212,7 @@ class PopState:
             out = []
             for rec in records:
                 self._apply(rec)
-                text = json.dumps(rec, separators=(",", ":")).encode()
+                text = encode_record(rec)
                 out.append(b"%08x %s\n" % (zlib.crc32(text), text))
             blob = memoryview(b"".join(out))
             self._size += len(blob)
