@@ -223,8 +223,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def SendMessage(self, request: Any, context: Any) -> Any:
         if len(request.messages) == 0:
             raise RequestError(Code.MESSAGE_CORRUPTED, "no message to send")
-        first = request.messages[0]
-        topic = first.topic
+        topic = request.messages[0].topic
         if len(request.messages) > 1 and any(pb.topic != topic for pb in request.messages):   # as RocketMQ's proxy
             raise RequestError(Code.MESSAGE_CORRUPTED, f"the messages of a send name several topics "
                                f"({sorted({pb.topic.name for pb in request.messages})[:4]}); one send, one topic")
