@@ -21,12 +21,12 @@ from rmqstore.endpoint.state import PopState  # noqa: E402
 from endpoint_client import consumer, message, producer, receive_all  # noqa: E402
 
 
-def _start(store, log):
-    """``rmqstore serve`` on a free port (sync flush); (process, address) once it listens."""
+def _start(store, log, options=()):
+    """``rmqstore serve`` on a free port (sync flush, more ``options``); (process, address) once it listens."""
     with open(log, "ab") as err:
         proc = subprocess.Popen([sys.executable, "-m", "rmqstore.cli", "serve", str(store), "--create",
                                  "--listen", "127.0.0.1:0", "--sync-flush", "--segment-size", str(1 << 20),
-                                 "--index-slots", "1024", "--index-entries", "8192"],
+                                 "--index-slots", "1024", "--index-entries", "8192", *options],
                                 stdout=subprocess.DEVNULL, stderr=err)
     for _ in range(600):
         text = open(log, encoding="utf-8", errors="replace").read().split("=== start")[-1]
@@ -82,8 +82,8 @@ def test_sigkill_mid_consumption(tmp_path):
 
 def _state_with_entries(root):
     st = PopState(str(root))
-    st.append([["r", "G", "T", 0, 5, 1000, 1, 7, 0], ["n", "G", "T", 0, 6]], durable=False)
-    st.append([["r", "G", "T", 1, 2, 2000, 1, 8, 1], ["a", "G", "T", 0, 5], ["n", "G", "T", 1, 9]], durable=True)
+    st.append([["r", "G", "T", 0, 5, 1000, 1, 7, 0], ["n", "G", "T", 0, 6]])
+    st.sync(st.append([["r", "G", "T", 1, 2, 2000, 1, 8, 1], ["a", "G", "T", 0, 5], ["n", "G", "T", 1, 9]]))
     return st
 
 
@@ -192,3 +192,80 @@ def test_a_delivery_time_past_int64_is_not_a_delay():
     assert deliver_at(M) == 0
     M.properties = {DELIVER_MS: "1700000000000"}
     assert deliver_at(M) == 1700000000000
+
+
+def test_concurrent_acks_share_one_fsync_and_each_waits_for_it(tmp_path, monkeypatch):
+    """Group commit of the state log: threads that appended before a sync began are covered
+    by its one fsync (each had one of its own, in turn under the state lock); each sync
+    returns only once an fsync covering its records has ended; an fsync that failed fails
+    every later sync (nothing written before it is acknowledged)."""
+    import threading
+
+    from rmqstore import StoreIOError
+    from rmqstore.endpoint import state as state_module
+    synced = []
+
+    def counted(fd, path):
+        synced.append(os.fstat(fd).st_size)
+    st = PopState(str(tmp_path))
+    monkeypatch.setattr(state_module, "fsync", counted)
+    appended = threading.Barrier(8)
+    covered = []
+
+    def ack(i):
+        ticket = st.append([["a", "G", "T", 0, i]])
+        appended.wait()
+        st.sync(ticket)
+        covered.append(max(synced) >= ticket[1])
+    threads = [threading.Thread(target=ack, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert covered == [True] * 8 and len(synced) == 1
+    st.sync(st.append([["a", "G", "T", 0, 99]]))
+    assert len(synced) == 2
+
+    def failing(fd, path):
+        raise StoreIOError("fsync: EIO")
+    monkeypatch.setattr(state_module, "fsync", failing)
+    with pytest.raises(StoreIOError):
+        st.sync(st.append([["a", "G", "T", 0, 100]]))
+    monkeypatch.setattr(state_module, "fsync", counted)
+    with pytest.raises(StoreIOError, match="earlier fsync failed"):
+        st.sync(st.append([["a", "G", "T", 0, 101]]))
+
+
+def test_state_files_are_left_alone_once_the_store_lets_its_lock_go(tmp_path):
+    """The store closed under a running endpoint (its writer lock let go), another writer
+    opens the directory, and the endpoint stops: the stop rewrote popState.json (a rename)
+    and truncated popState.log in a directory it no longer owned. Now every rename and
+    truncation of the state files runs as an operation of the open store, and after the
+    close both are left as they were (the log holds the state)."""
+    from endpoint_client import endpoint_config, running
+    cfg = endpoint_config()
+    root = tmp_path / "s"
+    with running(root, cfg) as (store, ep, addr):
+        with producer(addr, "T") as p:
+            for i in range(3):
+                p.send(message("T", b"m%d" % i))
+        with consumer(addr, "G", "T") as c:
+            assert len(receive_all(c, 3)) == 3
+        files = [root / "config" / n for n in ("popState.json", "popState.log")]
+        assert files[1].stat().st_size > 0
+        store.close()
+        before = [(os.stat(f).st_ino, f.read_bytes()) for f in files]
+        with MessageStore(root, cfg):                    # another writer holds the lock now
+            ep.stop()
+            assert [(os.stat(f).st_ino, f.read_bytes()) for f in files] == before
+    st = PopState(str(root))
+    assert sum(len(q.pending) for q in st.queues.values()) == 0 and sum(q.next for q in st.queues.values()) == 3
+    st.close()
+
+
+@pytest.mark.parametrize("rec", [["r", "G", "T", 0, 5, 1000, 1, 7, 0], ["a", "g\"\\\u00e9\u4e2d", "%DLQ%T", 3, 1 << 62],
+                                 ["n", "", "T\x01", 2147483647, 0]])
+def test_state_records_are_written_as_json_writes_them(rec):
+    """The log's record encoder (names encoded once) writes what json.dumps writes."""
+    from rmqstore.endpoint.state import encode_record
+    assert encode_record(rec) == json.dumps(rec, separators=(",", ":")).encode()

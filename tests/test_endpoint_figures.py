@@ -13,5 +13,11 @@ import endpoint_figures  # noqa: E402
 
 def test_figures_run(tmp_path):
     res = endpoint_figures.run(messages=40, body_size=64, workdir=tmp_path)
-    assert [r["messages"] for r in res["rows"]] == [40] * 6       # every send received back
-    assert all(r["per_s"] > 0 and r["server_cpu_us_per_msg"] >= 0 for r in res["rows"])
+    rows = {r["case"]: r for r in res["rows"]}
+    assert len(rows) == 12 and len([c for c in rows if c.startswith("no-op ")]) == 4
+    for case, r in rows.items():
+        if case.startswith("no-op "):
+            assert r["messages"] >= 40 and case[6:] in rows           # the same raw load beside the endpoint
+        else:
+            assert r["messages"] == 40                               # every send received back
+        assert r["per_s"] > 0 and r["server_cpu_us_per_msg"] >= 0 and r["client_cpu_us_per_msg"] >= 0

@@ -17,14 +17,15 @@ from rocketmq.v5.exception import BadRequestException, IllegalArgumentException 
 from rmqstore import Message  # noqa: E402
 from rmqstore.errors import MessageTooLargeError  # noqa: E402
 
-from endpoint_client import consumer, endpoint_config, message, producer, running, stub  # noqa: E402
+from endpoint_client import consumer, endpoint_config, message, producer, receive_all, running, stub  # noqa: E402
 
 Code = definition_pb2.Code
 
 
 @pytest.fixture
 def strict(tmp_path):
-    """An endpoint with auto-create off, a 1 KiB message limit and one topic "Known"."""
+    """An endpoint with auto-create off, a 1 KiB message limit (bodies up to 653 bytes: the rest
+    is room for the record's other fields) and one topic "Known"."""
     with running(tmp_path / "s", endpoint_config(max_message_size=1024), auto_create=False) as (store, ep, addr):
         store.put(Message("Known", b"seed", tags="TagA"))
         store.wait_dispatched(10)
@@ -90,7 +91,7 @@ def test_oversize_and_empty_messages(strict):
     far = _send_request("Known", b"x")
     far.messages[0].system_properties.delivery_timestamp.seconds = 2 ** 40
     assert s.SendMessage(far, timeout=10).status.code == Code.ILLEGAL_DELIVERY_TIME
-    assert s.SendMessage(_send_request("Known", b"x" * 800), timeout=10).status.code == Code.OK
+    assert s.SendMessage(_send_request("Known", b"x" * 600), timeout=10).status.code == Code.OK
     assert store.max_offset("Known", 0) + store.max_offset("Known", 1) >= 1
     with producer(addr, "Known") as p, pytest.raises(IllegalArgumentException):
         p.send(message("Known", b"y" * 2000))          # the client learnt the limit from the settings
@@ -430,10 +431,10 @@ def test_gzip_bodies_are_stored_whole_or_refused(strict):
         return s.SendMessage(req, timeout=10).status.code
     for bad in (one[:len(one) // 2], one + b"junk", b"\x1f\x8bnot gzip", b"plain"):
         assert send(bad) == Code.MESSAGE_CORRUPTED
-    assert send(one) == Code.OK and send(gzip.compress(b"a" * 500) + gzip.compress(b"b" * 300)) == Code.OK
+    assert send(one) == Code.OK and send(gzip.compress(b"a" * 400) + gzip.compress(b"b" * 200)) == Code.OK
     assert send(gzip.compress(b"x" * 1025)) == Code.MESSAGE_BODY_TOO_LARGE
     store.wait_dispatched(10)
-    assert [m.body for m in store.scan()] == [b"seed", b"hello " * 100, b"a" * 500 + b"b" * 300]
+    assert [m.body for m in store.scan()] == [b"seed", b"hello " * 100, b"a" * 400 + b"b" * 200]
 
 
 def test_resource_namespaces_are_unsupported(strict):
@@ -476,11 +477,13 @@ def test_stale_receipts_and_unsupported_calls(strict):
     assert {e.status.code for e in res.entries} == {Code.INVALID_RECEIPT_HANDLE}
     cid = service_pb2.ChangeInvisibleDurationRequest(receipt_handle="0.0.1")
     assert s.ChangeInvisibleDuration(cid, timeout=10).status.code == Code.INVALID_RECEIPT_HANDLE
-    assert s.EndTransaction(service_pb2.EndTransactionRequest(), timeout=10).status.code == Code.UNSUPPORTED
+    end = service_pb2.EndTransactionRequest(resolution=definition_pb2.TransactionResolution.COMMIT)
+    assert s.EndTransaction(end, timeout=10).status.code == Code.INVALID_TRANSACTION_ID
     assert s.RecallMessage(service_pb2.RecallMessageRequest(), timeout=10).status.code == Code.UNSUPPORTED
     tx = _send_request("Known", b"x")
     tx.messages[0].system_properties.message_type = definition_pb2.MessageType.TRANSACTION
-    assert s.SendMessage(tx, timeout=10).status.code == Code.UNSUPPORTED
+    tx.messages.add().CopyFrom(tx.messages[0])
+    assert s.SendMessage(tx, timeout=10).status.code == Code.MESSAGE_CORRUPTED     # one half message a send
     _route_ok(s)
 
 
@@ -610,3 +613,75 @@ def test_endpoint_arguments_are_checked(tmp_path, kwargs):
         with pytest.raises(InvalidArgumentError):
             Endpoint(args.pop("store"), **args)
     assert not os.path.exists(tmp_path / "s" / "config" / "popState.json")
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_too_few_workers_are_refused(tmp_path, workers):
+    """1 to 3 workers left no slot for a client's telemetry stream: every client was refused
+    ("0 clients connected") by an endpoint that had started. Now such an endpoint is an
+    InvalidArgumentError naming the minimum, before anything is bound; 4 serve a client."""
+    from rmqstore import MessageStore
+    from rmqstore.endpoint import Endpoint
+    from rmqstore.errors import InvalidArgumentError
+    with MessageStore(tmp_path / "s", endpoint_config()) as store:
+        with pytest.raises(InvalidArgumentError, match="at least 4"):
+            Endpoint(store, "127.0.0.1:0", workers=workers)
+    with running(tmp_path / "s", workers=4) as (_store, _ep, addr), producer(addr, "T") as p:
+        assert p.send(message("T", b"served")).message_id
+
+
+def _advertised_body_size(s, topic):
+    cmd = service_pb2.TelemetryCommand()
+    cmd.settings.publishing.topics.add().name = topic
+    stream = s.Telemetry(iter([cmd]))
+    try:
+        return next(stream).settings.publishing.max_body_size
+    finally:
+        stream.cancel()
+
+
+@pytest.mark.parametrize("limit", [1024, 256 * 1024])
+def test_a_body_of_the_advertised_size_is_stored(tmp_path, limit):
+    """Clients were told the whole record's limit as their largest body, so a body of
+    exactly that size passed the client's check and was refused by the store. The size told
+    is now one the store takes whatever the topic and properties (a limit under twice the
+    largest properties: whatever the topic, with a few properties): such a body is stored
+    and delivered, one byte more is refused by the client."""
+    with running(tmp_path / "s", endpoint_config(max_message_size=limit)) as (store, _ep, addr):
+        channel, s = stub(addr)
+        with channel:
+            size = _advertised_body_size(s, "T")
+        assert 0 < size < limit
+        props = {"p": "v" * (40 if limit == 1024 else 16000)}
+        with producer(addr, "T") as p:
+            receipt = p.send(message("T", b"b" * size, tag="TagA", keys=("k1",), properties=props))
+            with pytest.raises(IllegalArgumentException):
+                p.send(message("T", b"b" * (size + 1)))
+        with consumer(addr, "G", "T") as c:
+            got = receive_all(c, 1, limit_s=10)
+        assert [(m.message_id, len(m.body)) for m in got] == [(receipt.message_id, size)]
+
+
+def test_retry_and_dead_letter_topics_take_sends_as_the_broker_does(tmp_path):
+    """A producer may send to a group's %RETRY% and %DLQ% topics, as RocketMQ's proxy lets
+    it: they have one queue, 0 (the broker's retryQueueNums and DLQ_NUMS_PER_GROUP; they got
+    default_queue_nums), a send to %RETRY%group keeps its delivery attempt as the record's
+    reconsume times, and past the group's last attempt goes to %DLQ%group instead."""
+    with running(tmp_path / "s", max_attempts=3) as (store, _ep, addr):
+        channel, s = stub(addr)
+        with channel:
+            for topic in ("%RETRY%G", "%DLQ%G"):
+                res = s.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name=topic)), timeout=10)
+                assert res.status.code == Code.OK and [q.id for q in res.message_queues] == [0]
+            for attempt, body in ((2, b"again"), (3, b"spent")):
+                req = _send_request("%RETRY%G", body)
+                req.messages[0].system_properties.delivery_attempt = attempt
+                req.messages[0].system_properties.message_id = body.hex()
+                assert s.SendMessage(req, timeout=10).status.code == Code.OK
+        with producer(addr, "%DLQ%G") as p:
+            p.send(message("%DLQ%G", b"direct"))
+        store.wait_dispatched(10)
+        stored = {(m.topic, m.queue_id, m.body, m.reconsume_times) for m in store.scan()}
+        assert stored == {("%RETRY%G", 0, b"again", 2), ("%DLQ%G", 0, b"spent", 3), ("%DLQ%G", 0, b"direct", 0)}
+        with consumer(addr, "Dlq", "%DLQ%G") as c:
+            assert sorted(m.body for m in receive_all(c, 2, limit_s=10)) == [b"direct", b"spent"]

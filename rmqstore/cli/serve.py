@@ -4,7 +4,7 @@ import dataclasses
 import logging
 import sys
 
-from rmqstore.cli.common import CommandError, byte_size, positive_int, require_store, store_config
+from rmqstore.cli.common import CommandError, byte_size, nonneg_int, positive_int, require_store, store_config
 from rmqstore.store import MessageStore
 
 
@@ -22,7 +22,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, flush_mode="sync")
     with MessageStore(args.store, cfg) as store:
         serve(store, args.listen, auto_create=not args.no_auto_create, max_attempts=args.max_attempts,
-              fifo_groups=frozenset(args.fifo_group), workers=args.workers)
+              fifo_groups=frozenset(args.fifo_group), workers=args.workers,
+              transaction_check_interval_ms=args.transaction_check_interval,
+              transaction_timeout_ms=args.transaction_timeout, transaction_check_max=args.transaction_check_max)
     return 0
 
 
@@ -48,6 +50,15 @@ def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser
                    help="commitlog segment size of a new store, e.g. 64M (default RocketMQ's 1G)")
     p.add_argument("--sync-flush", action="store_true", help="acknowledge a send only once it is on disk")
     p.add_argument("--workers", type=positive_int, default=256, metavar="N",
-                   help="gRPC worker threads (default 256): each connected client holds one and each waiting "
-                        "receive another, within three quarters of them (N * 3/8 clients)")
+                   help="gRPC worker threads, at least 4 (default 256): each connected client holds one and each "
+                        "waiting receive another, within three quarters of them (N * 3/8 clients)")
+    p.add_argument("--transaction-check-interval", type=positive_int, default=30_000, metavar="MS",
+                   help="how often open transactions are checked with their producers (default 30000, "
+                        "RocketMQ's transactionCheckInterval)")
+    p.add_argument("--transaction-timeout", type=nonneg_int, default=6_000, metavar="MS",
+                   help="age before a transaction without the client's own recovery delay is checked (default "
+                        "6000, RocketMQ's transactionTimeOut)")
+    p.add_argument("--transaction-check-max", type=positive_int, default=15, metavar="N",
+                   help="checks before an unresolved transaction is discarded to TRANS_CHECK_MAX_TIME_TOPIC "
+                        "(default 15, RocketMQ's transactionCheckMax)")
     p.set_defaults(func=cmd_serve)

@@ -7,12 +7,15 @@ are. ``rmqstore query`` / ``msg`` therefore find it by key or message id.
 """
 from __future__ import annotations
 
+import functools
+import re
 import time
 import zlib
 
 from rocketmq.grpc_protocol import definition_pb2
 
 from rmqstore._message import Message, MessageExt
+from rmqstore._record import pack_host
 
 Code = definition_pb2.Code
 UNIQ_KEY = "UNIQ_KEY"
@@ -28,6 +31,10 @@ MAX_USER_PROPERTIES = 128
 MAX_USER_PROPERTY_BYTES = 16 * 1024
 MAX_GROUP_BYTES = 64
 PROPERTIES_MAX = 32767      # a record's properties length is an i16
+RETRY_PREFIX = "%RETRY%"    # a group's retry topic is this + the group
+# a record's bytes besides its body, at most: the fixed fields with IPv6 hosts, a topic of 255
+# bytes with its i16 length, the properties with theirs
+RECORD_OVERHEAD = 4 * 5 + 8 * 2 + 4 + 8 + 20 + 8 + 20 + 4 + 8 + 4 + 2 + 255 + 2 + PROPERTIES_MAX
 SYSTEM_PROPERTIES = frozenset({UNIQ_KEY, TAGS, KEYS, MESSAGE_GROUP, DELIVER_MS, "DLQ_ORIGIN_TOPIC",
                                "DLQ_ORIGIN_MESSAGE_ID"})
 # names a sent message's user properties may not use: ours, and RocketMQ's MessageConst.STRING_HASH_SET,
@@ -38,7 +45,8 @@ RESERVED_PROPERTIES = SYSTEM_PROPERTIES | frozenset(
     "CONSUME_START_TIME POP_CK POP_CK_OFFSET 1ST_POP_TIME TRAN_PREPARED_QUEUE_OFFSET DUP_INFO EXTEND_UNIQ_INFO "
     "INSTANCE_ID CORRELATION_ID REPLY_TO_CLIENT TTL ARRIVE_TIME PUSH_REPLY_TIME CLUSTER MSG_TYPE "
     "INNER_MULTI_QUEUE_OFFSET TIMER_DELAY_SEC TIMER_DELIVER_MS TIMER_ENQUEUE_MS TIMER_DEQUEUE_MS TIMER_ROLL_TIMES "
-    "TIMER_OUT_MS TIMER_DEL_UNIQKEY TIMER_DELAY_LEVEL __BORNHOST BORN_TIMESTAMP".split())
+    "TIMER_OUT_MS TIMER_DEL_UNIQKEY TIMER_DELAY_LEVEL __BORNHOST BORN_TIMESTAMP TRANSACTION_CHECK_TIMES "
+    "CHECK_IMMUNITY_TIME_IN_SECONDS".split())
 
 
 class RequestError(Exception):
@@ -47,6 +55,16 @@ class RequestError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def body_limit(max_message_size: int, segment_size: int) -> int:
+    """The largest body the endpoint takes (and tells clients): the store's limit on a whole
+    record (and a segment's room) less the most a record's other fields can take, so a body of
+    this size is stored whatever its topic and properties. A limit too small to leave room for
+    the largest properties leaves room for the fixed fields and topic only."""
+    limit = min(max_message_size, segment_size - 8)
+    room = limit - RECORD_OVERHEAD
+    return room if room >= RECORD_OVERHEAD else max(1, limit - (RECORD_OVERHEAD - PROPERTIES_MAX))
 
 
 def _millis(ts: object) -> int:
@@ -58,9 +76,13 @@ def _set_millis(ts: object, ms: int) -> None:
     ts.nanos *= 1_000_000  # type: ignore[attr-defined]
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]").search   # Java's Character.isISOControl, as the proxy checks
+_SPACE = re.compile(r"\s").search
+
+
 def _control(text: str) -> bool:
-    """Java's Character.isISOControl for some character of ``text``, as the proxy checks."""
-    return any(c < " " or "\x7f" <= c <= "\x9f" for c in text)
+    """Whether some character of ``text`` is a control character."""
+    return _CONTROL(text) is not None
 
 
 def _utf8(text: str) -> int:
@@ -94,42 +116,47 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return b"".join(out)
 
 
-def _peer_host(peer: str) -> str | None:
-    """gRPC's ``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` as ``ip:port``; None for anything else."""
+@functools.lru_cache(maxsize=1024)
+def _peer_host(peer: str) -> bytes | None:
+    """gRPC's ``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` packed as a record's born host; None for
+    anything else (parsed once a peer: a client sends many messages)."""
     kind, _, addr = peer.partition(":")
-    return addr if kind in ("ipv4", "ipv6") else None
+    return pack_host(addr) if kind in ("ipv4", "ipv6") else None
 
 
 def to_store(pb: definition_pb2.Message, peer: str, max_body: int) -> Message:
     """The store message for a sent protocol message; RequestError, with the code RocketMQ's
     proxy answers, for what cannot be stored."""
     sp = pb.system_properties
-    if not sp.message_id.strip() or _control(sp.message_id):
-        raise RequestError(Code.ILLEGAL_MESSAGE_ID, f"message_id {sp.message_id[:80]!r} is blank or holds a control "
-                           "character")
+    mid, tag, keys = sp.message_id, sp.tag, list(sp.keys)
+    if not mid.strip() or _control(mid):
+        raise RequestError(Code.ILLEGAL_MESSAGE_ID, f"message_id {mid[:80]!r} is blank or holds a control character")
     body = _gunzip(pb.body, max_body) if sp.body_encoding == definition_pb2.Encoding.GZIP else pb.body
     if not body:
         raise RequestError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
     if len(body) > max_body:
         raise RequestError(Code.MESSAGE_BODY_TOO_LARGE, f"body of {len(body)} bytes is over the limit of {max_body}")
-    if "|" in sp.tag or sp.tag.isspace() or _control(sp.tag):
-        raise RequestError(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or holds '|' or a control character")
-    if any(not k or any(c.isspace() for c in k) or _control(k) for k in sp.keys):
+    if tag and ("|" in tag or tag.isspace() or _control(tag)):
+        raise RequestError(Code.ILLEGAL_MESSAGE_TAG, f"tag {tag!r} is blank or holds '|' or a control character")
+    if keys and any(not k or _SPACE(k) or _control(k) for k in keys):
         raise RequestError(Code.ILLEGAL_MESSAGE_KEY, "keys must be non-empty and contain no whitespace or control "
                            "character")
     props = dict(pb.user_properties)
-    clash = RESERVED_PROPERTIES.intersection(props)
-    if clash:
-        raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"reserved property name(s): {', '.join(sorted(clash))}")
-    bad = sorted(k for k, v in props.items() if not k or _control(k) or _control(v))
-    if bad:
-        raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user property {bad[0]!r} has an empty name or a "
-                           "control character in its name or value")
-    user_bytes = sum(_utf8(k) + _utf8(v) for k, v in props.items()) + _utf8(sp.tag) + sum(map(_utf8, sp.keys))
+    user_bytes = _utf8(tag) + sum(map(_utf8, keys))
+    if props:
+        clash = RESERVED_PROPERTIES.intersection(props)
+        if clash:
+            raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"reserved property name(s): "
+                               f"{', '.join(sorted(clash))}")
+        bad = sorted(k for k, v in props.items() if not k or _control(k) or _control(v))
+        if bad:
+            raise RequestError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user property {bad[0]!r} has an empty name or a "
+                               "control character in its name or value")
+        user_bytes += sum(_utf8(k) + _utf8(v) for k, v in props.items())
     if len(props) > MAX_USER_PROPERTIES or user_bytes > MAX_USER_PROPERTY_BYTES:
         raise RequestError(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"{len(props)} user properties of {user_bytes} bytes "
                            f"(with tag and keys): at most {MAX_USER_PROPERTIES} of {MAX_USER_PROPERTY_BYTES} bytes")
-    props[UNIQ_KEY] = sp.message_id
+    props[UNIQ_KEY] = mid
     group = sp.message_group
     if group:
         if not group.strip() or _utf8(group) >= MAX_GROUP_BYTES or _control(group):
@@ -141,16 +168,20 @@ def to_store(pb: definition_pb2.Message, peer: str, max_body: int) -> Message:
         if due > time.time() * 1000 + MAX_DELAY_MS:
             raise RequestError(Code.ILLEGAL_DELIVERY_TIME, f"delivery time {due} is more than 40 days ahead")
         props[DELIVER_MS] = str(due)
-    system = {TAGS: sp.tag, KEYS: " ".join(sp.keys)}
-    size = sum(_utf8(k) + _utf8(v) + 2 for k, v in [*props.items(), *((k, v) for k, v in system.items() if v)])
+    size = sum(_utf8(k) + _utf8(v) + 2 for k, v in props.items())
+    size += (len(TAGS) + 2 + _utf8(tag) if tag else 0) + (len(KEYS) + 2 + _utf8(" ".join(keys)) if keys else 0)
     if size > PROPERTIES_MAX:
         raise RequestError(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"properties of {size} bytes (the message id's "
-                           f"{_utf8(sp.message_id)} among them) exceed {PROPERTIES_MAX}")
-    return Message(pb.topic.name, body, tags=sp.tag or None, keys=list(sp.keys) or None, properties=props,
-                   born_timestamp=_born_ms(sp), born_host=_peer_host(peer))
+                           f"{_utf8(mid)} among them) exceed {PROPERTIES_MAX}")
+    msg = Message(pb.topic.name, body, tags=tag or None, keys=keys or None, properties=props,
+                  born_timestamp=_born_ms(sp))
+    msg.born_host_packed = _peer_host(peer)
+    return msg
 
 
 def message_type(props: dict[str, str]) -> int:
+    if props.get("TRAN_MSG") == "true":     # kept on a committed transactional message, as the broker keeps it
+        return definition_pb2.MessageType.TRANSACTION
     if MESSAGE_GROUP in props:
         return definition_pb2.MessageType.FIFO
     if DELIVER_MS in props:
@@ -175,7 +206,7 @@ def to_proto(m: MessageExt, out: definition_pb2.Message, receipt: str, attempt: 
     out.topic.name = m.topic
     out.body = m.body
     for k, v in props.items():
-        if k not in SYSTEM_PROPERTIES and v is not None:
+        if k not in RESERVED_PROPERTIES and v is not None:   # the user's: RocketMQ's own names are refused on send
             out.user_properties[k] = v
     sp = out.system_properties
     if props.get(TAGS):

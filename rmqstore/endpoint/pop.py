@@ -138,7 +138,7 @@ class Pop:
                     self._receive_new(qs, group, topic, q, expression, batch - len(out), now, invisible_ms, records,
                                       out)
             finally:
-                st.append(records, durable=False)
+                st.append(records)
                 if records:
                     self._commit(group, topic, q)
             return out
@@ -149,7 +149,7 @@ class Pop:
         not written: the message is finished for the group all the same and stays in its
         topic, where retrying could never succeed and would stop every receive of the group."""
         try:
-            self.store.put(to_dead_letter(m, group, attempts))
+            self.store.put(to_dead_letter(m, group, attempts), 0)   # the broker's one DLQ queue
         except (MessageTooLargeError, InvalidArgumentError) as e:
             log.error("group %s: the dead-letter copy of %s queue %d offset %d was refused (%s); the message "
                       "is finished for the group and stays in its topic", group, m.topic, m.queue_id,
@@ -199,9 +199,10 @@ class Pop:
                     results.append(None)
                 except RequestError as e:
                     results.append(e)
-            self.state.append(records, durable=True)
+            ticket = self.state.append(records)
             for q in {r[3] for r in records}:
                 self._commit(group, topic, q)
+        self.state.sync(ticket)      # with other threads' acks (group commit), the lock let go
         return results
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
@@ -210,8 +211,9 @@ class Pop:
             q, off, entry = self._pending(group, topic, handle)
             seq = self.state.next_seq()
             until = int(time.time() * 1000) + invisible_ms
-            self.state.append([["r", group, topic, q, off, until, entry[1], seq, entry[3]]], durable=True)
-            return f"{q}.{off}.{seq}"
+            ticket = self.state.append([["r", group, topic, q, off, until, entry[1], seq, entry[3]]])
+        self.state.sync(ticket)
+        return f"{q}.{off}.{seq}"
 
     def dead_letter(self, group: str, topic: str, handle: str) -> None:
         """Move a handed-out message to ``%DLQ%group`` now (the push consumer's FIFO give-up)."""
@@ -227,7 +229,8 @@ class Pop:
                     self._to_dead_letter(m, group, entry[1])
                 except StoreError as e:
                     raise RequestError(Code.INTERNAL_SERVER_ERROR, str(e)) from None
-            self.state.append([["a", group, topic, q, off]], durable=True)
+            ticket = self.state.append([["a", group, topic, q, off]])
+        self.state.sync(ticket)
 
     def next_due_ms(self, group: str, topic: str, queues: list[int]) -> int | None:
         """The earliest invisible-until among the pending messages of these queues."""

@@ -4,6 +4,8 @@ A topic exists when the store holds it, or once a client used it with auto-creat
 gets ``default_queue_nums`` queues, like a broker with ``autoCreateTopicEnable``). Its
 queues are ids 0 to ``default_queue_nums - 1`` and every id the store holds for it: not
 every id up to the largest (one message in queue 2^20 made a route of a million queues).
+A group's retry and dead-letter topics (``%RETRY%``, ``%DLQ%``) have one queue, 0, as the
+broker makes them (retryQueueNums, DLQ_NUMS_PER_GROUP), and every id the store holds.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from rmqstore.topics import validate_topic
 Code = definition_pb2.Code
 BROKER_NAME = "rmqstore"
 ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
-                  definition_pb2.MessageType.DELAY)
+                  definition_pb2.MessageType.DELAY, definition_pb2.MessageType.TRANSACTION)
 # RocketMQ's TopicValidator.isSystemTopic, which its proxy refuses to route, send to or receive from
 SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "SCHEDULE_TOPIC_XXXX_V2", "BenchmarkTest",
                            "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
@@ -49,7 +51,8 @@ class Routes:
                 ids = self.store.queue_ids(topic)
                 if not ids and not (self.auto_create and create):
                     raise RequestError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (auto-create is off)")
-                queues = self._created[topic] = sorted(set(range(self.store.config.default_queue_nums)).union(ids))
+                base = 1 if topic.startswith(("%RETRY%", "%DLQ%")) else self.store.config.default_queue_nums
+                queues = self._created[topic] = sorted(set(range(base)).union(ids))
         return list(queues)
 
     def message_queues(self, topic: str, endpoints: definition_pb2.Endpoints,

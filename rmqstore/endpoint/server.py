@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,12 +19,26 @@ from rmqstore.endpoint.pop import Pop
 from rmqstore.endpoint.routes import Routes
 from rmqstore.endpoint.service import MessagingService
 from rmqstore.endpoint.state import PopState
+from rmqstore.endpoint.transactions import CHECK_INTERVAL_MS, CHECK_MAX, TIMEOUT_MS, Transactions
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, StoreClosedError
 from rmqstore.store import MessageStore
 
 log = logging.getLogger("rmqstore.endpoint")
 _served: set[str] = set()   # the stores endpoints of this process serve (real paths)
 _served_lock = threading.Lock()
+MIN_WORKERS = 4
+
+
+@contextlib.contextmanager
+def _operation(store: MessageStore) -> Iterator[None]:
+    """Run a step on the store's files as one of its operations: close() (which lets the
+    writer lock go) waits for it to end, and once closing has begun it raises
+    StoreClosedError instead of starting, so the step runs while the lock is held."""
+    store._gate.enter()
+    try:
+        yield
+    finally:
+        store._gate.leave()
 
 
 def _endpoints(host: str, port: int) -> definition_pb2.Endpoints:
@@ -41,15 +55,30 @@ class Endpoint:
     which the caller owns). A store is served by one endpoint at a time: a second one would
     hand out the messages the first handed out, and the two would overwrite each other's
     consumption state; a read-only store is refused too, as serving writes that state into
-    it (``config/popState.json``) and sends write messages."""
+    it (``config/popState.json``) and sends write messages.
+
+    Transactional messages are checked every ``transaction_check_interval_ms`` once older
+    than ``transaction_timeout_ms`` (or the client's recovery delay), at most
+    ``transaction_check_max`` times (RocketMQ's transactionCheckInterval, transactionTimeOut,
+    transactionCheckMax; see rmqstore.endpoint.transactions)."""
 
     @checked(skip=1)
     def __init__(self, store: MessageStore, listen: str = "127.0.0.1:8081", auto_create: bool = True,
-                 max_attempts: int = 17, fifo_groups: Iterable[str] = (), workers: int = 256) -> None:
+                 max_attempts: int = 17, fifo_groups: Iterable[str] = (), workers: int = 256,
+                 transaction_check_interval_ms: int = CHECK_INTERVAL_MS, transaction_timeout_ms: int = TIMEOUT_MS,
+                 transaction_check_max: int = CHECK_MAX) -> None:
         if not isinstance(store, MessageStore):
             raise InvalidArgumentTypeError(f"Endpoint serves a MessageStore, not {type(store).__name__}")
-        if max_attempts < 1 or workers < 1:
-            raise InvalidArgumentError(f"max_attempts ({max_attempts}) and workers ({workers}) must be at least 1")
+        if max_attempts < 1:
+            raise InvalidArgumentError(f"max_attempts ({max_attempts}) must be at least 1")
+        if workers < MIN_WORKERS:
+            raise InvalidArgumentError(f"workers ({workers}) must be at least {MIN_WORKERS}: two for short calls, one "
+                                       "for a connected client and one for a waiting receive")
+        if transaction_check_interval_ms < 1 or transaction_timeout_ms < 0 or transaction_check_max < 1:
+            raise InvalidArgumentError(f"transaction check interval ({transaction_check_interval_ms} ms) and check "
+                                       f"max ({transaction_check_max}) must be at least 1, the timeout "
+                                       f"({transaction_timeout_ms} ms) at least 0")
+        self._tx_options = (transaction_check_interval_ms, transaction_timeout_ms, transaction_check_max)
         fifo_groups = frozenset(text_arg("fifo group", g) for g in fifo_groups)
         host, sep, port = listen.rpartition(":")
         if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
@@ -73,7 +102,7 @@ class Endpoint:
     def _start(self, store: MessageStore, listen: str, auto_create: bool, max_attempts: int,
                fifo_groups: frozenset[str], workers: int, host: str) -> None:
         self.store = store
-        self.state = PopState(store.path, store.config.file_mode, store.config.dir_mode)
+        self.state = PopState(store.path, store.config.file_mode, store.config.dir_mode, lambda: _operation(store))
         self.pop = Pop(store, self.state, max_attempts)
         self.server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rmqstore-endpoint"),
                                   options=[("grpc.max_receive_message_length", store.config.max_message_size + 65536)])
@@ -90,6 +119,12 @@ class Endpoint:
         held = max(0, workers - max(2, workers // 4))   # a quarter (2 at least) kept for the short calls
         self.service = MessagingService(store, self.pop, Routes(store, auto_create), _endpoints(advertised, self.port),
                                         max_attempts, fifo_groups, sessions=held // 2, long_polls=held - held // 2)
+        try:
+            self.transactions = Transactions(store, self.service.send_check, *self._tx_options)
+        except BaseException:
+            self.state.close()
+            raise
+        self.service.transactions = self.transactions
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self.server)
         self.server.start()
         self._stopped = threading.Event()
@@ -106,6 +141,7 @@ class Endpoint:
             with contextlib.suppress(StoreClosedError):   # closed under the endpoint: nothing to flush
                 self.store.flush()
         finally:
+            self.transactions.close()
             self.state.close()
             with _served_lock:
                 _served.discard(self._key)

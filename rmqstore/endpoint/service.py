@@ -1,30 +1,37 @@
 """The gRPC ``apache.rocketmq.v2.MessagingService`` over a MessageStore.
 
 Every call answers with a protocol status; a request the endpoint cannot serve gets a
-clear code (``UNSUPPORTED`` for transactions, recall, lite topics, offsets and pull), and an
-unexpected failure becomes ``INTERNAL_SERVER_ERROR`` for that call only.
+clear code (``UNSUPPORTED`` for recall, lite topics, offsets and pull), and an unexpected
+failure becomes ``INTERNAL_SERVER_ERROR`` for that call only. Transactional messages are
+served by rmqstore.endpoint.transactions; the telemetry stream carries its checks.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import queue
 import threading
 import time
+import weakref
 import zlib
 from typing import Any, Callable, Iterator, TypeVar
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
-from rmqstore.endpoint.codec import DLQ_PREFIX, RequestError, to_proto, to_store
+from rmqstore._message import MessageExt
+from rmqstore.endpoint.codec import DLQ_PREFIX, RETRY_PREFIX, RequestError, body_limit, to_proto, to_store
 from rmqstore.endpoint.pop import Pop, check_filter
 from rmqstore.endpoint.routes import Routes
+from rmqstore.endpoint.transactions import Transactions, transaction_id
 from rmqstore.errors import InvalidArgumentError, InvalidTopicError, MessageTooLargeError, StoreError
 from rmqstore.store import MessageStore
 from rmqstore.topics import validate_group, validate_topic
 
 log = logging.getLogger("rmqstore.endpoint")
 Code = definition_pb2.Code
+Resolution = definition_pb2.TransactionResolution
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_POLL_S = 60.0
 DEFAULT_INVISIBLE_MS = 30_000
@@ -92,6 +99,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.max_attempts = max_attempts
         self.fifo_groups = fifo_groups
         self.stopping = threading.Event()
+        self.max_body = body_limit(store.config.max_message_size, store.config.commitlog_file_size)
+        self.transactions: Transactions | None = None   # set by the Endpoint before it serves
+        self._producers: dict[str, list[queue.SimpleQueue[Any]]] = {}   # topic -> its producers' streams
+        self._producers_lock = threading.Lock()
+        self._ended: weakref.WeakSet[queue.SimpleQueue[Any]] = weakref.WeakSet()   # streams closed
+        self._turn = itertools.count()
 
     # -- routes and clients ---------------------------------------------------------------
     @_answer(service_pb2.QueryRouteResponse)
@@ -121,20 +134,71 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return _ok(service_pb2.NotifyClientTerminationResponse())
 
     def Telemetry(self, request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
-        """Settings exchange: each settings command is answered with the server's settings."""
+        """Settings exchange (each settings command is answered with the server's settings)
+        and, to the producers of a topic, the checks of its open transactions. A thread
+        reads the client's commands; this one writes what is queued for the client."""
         client = _client_id(context)
         if not self.sessions.acquire(blocking=False):
             log.warning("client %s from %s refused: %d clients connected", client, context.peer(), self.session_limit)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.session_limit} clients connected, the most this "
                           "endpoint serves (rmqstore serve --workers)")
         log.info("client %s connected from %s", client, context.peer())
+        out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        topics: set[str] = set()
+
+        def read() -> None:
+            try:
+                for cmd in request_iterator:
+                    if cmd.HasField("settings"):
+                        if cmd.settings.HasField("publishing"):
+                            self._publishes(out, topics, {t.name for t in cmd.settings.publishing.topics}, True)
+                        out.put(self._settings(cmd.settings))
+            except grpc.RpcError:   # the stream ended under the reader
+                pass
+            finally:
+                out.put(None)
+        context.add_callback(lambda: out.put(None))
+        threading.Thread(target=read, name=f"rmqstore-telemetry-{client}", daemon=True).start()
         try:
-            for cmd in request_iterator:
-                if cmd.HasField("settings"):
-                    yield self._settings(cmd.settings)
+            while (cmd := out.get()) is not None:
+                yield cmd
         finally:
+            self._publishes(out, topics, set(), False)
             self.sessions.release()
             log.info("client %s disconnected", client)
+
+    def _publishes(self, stream: queue.SimpleQueue[Any], now: set[str], topics: set[str], live: bool) -> None:
+        """Register ``stream`` as a producer of ``topics`` instead of ``now`` (``live``
+        False: the stream ended, and later registrations by its reader are ignored)."""
+        with self._producers_lock:
+            if stream in self._ended:
+                return
+            for t in now - topics:
+                self._producers[t].remove(stream)
+                if not self._producers[t]:
+                    del self._producers[t]
+            for t in topics - now:
+                self._producers.setdefault(t, []).append(stream)
+            now.clear()
+            now.update(topics)
+            if not live:
+                self._ended.add(stream)
+
+    def send_check(self, group: str, half: MessageExt, transaction_id: str) -> bool:
+        """Ask one producer of ``group`` (RocketMQ's proxy makes a topic its own producer
+        group) to resolve the half message ``half``; False when none is connected."""
+        with self._producers_lock:
+            streams = self._producers.get(group)
+            stream = streams[next(self._turn) % len(streams)] if streams else None
+        if stream is None:
+            return False
+        cmd = service_pb2.TelemetryCommand()
+        rec = cmd.recover_orphaned_transaction_command
+        to_proto(half, rec.message, "", 0, 0)
+        rec.message.topic.name = group
+        rec.transaction_id = transaction_id
+        stream.put(cmd)
+        return True
 
     def _settings(self, asked: definition_pb2.Settings) -> service_pb2.TelemetryCommand:
         out = service_pb2.TelemetryCommand()
@@ -145,7 +209,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         s.backoff_policy.exponential_backoff.max.seconds = 10
         s.backoff_policy.exponential_backoff.multiplier = 2.0
         if asked.HasField("publishing"):
-            s.publishing.max_body_size = self.store.config.max_message_size
+            s.publishing.max_body_size = self.max_body
             s.publishing.validate_message_type = True
         if asked.HasField("subscription"):
             s.subscription.fifo = asked.subscription.group.name in self.fifo_groups
@@ -160,17 +224,22 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if len(request.messages) == 0:
             raise RequestError(Code.MESSAGE_CORRUPTED, "no message to send")
         topic = request.messages[0].topic
-        if any(pb.topic != topic for pb in request.messages):   # as RocketMQ's proxy: one topic per send
+        if len(request.messages) > 1 and any(pb.topic != topic for pb in request.messages):   # as RocketMQ's proxy
             raise RequestError(Code.MESSAGE_CORRUPTED, f"the messages of a send name several topics "
                                f"({sorted({pb.topic.name for pb in request.messages})[:4]}); one send, one topic")
+        if any(pb.system_properties.message_type == definition_pb2.MessageType.TRANSACTION for pb in request.messages):
+            return self._send_half(request, context)
+        queues = self.routes.queues(_name(topic))
+        peer = context.peer()
         msgs, qids = [], []
         for pb in request.messages:
-            if pb.system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
-                raise RequestError(Code.UNSUPPORTED, "transactional messages are not supported")
-            queues = self.routes.queues(_name(pb.topic))
-            msgs.append(to_store(pb, context.peer(), self.store.config.max_message_size))
+            msg = to_store(pb, peer, self.max_body)
             group = pb.system_properties.message_group
-            qids.append(queues[_hash(group) % len(queues)] if group else None)
+            qid = queues[(_hash(group) if group else next(self._turn)) % len(queues)]
+            if msg.topic.startswith(RETRY_PREFIX):
+                qid = self._retry(msg, pb.system_properties.delivery_attempt, qid)
+            msgs.append(msg)
+            qids.append(qid)
         res = service_pb2.SendMessageResponse()   # all or nothing: a refused message stores none of the request
         for pb, put in zip(request.messages, self.store.put_batch(msgs, qids), strict=True):
             e = res.entries.add()
@@ -179,6 +248,48 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             e.offset = put.queue_offset
         self.pop.notify()
         return _ok(res)
+
+    def _retry(self, msg: Any, attempt: int, qid: int) -> int:
+        """A send to a group's retry topic, as RocketMQ's broker takes one: its delivery
+        attempt is the record's reconsume times, and past the group's last attempt it goes to
+        the group's dead-letter topic (queue 0) instead. The queue id it is stored in."""
+        msg.reconsume_times = max(0, attempt)
+        if attempt < self.max_attempts:
+            return qid
+        msg.topic = DLQ_PREFIX + msg.topic[len(RETRY_PREFIX):]
+        self.routes.queues(msg.topic)
+        return 0
+
+    def _send_half(self, request: Any, context: Any) -> Any:
+        """A transactional send: one message, stored as a half message."""
+        if len(request.messages) != 1:
+            raise RequestError(Code.MESSAGE_CORRUPTED, "a transactional send holds exactly one message")
+        pb = request.messages[0]
+        if pb.system_properties.message_group or pb.system_properties.HasField("delivery_timestamp"):
+            raise RequestError(Code.MESSAGE_CORRUPTED, "a transactional message cannot have a message group or a "
+                               "delivery time")
+        queues = self.routes.queues(_name(pb.topic))
+        msg = to_store(pb, context.peer(), self.max_body)
+        assert self.transactions is not None
+        half = self.transactions.put_half(msg, queues[next(self._turn) % len(queues)],
+                                          int(pb.system_properties.orphaned_transaction_recovery_duration.seconds))
+        res = service_pb2.SendMessageResponse()
+        e = _ok(res.entries.add())
+        e.message_id, e.offset = pb.system_properties.message_id, half.queue_offset
+        e.transaction_id = transaction_id(half)
+        return _ok(res)
+
+    @_answer(service_pb2.EndTransactionResponse)
+    def EndTransaction(self, request: Any, context: Any) -> Any:
+        resolution = request.resolution
+        if resolution not in (Resolution.COMMIT, Resolution.ROLLBACK):
+            raise RequestError(Code.BAD_REQUEST,
+                               f"transaction resolution {resolution} is neither COMMIT nor ROLLBACK")
+        assert self.transactions is not None
+        self.transactions.end(_name(request.topic), request.message_id, request.transaction_id,
+                              resolution == Resolution.COMMIT)
+        self.pop.notify()
+        return _ok(service_pb2.EndTransactionResponse())
 
     # -- receive and ack ------------------------------------------------------------------
     def ReceiveMessage(self, request: Any, context: Any) -> Iterator[Any]:
@@ -282,9 +393,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # -- unsupported ----------------------------------------------------------------------
     def _unsupported(self, response: type, what: str) -> Any:
         return _status(response(), Code.UNSUPPORTED, f"{what} is not supported by the rmqstore endpoint")
-
-    def EndTransaction(self, request: Any, context: Any) -> Any:
-        return self._unsupported(service_pb2.EndTransactionResponse, "EndTransaction")
 
     def RecallMessage(self, request: Any, context: Any) -> Any:
         return self._unsupported(service_pb2.RecallMessageResponse, "RecallMessage")

@@ -26,29 +26,39 @@ On disk, under ``STORE/config/``:
 Durability rules:
 
 1. An ack is appended and the log fsynced before the ack is answered, so an acked
-   message is never handed out again, whatever kills the process afterwards.
+   message is never handed out again, whatever kills the process afterwards. Acks of
+   concurrent calls share one fsync (group commit: ``sync`` covers every record appended
+   before it began), taken outside the state lock so appends go on meanwhile. Once an
+   fsync has failed, ``sync`` raises for good: nothing written before it is acknowledged.
 2. Receives and ``next`` moves are appended without fsync: losing them in a crash only
    makes messages visible again (at-least-once), never loses one.
 3. Replaying the log over the snapshot is idempotent (``r`` sets, ``a`` drops, ``n`` takes
    the maximum), so a crash between writing a new snapshot and emptying the log is safe.
 4. Replay stops at the first line that is torn or fails its CRC (the unsynced tail of a
    crash) and truncates the log there. Both files are created 0600 with O_NOFOLLOW.
+5. Every rename and truncation of these files runs inside ``guard`` (the endpoint's: an
+   operation of the open store, which holds the writer lock): once the store has let the
+   lock go, another writer may own the directory, and the files are left as they are.
 
 Thread-safety: every method takes the instance lock; callers group their changes with
-``with state.lock:``.
+``with state.lock:`` and call ``sync`` after letting it go.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import logging
 import os
 import threading
 import time
 import zlib
-from typing import Any
+from typing import Any, Callable, ContextManager
 
-from rmqstore.errors import CorruptStoreError
+from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreIOError
 from rmqstore.files import fsync, make_dirs, open_file, parse_json, read_file, write_atomic
 
+log = logging.getLogger("rmqstore.endpoint")
 QueueKey = tuple[str, str, int]
 _COMPACT_BYTES = 4 << 20
 
@@ -64,6 +74,18 @@ def _queue_id(v: Any) -> int:
     return _int(v, 0, 1 << 31, "a queue id")
 
 
+@functools.lru_cache(maxsize=4096)
+def _json_text(s: str) -> str:
+    return json.dumps(s)
+
+
+def encode_record(rec: list[Any]) -> bytes:
+    """A log record as ``json.dumps(rec, separators=(",", ":"))`` writes it: kind, group,
+    topic, then integers (the names encoded once, not per record)."""
+    op, g, t, *ints = rec
+    return f"[{_json_text(op)},{_json_text(g)},{_json_text(t)},{','.join(map(str, ints))}]".encode()
+
+
 class QueueState:
     """``next`` and ``pending`` of one (group, topic, queue)."""
 
@@ -77,16 +99,22 @@ class QueueState:
 class PopState:
     """The consumption state of every group (see the module docstring for the format)."""
 
-    def __init__(self, root: str, file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
+    def __init__(self, root: str, file_mode: int = 0o600, dir_mode: int = 0o700,
+                 guard: Callable[[], ContextManager[object]] = contextlib.nullcontext) -> None:
         self.dir = os.path.join(root, "config")
         self.snapshot_path = os.path.join(self.dir, "popState.json")
         self.log_path = os.path.join(self.dir, "popState.log")
         self.file_mode = file_mode
         self.dir_mode = dir_mode
+        self.guard = guard
         self.lock = threading.RLock()
         self.queues: dict[QueueKey, QueueState] = {}
         self._seq = 0
         self._fd = -1
+        self._generation = 0     # log files started (a ticket of an older one is in a snapshot)
+        self._synced = 0         # log bytes known on disk
+        self._sync_lock = threading.Lock()
+        self._sync_failed: OSError | None = None
         make_dirs(self.dir, dir_mode)
         self._load()
         self._compact()
@@ -148,7 +176,11 @@ class PopState:
             raise ValueError(f"record kind {op!r} (not r, a or n)")
 
     def _compact(self) -> None:
-        """Write the whole state as a new snapshot, then start an empty log."""
+        """Write the whole state as a new snapshot, then start an empty log (inside ``guard``)."""
+        with self.guard():
+            self._compact_held()
+
+    def _compact_held(self) -> None:
         rows = [[g, t, q, qs.next, [[o, *e] for o, e in sorted(qs.pending.items())]]
                 for (g, t, q), qs in self.queues.items()]
         write_atomic(self.snapshot_path, json.dumps({"version": 1, "seq": self._seq, "queues": rows}).encode(),
@@ -158,7 +190,8 @@ class PopState:
         self._fd = open_file(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self.file_mode)
         os.ftruncate(self._fd, 0)
         fsync(self._fd, self.log_path)
-        self._size = 0
+        self._size = self._synced = 0
+        self._generation += 1
 
     # -- changes --------------------------------------------------------------------------
     def queue(self, key: QueueKey) -> QueueState:
@@ -172,28 +205,58 @@ class PopState:
         self._seq = max(self._seq + 1, time.time_ns() // 1000)
         return self._seq
 
-    def append(self, records: list[list[Any]], durable: bool) -> None:
-        """Apply ``records`` and append them to the log (fsynced when ``durable``)."""
-        if not records:
-            return
+    def append(self, records: list[list[Any]]) -> tuple[int, int]:
+        """Apply ``records`` and append them to the log (not synced); the ticket ``sync``
+        takes to make them durable."""
         with self.lock:
             out = []
             for rec in records:
                 self._apply(rec)
-                text = json.dumps(rec, separators=(",", ":")).encode()
+                text = encode_record(rec)
                 out.append(b"%08x %s\n" % (zlib.crc32(text), text))
             blob = memoryview(b"".join(out))
             self._size += len(blob)
             while blob:
                 blob = blob[os.write(self._fd, blob):]
-            if durable:
-                fsync(self._fd, self.log_path)
+            ticket = (self._generation, self._size)
             if self._size > _COMPACT_BYTES:
                 self._compact()
+            return ticket
+
+    def sync(self, ticket: tuple[int, int]) -> None:
+        """Make the records appended up to ``ticket`` durable (call without holding ``lock``).
+        One caller's fsync covers what every thread appended before it began; the callers
+        queued meanwhile find their records covered and return without one."""
+        generation, upto = ticket
+        with self._sync_lock:
+            with self.lock:
+                if self._sync_failed is not None:
+                    raise StoreIOError(f"{self.log_path}: an earlier fsync failed ({self._sync_failed}); nothing "
+                                       "written before it is acknowledged until the endpoint restarts")
+                if generation != self._generation or self._synced >= upto:
+                    return      # in a snapshot written since (durable), or synced by another caller
+                fd, end = os.dup(self._fd), self._size   # a compaction may close the log's fd meanwhile
+            try:
+                fsync(fd, self.log_path)
+            except OSError as e:
+                self._sync_failed = e
+                raise
+            finally:
+                os.close(fd)
+            with self.lock:
+                if generation == self._generation:
+                    self._synced = max(self._synced, end)
 
     def close(self) -> None:
+        """Compact and close the log; if ``guard`` refuses (the store is closed), only close
+        it: the log holds every change, and the files are not the endpoint's to rewrite."""
         with self.lock:
             if self._fd >= 0:
-                self._compact()
-                os.close(self._fd)
-                self._fd = -1
+                try:
+                    self._compact()
+                except StoreClosedError:
+                    log.warning("%s: the store closed before the endpoint; consumption state left as the log "
+                                "holds it", self.dir)
+                finally:
+                    os.close(self._fd)
+                    self._fd = -1

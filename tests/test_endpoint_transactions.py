@@ -1,0 +1,268 @@
+"""Transactional messages through the official client (begin_transaction, send(msg, tx),
+commit / rollback, a TransactionChecker), stored as RocketMQ's broker stores them (half
+topic, op topic), and resolved exactly once across a SIGKILL of the server."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("grpc")
+pytest.importorskip("rocketmq")
+
+from rocketmq import Producer, TransactionChecker  # noqa: E402
+from rocketmq.grpc_protocol import definition_pb2, service_pb2  # noqa: E402
+from test_endpoint_crash import _start  # noqa: E402
+
+from rmqstore import Message, MessageStore, StoreConfig  # noqa: E402
+from rmqstore.endpoint.transactions import Transactions, _final  # noqa: E402
+
+from endpoint_client import client_config, consumer, endpoint_config, message, receive_all, running, stub  # noqa: E402
+
+Code = definition_pb2.Code
+Resolution = definition_pb2.TransactionResolution
+HALF, OP, DISCARD = "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"
+
+
+class Checker(TransactionChecker):
+    """Answers from ``decide(body)``; records what it was asked."""
+
+    def __init__(self, decide):
+        self.decide = decide
+        self.asked = []
+        self.lock = threading.Lock()
+
+    def check(self, msg):
+        with self.lock:
+            self.asked.append(bytes(msg.body))
+        return self.decide(bytes(msg.body))
+
+
+def _producer(addr, checker, topic="Tx"):
+    p = Producer(client_config(addr), (topic,), checker)
+    p.startup()
+    return p
+
+
+def _send(p, body, topic="Tx"):
+    tx = p.begin_transaction()
+    receipt = p.send(message(topic, body, keys=(body.decode(),)), tx)
+    return tx, receipt
+
+
+def _wait(cond, limit_s=60):
+    """Wait for ``cond()`` (a guard against a hang, not a timing assertion)."""
+    end = time.monotonic() + limit_s
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.05)
+    return cond()
+
+
+def _bodies(store, topic):
+    return sorted(m.body for m in store.scan() if m.topic == topic)
+
+
+def test_commit_once_rollback_never_stored_as_rocketmq_stores_them(tmp_path):
+    checker = Checker(lambda body: Resolution.ROLLBACK)
+    with running(tmp_path / "s") as (store, _ep, addr):
+        p = _producer(addr, checker)
+        try:
+            tx, committed = _send(p, b"commit")
+            tx.commit()
+            tx, rolled = _send(p, b"rollback")
+            tx.rollback()
+        finally:
+            p.shutdown()
+        with consumer(addr, "G", "Tx") as c:
+            got = receive_all(c, 1, limit_s=10)
+            c.await_duration = 2
+            assert c.receive(32, 30) == []
+        assert [m.body for m in got] == [b"commit"]
+        assert got[0].message_id == committed.message_id
+        assert got[0].message_type == definition_pb2.MessageType.TRANSACTION
+        assert got[0].properties == {}                        # no RocketMQ-internal property shown as the user's
+        store.wait_dispatched(10)
+        halves = store.get_messages(HALF, 0, 0, 10).messages
+        assert [h.body for h in halves] == [b"commit", b"rollback"]
+        for h, receipt in zip(halves, (committed, rolled), strict=True):
+            assert h.uniq_key == receipt.message_id
+            assert h.properties["REAL_TOPIC"] == "Tx" and h.properties["TRAN_MSG"] == "true"
+            assert h.properties["PGROUP"] == "Tx"
+            assert int(h.properties["REAL_QID"]) in range(store.config.default_queue_nums)
+            assert h.sys_flag & 0xC == 0                      # the broker resets PREPARED: the half queue is readable
+        ops = store.get_messages(OP, 0, 0, 10).messages
+        assert sorted((o.tags, o.body) for o in ops) == [("d", b"0"), ("d", b"1")]
+        final = [m for m in store.scan() if m.topic == "Tx"]
+        assert len(final) == 1 and final[0].sys_flag & 0xC == 0x8            # TRANSACTION_COMMIT_TYPE
+        assert final[0].prepared_transaction_offset == halves[0].phy_offset
+        assert final[0].queue_id == int(halves[0].properties["REAL_QID"])
+        assert "REAL_TOPIC" not in final[0].properties and final[0].properties["TRAN_MSG"] == "true"
+        assert checker.asked == []                            # resolved by the client: never checked
+
+
+def test_an_orphan_is_resolved_by_the_checker(tmp_path):
+    """A half the client never ends is checked over the telemetry stream: the checker's
+    COMMIT delivers it once, its ROLLBACK never; each check put back a copy with
+    TRANSACTION_CHECK_TIMES counted."""
+    checker = Checker(lambda body: Resolution.COMMIT if body == b"yes" else Resolution.ROLLBACK)
+    with running(tmp_path / "s", transaction_check_interval_ms=200, transaction_timeout_ms=0) as (store, ep, addr):
+        p = _producer(addr, checker)
+        try:
+            _send(p, b"yes")
+            _send(p, b"no")
+            assert _wait(lambda: not ep.transactions.open)
+        finally:
+            p.shutdown()
+        assert sorted(checker.asked) == [b"no", b"yes"]
+        with consumer(addr, "G", "Tx") as c:
+            got = receive_all(c, 1, limit_s=10)
+            c.await_duration = 2
+            assert c.receive(32, 30) == []
+        assert [m.body for m in got] == [b"yes"]
+        store.wait_dispatched(10)
+        copies = [h for h in store.get_messages(HALF, 0, 0, 10).messages if "TRANSACTION_CHECK_TIMES" in h.properties]
+        assert sorted((h.body, h.properties["TRANSACTION_CHECK_TIMES"]) for h in copies) == [(b"no", "1"),
+                                                                                            (b"yes", "1")]
+        assert store.committed_offset("CID_RMQ_SYS_TRANS", HALF, 0) == store.max_offset(HALF, 0)
+
+
+def test_unresolved_after_the_check_max_is_discarded(tmp_path):
+    """A checker that never answers COMMIT or ROLLBACK: after transaction_check_max checks
+    the half goes to TRANS_CHECK_MAX_TIME_TOPIC and is never delivered."""
+    checker = Checker(lambda body: Resolution.TRANSACTION_RESOLUTION_UNSPECIFIED)
+    with running(tmp_path / "s", transaction_check_interval_ms=200, transaction_timeout_ms=0,
+                 transaction_check_max=2) as (store, ep, addr):
+        p = _producer(addr, checker)
+        try:
+            _send(p, b"undecided")
+            assert _wait(lambda: not ep.transactions.open)
+        finally:
+            p.shutdown()
+        assert checker.asked == [b"undecided"] * 2
+        assert _bodies(store, DISCARD) == [b"undecided"] and _bodies(store, "Tx") == []
+
+
+def test_forged_and_repeated_ends_are_refused(tmp_path):
+    with running(tmp_path / "s") as (store, ep, addr):
+        p = _producer(addr, Checker(lambda body: Resolution.ROLLBACK))
+        try:
+            tx, receipt = _send(p, b"once")
+        finally:
+            p.shutdown()
+        channel, s = stub(addr)
+        with channel:
+            def end(tid, mid=receipt.message_id, topic="Tx", resolution=Resolution.COMMIT):
+                req = service_pb2.EndTransactionRequest(message_id=mid, transaction_id=tid, resolution=resolution)
+                req.topic.name = topic
+                return s.EndTransaction(req, timeout=10).status.code
+            tid = receipt.transaction_id
+            for forged in ("", "x", "0.1", tid + "0", "1." + tid.split(".")[1]):
+                assert end(forged) == Code.INVALID_TRANSACTION_ID
+            assert end(tid, mid="other") == Code.INVALID_TRANSACTION_ID
+            assert end(tid, topic="Other") == Code.INVALID_TRANSACTION_ID
+            assert end(tid, resolution=Resolution.TRANSACTION_RESOLUTION_UNSPECIFIED) == Code.BAD_REQUEST
+            assert end(tid) == Code.OK
+            assert end(tid) == end(tid, resolution=Resolution.ROLLBACK) == Code.INVALID_TRANSACTION_ID
+        assert _bodies(store, "Tx") == [b"once"]
+
+
+def test_a_commit_cut_before_its_op_message_is_finished_at_start(tmp_path):
+    """A kill between writing the committed message and its op message: at the next start
+    the commit is found in the commitlog and the op written; the message is not checked
+    (a checker's COMMIT would have delivered it twice)."""
+    cfg = endpoint_config()
+    asked = []
+    with MessageStore(tmp_path / "s", cfg) as store:
+        tx = Transactions(store, lambda *a: asked.append(a) or True, 60_000)
+        half = tx.put_half(Message("Tx", b"cut", properties={"UNIQ_KEY": "ID1"}), 0, 0)
+        tx.put_half(Message("Tx", b"open", properties={"UNIQ_KEY": "ID2"}), 1, 0)
+        store.put(_final(half, half.phy_offset), 0)          # the kill comes before the op message
+        tx.close()
+    with MessageStore(tmp_path / "s", cfg) as store:
+        tx = Transactions(store, lambda *a: asked.append(a) or True, 60_000, 0)
+        assert set(tx.open) == {"ID2"}
+        store.wait_dispatched(10)
+        assert [o.body for o in store.get_messages(OP, 0, 0, 10).messages] == [str(half.queue_offset).encode()]
+        tx.check()
+        assert [a[1].body for a in asked] == [b"open"]
+        tx.close()
+        assert _bodies(store, "Tx") == [b"cut"]
+
+
+def test_sigkill_between_half_and_resolution(tmp_path):
+    """Halves committed, rolled back and left open, then SIGKILL of ``rmqstore serve``:
+    after a restart each ends in exactly one outcome: committed ones delivered once, rolled
+    back ones never, open ones resolved by the checker (once)."""
+    store, log = tmp_path / "store", tmp_path / "serve.log"
+    log.write_text("=== start\n")
+    opts = ["--transaction-check-interval", "300", "--transaction-timeout", "0"]
+    proc, addr = _start(store, log, opts)
+    try:
+        p = _producer(addr, Checker(lambda body: Resolution.TRANSACTION_RESOLUTION_UNSPECIFIED))
+        try:
+            # checks run meanwhile and this checker answers nothing: ends race with them
+            for i in range(10):
+                tx, _ = _send(p, b"c%d" % i)
+                tx.commit()
+                tx, _ = _send(p, b"r%d" % i)
+                tx.rollback()
+                _send(p, b"o%d" % i)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        finally:
+            p.shutdown()
+    finally:
+        proc.kill()
+    with open(log, "a") as f:
+        f.write("=== start\n")
+    checker = Checker(lambda body: Resolution.COMMIT if int(body[1:]) % 2 else Resolution.ROLLBACK)
+    proc, addr = _start(store, log, opts)
+    try:
+        p = _producer(addr, checker)
+        try:
+            with consumer(addr, "G", "Tx") as c:
+                got = receive_all(c, 15, limit_s=30)
+                c.await_duration = 3
+                assert c.receive(32, 30) == []
+        finally:
+            p.shutdown()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+    bodies = sorted(m.body for m in got)
+    assert bodies == sorted([b"c%d" % i for i in range(10)] + [b"o%d" % i for i in range(1, 10, 2)])
+    assert sorted(set(checker.asked)) == sorted(b"o%d" % i for i in range(10))
+    cfg = StoreConfig(commitlog_file_size=1 << 20, index_slots=1024, index_entries=8192)
+    with MessageStore(store, cfg, read_only=True) as s:
+        assert s.verify().ok
+        assert sorted(m.body for m in s.scan() if m.topic == "Tx") == bodies     # stored once each
+
+
+def test_an_orphan_of_a_producer_gone_is_resolved_by_another(tmp_path):
+    """The producer that sent the half shuts down without ending it: the checks go to the
+    producers of the topic still connected (none for a while: the check is counted and
+    nothing is sent to the gone one), and a producer started later resolves it, once."""
+    silent = Checker(lambda body: Resolution.TRANSACTION_RESOLUTION_UNSPECIFIED)
+    later = Checker(lambda body: Resolution.COMMIT)
+    with running(tmp_path / "s", transaction_check_interval_ms=200, transaction_timeout_ms=0) as (store, ep, addr):
+        p = _producer(addr, silent)
+        try:
+            _send(p, b"left")
+        finally:
+            p.shutdown()
+        asked_before = len(silent.asked)
+        assert _wait(lambda: "TRANSACTION_CHECK_TIMES" in ep.transactions.open[next(iter(ep.transactions.open))]
+                     .latest.properties and not ep.service._producers)
+        p = _producer(addr, later)
+        try:
+            assert _wait(lambda: not ep.transactions.open)
+        finally:
+            p.shutdown()
+        assert len(silent.asked) == asked_before and later.asked[:1] == [b"left"]
+        with consumer(addr, "G", "Tx") as c:
+            got = receive_all(c, 1, limit_s=10)
+            c.await_duration = 2
+            assert c.receive(32, 30) == []
+        assert [m.body for m in got] == [b"left"]
