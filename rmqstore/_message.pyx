@@ -106,9 +106,10 @@ def queue_id_arg(queue_id):
 
 
 cdef class Message:
-    """A message to put. ``tags`` and ``keys`` live in ``properties`` as TAGS / KEYS,
-    like RocketMQ's Message. ``sys_flag`` carries the transaction type and COMPRESSED
-    (see sys_flag_arg).
+    """A message to put. ``tags`` and ``keys`` are stored in ``properties`` as TAGS and
+    KEYS, as RocketMQ's Message keeps them. ``sys_flag`` carries what a producer set:
+    COMPRESSED (0x1, the body as the producer compressed it) and the transaction type
+    (0xC); a bit whose meaning rmqstore does not implement is refused.
 
     Message(topic, body=b"", tags=None, keys=None, properties=None, *, flag=0, sys_flag=0,
     born_timestamp=0, born_host=None, reconsume_times=0, prepared_transaction_offset=0,
@@ -235,18 +236,19 @@ cdef enum:
 @cython.no_gc
 @cython.freelist(131072)
 cdef class MessageExt:
-    """A stored message, decoded from its record. It keeps only where the fields that move
-    with the record's lengths lie (96 bytes a message, where a full decoded view took 184:
-    a batch of 100,000 faults in 2,000 fewer fresh pages); numeric fields are read from the
-    record at each access, topic and properties decoded on first access, the body copied.
+    """A stored message, as the store's reads return it: every field of its record
+    (``topic``, ``queue_id``, ``queue_offset``, ``phy_offset``, ``msg_id``, ``body``,
+    ``tags``, ``keys``, ``properties``, times and hosts). Immutable, and independent of the
+    store: it holds a copy of its record, or shares one copy of its batch's records with
+    the other messages of a get_messages or scan call (that copy lives as long as one of
+    them does), so it stays valid after the store is closed. Two messages are equal when
+    they hold the same record read at the same offset; pickling and copying carry only the
+    record.
 
-    The record lives in a bytes object the message holds: its own copy, or one copy of a
-    batch's records (get_messages, scan) shared by that batch's messages. Either way it is
-    independent of the store, and refcounted: the batch's copy lives as long as one of its
-    messages does. Equal messages hold the same record bytes read at the same offset;
-    pickling and copying carry only the record. Not GC-tracked (batch reads build many):
-    it refers only to bytes, str and its properties dict, so it cannot be part of a cycle
-    unless stored into that dict."""
+    Memory: 96 bytes a message beside its record; numbers are read from the record at each
+    access, topic and properties decoded on first access. Messages are not tracked by the
+    garbage collector (batch reads make many), so a message stored into its own
+    ``properties`` dict is never freed."""
 
     def __init__(self, *args, **kwargs):
         raise InvalidArgumentTypeError("MessageExt comes from the store's reads; it is not built directly")

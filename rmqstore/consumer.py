@@ -36,23 +36,22 @@ class GetMessageResult:
     ``min_offset``/``max_offset`` of the queue, and ``problems``: (queue offset, commitlog
     offset, size) of entries that could not be followed to a record.
 
-    Built by hand, every argument is checked (InvalidArgumentError, InvalidArgumentTypeError
-    for a wrong type or a call that does not fit); get_messages builds its results in C
-    with ``fill_result``, the dataclass's own __init__, which checks nothing."""
+    Built by hand (in a test double, say), every argument is checked: InvalidArgumentError
+    for a bad value, InvalidArgumentTypeError for a wrong type or a call that does not fit."""
 
     status: GetMessageStatus
     next_offset: int
     min_offset: int
     max_offset: int
-    messages: list[Any] = field(default_factory=list)
+    messages: list[MessageExt] = field(default_factory=list)
     problems: list[tuple[int, int, int]] = field(default_factory=list)   # CQ entries that could not be followed
 
 
-fill_result = GetMessageResult.__init__
+fill_result = GetMessageResult.__init__   # get_messages fills its results in C with it: no checks
 
 
 def _checked_init(self: GetMessageResult, status: GetMessageStatus, next_offset: int, min_offset: int,
-                  max_offset: int, messages: list[Any] | None = None,
+                  max_offset: int, messages: list[MessageExt] | None = None,
                   problems: list[tuple[int, int, int]] | None = None) -> None:
     """A result built by hand, every argument checked.
 

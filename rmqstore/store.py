@@ -24,6 +24,7 @@ from rmqstore import _message, _record, ingest, ownership
 from rmqstore._cq import ENTRY_DTYPE
 from rmqstore.arguments import arg_checks, checked
 from rmqstore.checkpoint import Checkpoint
+from rmqstore.column_types import KeyColumns, QueueColumns
 from rmqstore.commitlog import CommitLog
 from rmqstore.config import StoreConfig
 from rmqstore.consume_queue import ConsumeQueueTable, check_boundary
@@ -94,7 +95,15 @@ class MessageStore:
     its files when they differ from the config.
 
     Thread-safety: any number of threads may put, get and query; appends serialize on one
-    lock, reads take none. Crash behaviour: see recovery.py and flush.py.
+    lock, reads take none.
+
+    Crash behaviour: a record, consume-queue entry or index entry counts only once it is
+    whole, so a crash leaves no half-written message. With ``flush_mode="sync"`` a put
+    returns once its record is on disk; with ``"async"`` a crash loses at most what the
+    flusher (every ``flush_interval_ms``) had not written yet. A writer's open recovers:
+    it cuts a torn tail written after the last flush and builds again the queue and index
+    entries it misses; it refuses to cut data that was already durable (see ``repair``).
+    An I/O error while flushing makes the store read-only until it is reopened.
     """
 
     @checked(skip=1)
@@ -118,7 +127,8 @@ class MessageStore:
             repair: a writer's recovery cuts the commitlog at the first invalid record
                 even where data it holds as durable follows (``rmqstore recover --yes``).
                 Without it such an open raises CorruptRecordError and changes nothing;
-                a torn tail left by a crash is cut either way (recovery.py, invariant 7).
+                a torn tail left by a crash (records written after the last flush) is cut
+                either way.
 
         Raises:
             InvalidArgumentError: a bad argument. StoreNotFoundError: no directory
@@ -668,7 +678,7 @@ class MessageStore:
 
     @_gated_read
     def read_queue_columns(self, topic: str, queue_id: QueueId, offset: int = 0, count: int | None = None,
-                           check_crc: bool = False) -> dict[str, np.ndarray]:
+                           check_crc: bool = False) -> QueueColumns:
         """The messages of one queue decoded into numpy columns, GIL released.
 
         Args:
@@ -677,8 +687,9 @@ class MessageStore:
             check_crc: verify body CRCs.
 
         Returns:
-            a dict of numpy arrays as ``_columns.decode_batch`` lays them out; ``missing``
-            lists the queue offsets whose record could not be read."""
+            QueueColumns: a dict of numpy columns, a row a message in queue order (every
+            stored field; bodies, topics and properties as Arrow-style data and offsets),
+            ``count``, and ``missing``: the queue offsets whose record could not be read."""
         self._check_open()
         cq = self.consume_queues.get(topic, queue_id)
         start = max(offset, cq.min_offset) if cq is not None else offset
@@ -796,7 +807,7 @@ class MessageStore:
 
     @_gated_read
     def query_keys_columns(self, topic: str, keys: Sequence[str], max_num: int = 64, begin: int = 0,
-                           end: int | None = None) -> dict[str, np.ndarray]:
+                           end: int | None = None) -> KeyColumns:
         """query_keys' messages as numpy columns: no Python object a message, and all but the
         columns' allocation with the GIL released, so threads run it in parallel.
 
@@ -804,9 +815,9 @@ class MessageStore:
             topic, keys, max_num, begin, end: as query_keys.
 
         Returns:
-            read_queue_columns' columns, a row a message found, key by key in ``keys``
-            order and each key's newest first, with ``key`` (int64): the index in ``keys``
-            of the row's key."""
+            KeyColumns: read_queue_columns' columns (without ``missing``), a row a message
+            found, key by key in ``keys`` order and each key's newest first, with ``key``
+            (int64): the index in ``keys`` of the row's key."""
         return self._index_or_raise().view.query_many(topic, keys, max_num, begin, end, self.config.max_msgs_num_batch,
                                                       self.commitlog.segments.segments, True)
 
@@ -825,11 +836,15 @@ class MessageStore:
     # -- maintenance ----------------------------------------------------------------------
     @_gated
     def clean_expired(self, now: float | None = None, dry_run: bool = False) -> RetentionReport:
-        """Delete expired commitlog segments and the CQ/index files below the new minimum
-        (rules in maintenance/retention.py); ``now`` in seconds since the epoch. Returns a
-        RetentionReport. ``dry_run=True`` deletes nothing (and works read-only): the report
-        names what would be deleted and why. Raises StoreReadOnlyError on a read-only store
-        unless ``dry_run``. Waits for running verifies (which read the files it deletes)."""
+        """Delete expired commitlog segments and the CQ/index files below the new minimum,
+        as RocketMQ's retention does: oldest first, at most 10 a call, never the segment being
+        written; a segment goes when it is a ``delete_when`` hour and its last write is older
+        than ``file_reserved_time`` hours, or at once while disk use (as ``df`` counts it) is
+        at or above ``disk_max_used_space_ratio`` percent. ``now`` in seconds since the
+        epoch (None: the current time). Returns a RetentionReport. ``dry_run=True`` deletes
+        nothing (and works read-only): the report names what would be deleted and why.
+        Raises StoreReadOnlyError on a read-only store unless ``dry_run``. Waits for running
+        verifies (which read the files it deletes)."""
         if dry_run:
             self._check_open()
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now, True)
@@ -853,8 +868,10 @@ class MessageStore:
 
     @_gated
     def verify(self, progress: Progress | None = None, max_problems: int = 1000) -> VerifyReport:
-        """Check the whole store (rules in maintenance/verify.py): records and CRCs, consume
-        queues and index against the commitlog, checkpoint times. Changes nothing; returns
+        """Check the whole store: every record's structure and body CRC; every consume-queue
+        entry points at its record (size, topic, queue, offset, tag code) and every message
+        has its entry; the index files' structure, and their entries equal the keys the
+        commitlog holds; no checkpoint time past the newest message. Changes nothing; returns
         a VerifyReport listing at most ``max_problems``. ``progress(nbytes)`` is called
         after each commitlog segment. Verifies in several threads run at once; a rebuild
         waits for them."""
@@ -876,8 +893,9 @@ class MessageStore:
 
     @_gated
     def rebuild(self, progress: Progress | None = None) -> int:
-        """Rebuild every consume queue and index file from the commitlog (rules in
-        maintenance/rebuild.py). Appends wait meanwhile; readers see the queues grow back.
+        """Rebuild every consume queue and index file from the commitlog: ``consumequeue/``
+        and ``index/`` are removed and every record is dispatched again (index files keep their
+        slot and entry counts). Appends wait meanwhile; readers see the queues grow back.
         ``progress(nbytes)`` follows the dispatch. Returns the commitlog bytes dispatched;
         raises CorruptRecordError where a bad record stops it."""
         self._check_writable()

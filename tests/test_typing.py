@@ -49,9 +49,11 @@ def test_mypy_strict_catches_a_misuse(tmp_path):
     bad.write_text("from rmqstore import Message, MessageStore\n"
                    "def f(s: MessageStore) -> None:\n"
                    "    n: int = s.put(Message('T', b'x')).msg_id\n"
-                   "    s.get_messages('T', '0', 0)\n")
+                   "    s.get_messages('T', '0', 0)\n"
+                   "    b: int = s.get_messages('T', 0, 0).messages[0].body\n"   # a list of MessageExt
+                   "    c: str = s.read_queue_columns('T', 0)['count']\n")    # the columns, key by key
     p = _mypy("--strict", "--follow-imports=silent", str(bad), cwd=ROOT)
-    assert p.returncode == 1 and p.stdout.count("error:") == 2, p.stdout
+    assert p.returncode == 1 and p.stdout.count("error:") == 4, p.stdout
 
 
 def _public_callables():

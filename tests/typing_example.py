@@ -30,6 +30,12 @@ def main(path: str) -> int:
         assert got.body == same.body == b"payload" and got.tags == "TagA" and got.keys == ["o-1"]
         bodies: list[bytes] = [m.body for m in store.scan(from_offset=0)]
         res: GetMessageResult = store.get_messages("orders", 1, 0, max_count=32, tags="TagA || TagB")
+        first_found: MessageExt = res.messages[0]
+        qcols = store.read_queue_columns("orders", 1)
+        kcols = store.query_keys_columns("orders", ["o-1"])
+        rows: int = qcols["count"]
+        assert rows == len(qcols["queue_offset"]) and first_found.queue_offset == int(qcols["queue_offset"][0])
+        assert kcols["count"] == 1 and int(kcols["key"][0]) == 0 and len(qcols["missing"]) == 0
         found: list[MessageExt] = store.query_by_key("orders", "o-1")
         batches: list[list[MessageExt]] = store.query_keys("orders", ["o-1", "o-2"])
         offsets: list[int] = store.query_offsets("orders", "o-1")
