@@ -85,6 +85,7 @@ class BuildExt(build_ext):
 
     def run(self) -> None:
         translate([ext for ext in self.extensions if self.force or built_in_tree(ext) is None])
+        self.run_command("build_clib")   # `build` runs it first; `build_ext --inplace` alone does not
         super().run()
 
     def build_extension(self, ext: Extension) -> None:
