@@ -1,0 +1,111 @@
+"""The stores a console serves: found once at start (a store directory, or a parent whose
+subdirectories are stores, as the Spark source takes them), chosen by their number in that
+list only, so no request parameter ever names a path. Each is open read-only; a read-only
+handle does not see later appends, so a handle is replaced by a fresh one when the store's
+commitlog end or consumer offsets file changed (checked at most once a second)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from rmqstore import MessageStore, NotRecordStartError, StoreConfig, StoreNotFoundError, batch
+from rmqstore.errors import InvalidArgumentError
+
+# Every hash match of a key in one index walk (the store's limit, RocketMQ's 64 by default).
+CONSOLE_CONFIG = StoreConfig(max_msgs_num_batch=65_535)
+RECHECK_SECONDS = 1.0
+OLD_HANDLE_SECONDS = 60.0   # a replaced handle is closed this long after, when no request still reads it
+
+
+def find_stores(paths: list[str]) -> list[str]:
+    """Store directories (holding ``commitlog/``) named by ``paths``: a path that is not a
+    store contributes its store subdirectories. Unique, in the order given."""
+    out: list[str] = []
+    for p in paths:
+        p = os.path.abspath(p)
+        if os.path.isdir(os.path.join(p, "commitlog")):
+            found = [p]
+        elif os.path.isdir(p):
+            found = sorted(os.path.join(p, d) for d in os.listdir(p) if os.path.isdir(os.path.join(p, d, "commitlog")))
+        else:
+            raise StoreNotFoundError(f"{p}: no such directory")
+        if not found:
+            raise StoreNotFoundError(f"{p}: not a RocketMQ store and holds none (no commitlog/ directory)")
+        out.extend(f for f in found if f not in out)
+    return out
+
+
+def _stamp(path: str, hint: int = 0) -> tuple[int, int]:
+    """What changes when a writer appends or commits offsets: the commitlog data end (walked
+    from ``hint``, the end seen last) and the consumer offsets file's modification time."""
+    try:
+        offsets = os.stat(os.path.join(path, "config", "consumerOffset.json")).st_mtime_ns
+    except OSError:
+        offsets = 0
+    try:
+        end = batch.end_offset(path, hint)
+    except NotRecordStartError:   # the segment at hint was removed or rewritten
+        end = batch.end_offset(path)
+    return end, offsets
+
+
+class ServedStore:
+    """One served store: its number, path, display name and a current read-only handle."""
+
+    def __init__(self, number: int, path: str):
+        self.number, self.path = number, path
+        self.name = os.path.basename(path.rstrip("/")) or path
+        self._lock = threading.Lock()
+        self._handle = MessageStore(path, CONSOLE_CONFIG, read_only=True)
+        self._stamp = _stamp(path)
+        self._checked = time.monotonic()
+        self._retired: list[tuple[float, MessageStore]] = []
+        self.generation = 0   # counts reopenings: cached answers keyed by it go stale with the handle
+
+    def store(self) -> MessageStore:
+        """The current handle (reopened first when the store changed since it was opened)."""
+        now = time.monotonic()
+        if now - self._checked < RECHECK_SECONDS:
+            return self._handle
+        with self._lock:
+            if now - self._checked >= RECHECK_SECONDS:
+                self._checked = now
+                stamp = _stamp(self.path, self._stamp[0])
+                if stamp != self._stamp:
+                    self._retired.append((now, self._handle))
+                    self._handle, self._stamp = MessageStore(self.path, CONSOLE_CONFIG, read_only=True), stamp
+                    self.generation += 1
+                self._close_retired(now)
+        return self._handle
+
+    def _close_retired(self, now: float) -> None:
+        while self._retired and now - self._retired[0][0] > OLD_HANDLE_SECONDS:
+            self._retired.pop(0)[1].close()   # waits for reads still running on it
+
+    def close(self) -> None:
+        for _, h in self._retired:
+            h.close()
+        self._handle.close()
+
+
+class StoreSet:
+    """The served stores, by number."""
+
+    def __init__(self, paths: list[str]):
+        self.stores: list[ServedStore] = []
+        try:
+            for i, p in enumerate(find_stores(paths)):
+                self.stores.append(ServedStore(i, p))
+        except BaseException:
+            self.close()
+            raise
+
+    def __getitem__(self, number: int) -> ServedStore:
+        if not 0 <= number < len(self.stores):
+            raise InvalidArgumentError(f"no store number {number} (0..{len(self.stores) - 1})")
+        return self.stores[number]
+
+    def close(self) -> None:
+        for s in self.stores:
+            s.close()
