@@ -3,11 +3,14 @@ Dashboard's message pages, offline, without its caps). Install with ``pip instal
 rmqstore[console]``; ``serve`` runs it, ``app.build`` gives the ASGI application."""
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import secrets
 import socket
 import sys
-from typing import Any
+import threading
+import time
+from typing import Any, Iterator
 
 LOOPBACK_HOSTS = ("localhost",)
 
@@ -29,27 +32,58 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def serve(paths: list[str], listen: str = "127.0.0.1:8080", out: Any = sys.stdout) -> None:
-    """Serve the stores at ``paths`` until interrupted; prints the URL (with the token when
-    listening beyond loopback, where one is required)."""
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _server(paths: list[str], host: str, port: int) -> tuple[Any, socket.socket, str, Any]:
+    """(uvicorn server, bound socket, URL, Console) for the stores at ``paths``."""
     import uvicorn
 
     from rmqstore.console.app import build
 
-    host, port = split_listen(listen)
     loopback = is_loopback(host)
     token = None if loopback else secrets.token_urlsafe(24)
     app, console = build(paths, token, loopback)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock = _bind(host, port)
+    except BaseException:
+        console.stores.close()
+        raise
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{sock.getsockname()[1]}/" + (f"?token={token}" if token else "")
+    config = uvicorn.Config(app, log_level="warning", limit_concurrency=128, timeout_graceful_shutdown=2)
+    return uvicorn.Server(config), sock, url, console
+
+
+def serve(paths: list[str], listen: str = "127.0.0.1:8080", out: Any = sys.stdout) -> None:
+    """Serve the stores at ``paths`` until interrupted; prints the URL (with the token when
+    listening beyond loopback, where one is required)."""
+    server, sock, url, console = _server(paths, *split_listen(listen))
     print(f"rmqstore console: {len(console.stores.stores)} store(s) at {url}", file=out, flush=True)
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", limit_concurrency=128,
-                                      timeout_graceful_shutdown=2)).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
+        console.stores.close()
+        sock.close()
+
+
+@contextlib.contextmanager
+def running(paths: list[str], listen: str = "127.0.0.1:0") -> Iterator[tuple[str, Any]]:
+    """The console serving ``paths`` on a background thread (for tests, benchmarks and
+    embedding): yields (URL, Console); stops and closes the stores on exit."""
+    server, sock, url, console = _server(paths, *split_listen(listen))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="rmqstore-console", daemon=True)
+    thread.start()
+    try:
+        while not server.started and thread.is_alive():
+            time.sleep(0.01)
+        yield url, console
+    finally:
+        server.should_exit = True
+        thread.join(10)
         console.stores.close()
         sock.close()

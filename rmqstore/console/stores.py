@@ -55,7 +55,9 @@ class ServedStore:
 
     def __init__(self, number: int, path: str):
         self.number, self.path = number, path
-        self.name = os.path.basename(path.rstrip("/")) or path
+        parent, base = os.path.split(path.rstrip("/"))
+        # a broker's store directory is often just "store": name it with its parent
+        self.name = f"{os.path.basename(parent)}/{base}" if base == "store" and parent else base or path
         self._lock = threading.Lock()
         self._handle = MessageStore(path, CONSOLE_CONFIG, read_only=True)
         self._stamp = _stamp(path)
