@@ -9,9 +9,10 @@ import shutil
 import time
 
 import pytest
-from conftest import CLEAN_498, V2_533
 
 from rmqstore import Message, MessageStore, StoreConfig
+
+from conftest import CLEAN_498, V2_533
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the [test] extra)")
 pytest.importorskip("starlette", reason="the [console] extra is not installed")
@@ -42,7 +43,7 @@ def _generated(root):
         for i in range(5):
             s.put(Message("%DLQ%" + GROUP, f"dead {i}".encode(), keys=f"dead-{i}",
                           properties={"RETRY_TOPIC": "Orders", "ORIGIN_MESSAGE_ID": f"ORIGIN{i:028d}"}))
-        for i in range(3):
+        for _ in range(3):
             s.put(Message("Orders", HOSTILE.encode(), tags=HOSTILE, keys=[HOSTILE, "hostile"],
                           properties={HOSTILE: HOSTILE}))
             s.put(Message(HOSTILE_TOPIC, HOSTILE.encode(), tags=HOSTILE, keys="hostile"))
@@ -103,8 +104,11 @@ def _merged(s, topic):
     then commitlog offset (read from the library, queue by queue)."""
     out = []
     for q in s.queue_ids(topic):
-        r = s.get_messages(topic, q, s.min_offset(topic, q), s.max_offset(topic, q) - s.min_offset(topic, q))
-        out.extend(r.messages)
+        pos = s.min_offset(topic, q)
+        while pos < s.max_offset(topic, q):
+            r = s.get_messages(topic, q, pos, 32)
+            out.extend(r.messages)
+            pos = r.next_offset
     return sorted(out, key=lambda m: (m.store_timestamp, m.phy_offset))
 
 

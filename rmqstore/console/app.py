@@ -262,4 +262,9 @@ def build(paths: list[str], token: str | None = None, loopback: bool = True) -> 
         Route("/api/s/{store}/{page}", console.page), Route("/s/{store}/{page}", console.page),
         Mount("/static", StaticFiles(directory=static), name="static"),
     ]
-    return Guard(Starlette(routes=routes), token, loopback), console
+    async def not_found(request: Request, exc: Exception) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": f"no such API route: {request.url.path}"}, 404)
+        return console.render("error.html", 404, error="no such page", title="Not found", store=None)
+
+    return Guard(Starlette(routes=routes, exception_handlers={404: not_found}), token, loopback), console

@@ -23,7 +23,7 @@ MAX_PAGE = 200
 DEFAULT_PAGE = 50
 SCAN_LIMIT = 20_000     # records a filtered page looks at before it hands back a "continue" cursor
 DEADLINE = 0.08         # seconds a filtered page or a key lookup spends at most
-CHUNK = 64              # messages read from a queue at a time
+CHUNK = 32              # messages read from a queue at a time (getMessage's transfer limit)
 COMPRESSED = 0x1        # SYSFLAG bit: the body is zlib-compressed
 BODY_VIEW_LIMIT = 1 << 20   # bytes of a body a detail page shows (the raw download has all)
 INDEX_WALK = 65_535     # hash matches one index walk returns (the store's max_msgs_num_batch limit)
@@ -177,8 +177,15 @@ def _queue_reader(s: MessageStore, topic: str, q: int, start: int, forward: bool
         pos = min(start, hi)
         while pos > lo:
             begin = max(lo, pos - CHUNK)
-            r = s.get_messages(topic, q, begin, pos - begin)
-            yield from reversed([m for m in r.messages if m.queue_offset < pos])
+            chunk: list[MessageExt] = []
+            at = begin
+            while at < pos:   # getMessage returns at most its transfer limit a call
+                r = s.get_messages(topic, q, at, pos - at)
+                chunk.extend(m for m in r.messages if m.queue_offset < pos)
+                if r.next_offset <= at:
+                    break
+                at = r.next_offset
+            yield from reversed(chunk)
             pos = begin
 
 

@@ -1,0 +1,266 @@
+"""The console's JSON API and its safety rules, over HTTP on loopback (no browser): paging
+that neither skips nor repeats, time seeks, every key hit with collisions removed, bounded
+scans and regexes, parameters that cannot name a path, the token beyond loopback, the Host
+check, the CSP, the CSRF header on the one POST, and the OpenAPI document."""
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from rmqstore import Message, MessageStore, StoreConfig
+
+from conftest import CLEAN_498
+
+pytest.importorskip("starlette", reason="the [console] extra is not installed")
+from rmqstore.console import running, views  # noqa: E402
+from rmqstore.console.app import build  # noqa: E402
+from rmqstore.console.pages import PAGES  # noqa: E402
+
+CFG = StoreConfig(commitlog_file_size=1 << 22, consume_queue_entries=1000, index_slots=10000, index_entries=40000)
+HOT = 150   # messages sharing one key: more than RocketMQ's 64 a query
+
+
+def queue_messages(s, topic):
+    """Every message of ``topic``'s queues, read with getMessage page by page."""
+    out = []
+    for q in s.queue_ids(topic):
+        pos = s.min_offset(topic, q)
+        while pos < s.max_offset(topic, q):
+            r = s.get_messages(topic, q, pos, 32)
+            out.extend(r.messages)
+            pos = r.next_offset
+    return out
+
+
+def _get(url, headers=None, method="GET"):
+    req = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def _json(url):
+    status, _, body = _get(url)
+    assert status == 200, body
+    return json.loads(body)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("console-api") / "store")
+    with MessageStore(root, CFG) as s:
+        n = views.SCAN_LIMIT + 5000
+        s.put_columns("Bulk", [b"x%d" % i for i in range(n)], tags=[f"T{i % 7}" for i in range(n)])
+        for i in range(HOT):
+            s.put(Message("Hot", f"hot {i}".encode(), keys=["hot", f"k{i}"]))
+        s.put(Message("Hot", b"needle in a haystack", tags="Needle", keys="needle"))
+        s.wait_dispatched()
+    return root
+
+
+@pytest.fixture(scope="module")
+def console(generated):
+    paths = [generated] + ([str(CLEAN_498 / "store")] if (CLEAN_498 / "store").is_dir() else [])
+    with running(paths) as (url, c):
+        yield url.rstrip("/"), c
+
+
+def _all_pages(url, first, order):
+    seen, pages = [], 0
+    page = _json(first)
+    while True:
+        seen += [(m["queueId"], m["queueOffset"]) for m in page["messages"]]
+        pages += 1
+        if not page["next"]:
+            return seen, pages
+        page = _json(f"{url}&order={order}&pos={page['next']}")
+
+
+@pytest.mark.parametrize("order", ["oldest", "newest"])
+def test_paging_neither_skips_nor_repeats(console, order):
+    url, c = console
+    s = c.stores[0].store()
+    base = f"{url}/api/s/0/browse?topic=Hot&size=40"
+    seen, pages = _all_pages(base, f"{base}&order={order}", order)
+    expected = sorted(((m.store_timestamp, m.phy_offset), (m.queue_id, m.queue_offset))
+                      for m in queue_messages(s, "Hot"))
+    want = [p for _, p in expected]
+    assert seen == (want if order == "oldest" else want[::-1])
+    assert pages == -(-len(want) // 40)
+
+
+def test_previous_is_the_page_before(console):
+    url, _ = console
+    base = f"{url}/api/s/0/browse?topic=Hot&size=30&order=oldest"
+    first = _json(base)
+    second = _json(f"{base}&pos={first['next']}")
+    back = _json(f"{base}&pos={second['previous']}")
+    assert back["messages"] == first["messages"]
+    assert first["previous"] is None
+
+
+def test_time_seek_is_the_first_message_at_or_after(console):
+    url, c = console
+    s = c.stores[0].store()
+    msgs = sorted((m for m in queue_messages(s, "Hot")),
+                  key=lambda m: (m.store_timestamp, m.phy_offset))
+    t = msgs[len(msgs) // 2].store_timestamp
+    page = _json(f"{url}/api/s/0/browse?topic=Hot&size=10&time={t}")
+    assert [m["msgId"] for m in page["messages"]] == [m.msg_id for m in msgs if m.store_timestamp >= t][:10]
+    newest = _json(f"{url}/api/s/0/browse?topic=Hot&size=10&time={t}&order=newest")
+    assert [m["msgId"] for m in newest["messages"]] == [m.msg_id for m in msgs if m.store_timestamp <= t][::-1][:10]
+
+
+def test_key_lookup_gives_every_hit_paged(console):
+    url, c = console
+    s = c.stores[0].store()
+    expected = [m.msg_id for m in sorted(s.scan(), key=lambda m: -m.phy_offset)
+                if m.topic == "Hot" and "hot" in (m.properties.get("KEYS") or "").split()]
+    assert len(expected) == HOT
+    found, cursor = [], ""
+    while True:
+        page = _json(f"{url}/api/s/0/lookup?kind=key&topic=Hot&value=hot&size=50{cursor}")
+        found += [m["msgId"] for m in page["messages"]]
+        if not page["next"]:
+            break
+        cursor = f"&cursor={page['next']}"
+    assert found == expected
+
+
+def test_colliding_keys_are_not_returned(console):
+    url, c = console
+    if len(c.stores.stores) < 2:
+        pytest.skip("4.9.8 fixture not available")
+    s = c.stores[1].store()
+    for key in ("AaAa", "BBBB"):   # the same Java hashCode: RocketMQ's index returns both
+        raw = {s.get_by_offset(o).msg_id for o in s.query_offsets("TopicA", key, 65535)}
+        page = _json(f"{url}/api/s/1/lookup?kind=key&topic=TopicA&value={key}&size=200")
+        shown = {m["msgId"] for m in page["messages"]}
+        truth = {m.msg_id for m in s.scan() if m.topic == "TopicA" and key in (m.properties.get("KEYS") or "").split()}
+        assert shown == truth and truth < raw
+
+
+def test_content_filter_is_bounded_and_continues(console):
+    url, c = console
+    base = f"{url}/api/s/0/browse?topic=Bulk&size=10&q=no-such-text"
+    page = _json(base)
+    assert page["messages"] == [] and not page["complete"] and page["next"]
+    assert page["scanned"] <= views.SCAN_LIMIT
+    total, p = page["scanned"], page
+    while p["next"]:
+        p = _json(f"{base}&pos={p['next']}")
+        total += p["scanned"]
+    s = c.stores[0].store()
+    assert total == sum(s.max_offset("Bulk", q) for q in s.queue_ids("Bulk"))
+
+
+def test_catastrophic_regex_stops_at_its_deadline(console):
+    url, _ = console
+    page = _json(f"{url}/api/s/0/browse?topic=Hot&size=5&mode=regex&q=" + urllib.request.quote("(h|h|ho)*(x+x+)+y"))
+    assert page["messages"] == []
+    status, _, body = _get(f"{url}/api/s/0/browse?topic=Hot&mode=regex&q=" + urllib.request.quote("(unclosed"))
+    assert status == 400 and b"regular expression" in body
+
+
+def test_regex_and_tags_find_what_they_name(console):
+    url, c = console
+    page = _json(f"{url}/api/s/0/browse?topic=Hot&mode=regex&q=" + urllib.request.quote("need.e"))
+    assert [m["tags"] for m in page["messages"]] == ["Needle"]
+    tagged = _json(f"{url}/api/s/0/browse?topic=Bulk&size=50&tags=" + urllib.request.quote("T3 || T5"))
+    assert tagged["messages"] and {m["tags"] for m in tagged["messages"]} <= {"T3", "T5"}
+
+
+@pytest.mark.parametrize("path", ["/api/s/..%2F..%2Fetc/overview", "/api/s/-1/overview", "/api/s/7/overview",
+                                  "/api/s/0/browse?topic=..%2F..%2Fetc", "/api/s/0/browse?topic=Hot&size=100000",
+                                  "/api/s/0/browse?topic=Hot&pos=0:1,99:0", "/api/s/0/message?offset=abc",
+                                  "/api/s/0/lookup?kind=msgid&value=../../etc/passwd"])
+def test_parameters_are_refused(console, path):
+    url, _ = console
+    status, _, body = _get(url + path)
+    assert status in (400, 404), body
+    assert "error" in json.loads(body)
+
+
+def test_headers_host_check_and_csrf(console):
+    url, _ = console
+    status, headers, _ = _get(f"{url}/s/0/overview")
+    assert status == 200
+    assert "script-src 'self'" in headers["content-security-policy"] and "'unsafe-inline'" not in \
+        headers["content-security-policy"]
+    assert headers["x-content-type-options"] == "nosniff"
+    assert _get(f"{url}/s/0/overview", {"Host": "attacker.example"})[0] == 421
+    assert _get(f"{url}/api/s/0/tasks?kind=verify", method="POST")[0] == 403
+
+
+def test_verify_task_runs_in_the_background(console):
+    url, c = console
+    import re
+    import time
+    html = _get(f"{url}/s/0/health")[2].decode()
+    csrf = re.search(r'name="csrf" content="([^"]+)"', html).group(1)
+    status, _, body = _get(f"{url}/api/s/0/tasks?kind=digest", {"X-Console-CSRF": csrf}, "POST")
+    assert status == 200
+    task = json.loads(body)
+    while task["state"] == "running":
+        time.sleep(0.05)
+        task = _json(f"{url}/api/tasks/{task['id']}")
+    assert task["state"] == "done" and task["done"] == task["total"]
+    import crc32c
+
+    from rmqstore.cli.common import segment_files
+    want = []
+    for _, path, _ in segment_files(c.stores[0].path):
+        with open(path, "rb") as f:
+            want.append(f"{crc32c.crc32c(f.read()):08x}")
+    assert [r["crc32c"] for r in task["result"]] == want
+
+
+def test_token_required_beyond_loopback(generated):
+    app, console = build([generated], token="s3cret", loopback=False)
+    import socket
+    import threading
+
+    import uvicorn
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    try:
+        while not server.started:
+            pass
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        assert _get(f"{url}/api/s/0/overview")[0] == 401
+        assert _get(f"{url}/api/s/0/overview", {"Authorization": "Bearer wrong"})[0] == 401
+        assert _get(f"{url}/api/s/0/overview", {"Authorization": "Bearer s3cret"})[0] == 200
+        assert _get(f"{url}/api/s/0/overview", {"Cookie": "rmqstore_console=s3cret"})[0] == 200
+    finally:
+        server.should_exit = True
+        t.join(10)
+        console.stores.close()
+        sock.close()
+
+
+def test_openapi_describes_every_page(console):
+    url, _ = console
+    doc = _json(f"{url}/openapi.json")
+    assert doc["openapi"].startswith("3.")
+    for p in PAGES:
+        assert f"/api/s/{{store}}/{p.name}" in doc["paths"]
+        assert _get(f"{url}/api/s/0/{p.name}" + ("?name=Hot&topic=Hot&offset=0" if p.name != "overview" else ""))[0] \
+            == 200
+
+
+def test_overview_counts_and_chart(console):
+    url, c = console
+    s = c.stores[0].store()
+    o = _json(f"{url}/api/s/0/overview")
+    total = sum(s.max_offset(t, q) - s.min_offset(t, q) for t in s.topics() for q in s.queue_ids(t))
+    assert o["messages"] == total
+    assert sum(b["messages"] for b in o["chart"]["buckets"]) == total
+    assert sum(b["bytes"] for b in o["chart"]["buckets"]) == s.max_phy_offset - s.min_phy_offset
+    assert np.all(np.diff([b["start"] for b in o["chart"]["buckets"]]) % 60_000 == 0)
