@@ -33,9 +33,12 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP (with proto 0,
+    # a keep-alive answer written in two parts waits for the client's delayed ACK, 40 ms)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(2048)   # connections made once the URL is printed wait for the server instead of failing
     return sock
 
 
