@@ -3,6 +3,7 @@ that neither skips nor repeats, time seeks, every key hit with collisions remove
 scans and regexes, parameters that cannot name a path, the token beyond loopback, the Host
 check, the CSP, the CSRF header on the one POST, and the OpenAPI document."""
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -11,7 +12,7 @@ import pytest
 
 from rmqstore import Message, MessageStore, StoreConfig
 
-from conftest import CLEAN_498
+from conftest import CLEAN_498, CRASHED_498
 
 pytest.importorskip("starlette", reason="the [console] extra is not installed")
 from rmqstore.console import running, views  # noqa: E402
@@ -199,7 +200,6 @@ def test_headers_host_check_and_csrf(console):
 def test_verify_task_runs_in_the_background(console):
     url, c = console
     import re
-    import time
     html = _get(f"{url}/s/0/health")[2].decode()
     csrf = re.search(r'name="csrf" content="([^"]+)"', html).group(1)
     status, _, body = _get(f"{url}/api/s/0/tasks?kind=digest", {"X-Console-CSRF": csrf}, "POST")
@@ -264,3 +264,64 @@ def test_overview_counts_and_chart(console):
     assert sum(b["messages"] for b in o["chart"]["buckets"]) == total
     assert sum(b["bytes"] for b in o["chart"]["buckets"]) == s.max_phy_offset - s.min_phy_offset
     assert np.all(np.diff([b["start"] for b in o["chart"]["buckets"]]) % 60_000 == 0)
+
+
+def test_endpoint_pop_state_is_shown(tmp_path):
+    pytest.importorskip("grpc", reason="the endpoint extra is not installed")
+    from rmqstore.endpoint.state import PopState
+    root = str(tmp_path / "store")
+    with MessageStore(root, CFG) as s:
+        puts = [s.put(Message("Pop", f"m{i}".encode(), keys=f"p{i}"), queue_id=0) for i in range(3)]
+        s.wait_dispatched()
+        s.commit_offset("cg_pop", "Pop", 0, 1)
+    st = PopState(root)
+    until = int(time.time() * 1000) + 600_000
+    st.append([["r", "cg_pop", "Pop", 0, 1, until, 2, st.next_seq(), 0], ["n", "cg_pop", "Pop", 0, 2]], durable=True)
+    with running([root]) as (url, _):
+        url = url.rstrip("/")
+        states = [_json(f"{url}/api/s/0/message?offset={p.phy_offset}")["pop"] for p in puts]
+        groups = _json(f"{url}/api/s/0/groups")
+    st.close()
+    assert [[(x["group"], x["status"], x["attempts"]) for x in s] for s in states] == [
+        [("cg_pop", "finished", None)], [("cg_pop", "in flight", 2)], [("cg_pop", "not delivered yet", None)]]
+    assert states[1][0]["invisibleUntil"] == until
+    assert [q["inFlight"] for q in groups["groups"][0]["queues"]] == [1]
+    assert groups["groups"][0]["lag"] == 2
+
+
+def test_recovery_dry_run_of_a_crashed_store():
+    if not (CRASHED_498 / "store").is_dir():
+        pytest.skip("crashed fixture not available")
+    path = str(CRASHED_498 / "store")
+    with MessageStore(path, read_only=True) as s:
+        want = s.recovery
+    with running([path]) as (url, c):
+        url = url.rstrip("/")
+        import re
+        csrf = re.search(r'name="csrf" content="([^"]+)"', _get(f"{url}/s/0/health")[2].decode()).group(1)
+        task = json.loads(_get(f"{url}/api/s/0/tasks?kind=recovery", {"X-Console-CSRF": csrf}, "POST")[2])
+        while task["state"] == "running":
+            time.sleep(0.05)
+            task = _json(f"{url}/api/tasks/{task['id']}")
+        assert _json(f"{url}/api/s/0/overview")["cleanShutdown"] is False
+    assert task["state"] == "done", task
+    assert task["result"]["dryRun"] is True and task["result"]["cleanShutdown"] is False
+    assert task["result"]["endOffset"] == want.end_offset
+
+
+def test_cli_console_serves_and_refuses_a_non_store(tmp_path, generated):
+    import subprocess
+    import sys
+    bad = subprocess.run([sys.executable, "-m", "rmqstore.cli", "console", str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "not a RocketMQ store" in bad.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "rmqstore.cli", "console", generated, "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("rmqstore console: 1 store(s) at http://127.0.0.1:")
+        url = line.split(" at ")[1].strip().rstrip("/")
+        assert _json(f"{url}/api/stores")[0]["path"] == generated
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,8 +1,10 @@
 """``rmqstore serve``: run the RocketMQ 5 gRPC endpoint (rmqstore.endpoint) on a store."""
 import argparse
+import contextlib
 import dataclasses
 import logging
 import sys
+from typing import Any, Iterator
 
 from rmqstore.cli.common import CommandError, positive_int, require_store, store_config
 from rmqstore.store import MessageStore
@@ -20,10 +22,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = store_config(args)
     if args.sync_flush:
         cfg = dataclasses.replace(cfg, flush_mode="sync")
-    with MessageStore(args.store, cfg) as store:
+    with MessageStore(args.store, cfg) as store, _console(args):
         serve(store, args.listen, auto_create=not args.no_auto_create, max_attempts=args.max_attempts,
               fifo_groups=frozenset(args.fifo_group), workers=args.workers)
     return 0
+
+
+def _console(args: argparse.Namespace) -> Any:
+    """With --console, the read-only web console on the served store, beside the endpoint."""
+    if args.console is None:
+        return contextlib.nullcontext()
+    try:
+        from rmqstore.console import running, split_listen
+        split_listen(args.console)
+    except ImportError as e:
+        raise CommandError(f"--console needs the [console] extra ({e})") from None
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    return _announced(running([args.store], args.console))
+
+
+@contextlib.contextmanager
+def _announced(console: Any) -> Iterator[None]:
+    with console as (url, _):
+        print(f"rmqstore console at {url}", file=sys.stderr, flush=True)
+        yield
 
 
 def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser,
@@ -50,4 +73,6 @@ def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser
     p.add_argument("--workers", type=positive_int, default=256, metavar="N",
                    help="gRPC worker threads (default 256): each connected client holds one and each waiting "
                         "receive another, within three quarters of them (N * 3/8 clients)")
+    p.add_argument("--console", nargs="?", const="127.0.0.1:8080", metavar="HOST:PORT",
+                   help="also serve the read-only web console on the store (default 127.0.0.1:8080)")
     p.set_defaults(func=cmd_serve)

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from rmqstore import MessageExt, MessageNotFoundError, MessageStore
 from rmqstore.cli.common import message_dict
 from rmqstore.cli.read import store_stats
-from rmqstore.console import charts
+from rmqstore.console import charts, pop
 from rmqstore.console.filters import ContentFilter, searchable, tag_set
 from rmqstore.errors import InvalidArgumentError, StoreError
 
@@ -372,20 +372,23 @@ def message(s: MessageStore, phy_offset: int) -> dict[str, Any]:
     m = s.get_by_offset(phy_offset)
     d = message_dict(m, "none")
     d.update(transactionType=str(m.transaction_type), magic=m.magic, tagsCode=m.tags_code,
-             views=body_views(m), consumption=consumption(s, m))
+             views=body_views(m), consumption=consumption(s, m), pop=pop.message_state(s, m))
     return d
 
 
 # -- consumer groups and DLQ -------------------------------------------------------------------
 def groups(s: MessageStore) -> dict[str, Any]:
-    """Per group and queue: max offset, committed offset and lag; totals per group."""
+    """Per group and queue: max offset, committed offset and lag (and, for a store an
+    endpoint serves, the messages in flight); totals per group."""
     out: dict[str, dict[str, Any]] = {}
+    endpoint = pop.queue_states(s.path)
     for group, t in s.consumer_groups():
         g = out.setdefault(group, {"group": group, "queues": [], "lag": 0, "maxOffset": 0, "committed": 0})
         for q in s.queue_ids(t):
             hi, c = s.max_offset(t, q), s.committed_offset(group, t, q)
             lag = hi - (c if c >= 0 else s.min_offset(t, q))
-            g["queues"].append({"topic": t, "queueId": q, "maxOffset": hi, "committedOffset": c, "lag": max(0, lag)})
+            g["queues"].append({"topic": t, "queueId": q, "maxOffset": hi, "committedOffset": c, "lag": max(0, lag),
+                                "inFlight": endpoint.get((group, t, q), {}).get("inFlight")})
             g["lag"] += max(0, lag)
             g["maxOffset"] += hi
             g["committed"] += max(0, c)

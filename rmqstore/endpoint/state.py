@@ -77,7 +77,10 @@ class QueueState:
 class PopState:
     """The consumption state of every group (see the module docstring for the format)."""
 
-    def __init__(self, root: str, file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
+    def __init__(self, root: str, file_mode: int = 0o600, dir_mode: int = 0o700, read_only: bool = False) -> None:
+        """Load the state of the store at ``root``; ``read_only``: only read the files (as
+        they stand, also beside a live endpoint: a torn last log line ends the replay), never
+        compact or create them (the console reads it so)."""
         self.dir = os.path.join(root, "config")
         self.snapshot_path = os.path.join(self.dir, "popState.json")
         self.log_path = os.path.join(self.dir, "popState.log")
@@ -87,6 +90,9 @@ class PopState:
         self.queues: dict[QueueKey, QueueState] = {}
         self._seq = 0
         self._fd = -1
+        if read_only:
+            self._load()
+            return
         make_dirs(self.dir, dir_mode)
         self._load()
         self._compact()
