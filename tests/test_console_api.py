@@ -279,7 +279,7 @@ def test_endpoint_pop_state_is_shown(tmp_path):
     st.append([["r", "cg_pop", "Pop", 0, 1, until, 2, st.next_seq(), 0], ["n", "cg_pop", "Pop", 0, 2]], durable=True)
     with running([root]) as (url, _):
         url = url.rstrip("/")
-        states = [_json(f"{url}/api/s/0/message?offset={p.phy_offset}")["pop"] for p in puts]
+        states = [_json(f"{url}/api/s/0/message?offset={p.phy_offset}")["endpointState"] for p in puts]
         groups = _json(f"{url}/api/s/0/groups")
     st.close()
     assert [[(x["group"], x["status"], x["attempts"]) for x in s] for s in states] == [

@@ -5,7 +5,6 @@ rendered inert, and a message put after the tail page opened arriving in it. One
 and one console (serving all the stores) for the module. Screenshots of every page go to
 the test's tmp directory."""
 import os
-import shutil
 import time
 
 import pytest
@@ -122,8 +121,6 @@ def test_every_page(console, browser, stores, number, tmp_path):
     assert browser.find_element(By.ID, "messages").text == str(total)
     assert browser.find_element(By.ID, "max-offset").text == str(s.max_phy_offset)
     assert browser.find_element(By.ID, "topic-count").text == str(len(s.topics()))
-    if number == 0:
-        shutil.copy(tmp_path / "overview.png", tmp_path / "docs-overview.png")
 
     browser.find_element(By.ID, "nav-topics").click()
     browser.save_screenshot(str(tmp_path / "topics.png"))
@@ -246,6 +243,3 @@ def test_message_put_after_opening_arrives_in_live_tail(console, browser, stores
     assert browser.execute_script("return window.__pwned") is None
     browser.find_element(By.ID, "tail-pause").click()
     assert browser.find_element(By.ID, "tail-status").text == "paused"
-    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
-    if os.environ.get("RMQSTORE_CONSOLE_SCREENSHOT") and os.path.isdir(docs):
-        shutil.copy(tmp_path / "tail-after.png", os.path.join(docs, "console.png"))

@@ -372,7 +372,7 @@ def message(s: MessageStore, phy_offset: int) -> dict[str, Any]:
     m = s.get_by_offset(phy_offset)
     d = message_dict(m, "none")
     d.update(transactionType=str(m.transaction_type), magic=m.magic, tagsCode=m.tags_code,
-             views=body_views(m), consumption=consumption(s, m), pop=pop.message_state(s, m))
+             views=body_views(m), consumption=consumption(s, m), endpointState=pop.message_state(s, m))
     return d
 
 
