@@ -65,8 +65,18 @@ def visible(value: Any) -> str:
     return "\n".join(shown(line.replace("\t", "    ")) for line in str(value).split("\n"))
 
 
+class _Templates(Environment):
+    """Jinja whose ``d.name`` reads a dict's item before its attribute: message documents
+    have keys such as ``keys`` and ``pop`` that are also dict methods."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, dict) and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+
 def _templates() -> Environment:
-    env = Environment(loader=PackageLoader("rmqstore.console", "templates"),
+    env = _Templates(loader=PackageLoader("rmqstore.console", "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["visible"] = visible
     env.filters["when"] = lambda ms: local_time(ms) if ms else "-"
