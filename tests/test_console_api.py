@@ -325,3 +325,41 @@ def test_cli_console_serves_and_refuses_a_non_store(tmp_path, generated):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _csrf(url):
+    import re
+    return re.search(r'name="csrf" content="([^"]+)"', _get(f"{url}/s/0/dlq")[2].decode()).group(1)
+
+
+def test_dlq_resend_only_with_a_writer_and_csrf(tmp_path):
+    root = str(tmp_path / "store")
+    with MessageStore(root, CFG) as w:
+        dead = w.put(Message("%DLQ%cg_dead", b"dead body", tags="T1", keys=["k1", "k2"],
+                             properties={"DLQ_ORIGIN_TOPIC": "Origin", "DLQ_ORIGIN_MESSAGE_ID": "ABC", "user": "v"}))
+        plain = w.put(Message("Origin", b"alive"))
+        w.wait_dispatched()
+        with running([root]) as (url, _):   # no writer: the console writes nothing
+            url = url.rstrip("/")
+            assert "resend" not in _get(f"{url}/s/0/dlq")[2].decode().split("<main>")[1].split("Read-only")[0]
+            status, _, body = _get(f"{url}/api/s/0/dlq/resend?offset={dead.phy_offset}",
+                                   {"X-Console-CSRF": _csrf(url)}, "POST")
+            assert status == 403 and b"writes are off" in body
+        with running([root], writer=w) as (url, _):
+            url = url.rstrip("/")
+            assert 'class="resend"' in _get(f"{url}/s/0/dlq")[2].decode()
+            assert _get(f"{url}/api/s/0/dlq/resend?offset={dead.phy_offset}", method="POST")[0] == 403
+            csrf = _csrf(url)
+            status, _, body = _get(f"{url}/api/s/0/dlq/resend?offset={plain.phy_offset}", {"X-Console-CSRF": csrf},
+                                   "POST")
+            assert status == 400 and b"not a %DLQ% topic" in body
+            status, _, body = _get(f"{url}/api/s/0/dlq/resend?offset={dead.phy_offset}", {"X-Console-CSRF": csrf},
+                                   "POST")
+            assert status == 200, body
+        out = json.loads(body)
+        m = w.get_by_offset(out["commitLogOffset"])
+    assert (m.topic, bytes(m.body), m.tags, m.properties["KEYS"]) == ("Origin", b"dead body", "T1", "k1 k2")
+    assert m.properties["user"] == "v" and m.properties["CONSOLE_RESENT_FROM"] == dead.msg_id
+    assert "DLQ_ORIGIN_TOPIC" not in m.properties
+    assert (out["topic"], out["queueId"], out["queueOffset"], out["msgId"]) == \
+        ("Origin", m.queue_id, m.queue_offset, m.msg_id)

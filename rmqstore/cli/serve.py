@@ -22,14 +22,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = store_config(args)
     if args.sync_flush:
         cfg = dataclasses.replace(cfg, flush_mode="sync")
-    with MessageStore(args.store, cfg) as store, _console(args):
+    if args.allow_writes and args.console is None:
+        raise CommandError("--allow-writes is for the console: give --console too")
+    with MessageStore(args.store, cfg) as store, _console(args, store):
         serve(store, args.listen, auto_create=not args.no_auto_create, max_attempts=args.max_attempts,
               fifo_groups=frozenset(args.fifo_group), workers=args.workers)
     return 0
 
 
-def _console(args: argparse.Namespace) -> Any:
-    """With --console, the read-only web console on the served store, beside the endpoint."""
+def _console(args: argparse.Namespace, store: MessageStore) -> Any:
+    """With --console, the web console on the served store, beside the endpoint (read-only
+    but for the DLQ page's resend with --allow-writes)."""
     if args.console is None:
         return contextlib.nullcontext()
     try:
@@ -39,7 +42,7 @@ def _console(args: argparse.Namespace) -> Any:
         raise CommandError(f"--console needs the [console] extra ({e})") from None
     except ValueError as e:
         raise CommandError(str(e)) from None
-    return _announced(running([args.store], args.console))
+    return _announced(running([args.store], args.console, store if args.allow_writes else None))
 
 
 @contextlib.contextmanager
@@ -75,4 +78,7 @@ def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser
                         "receive another, within three quarters of them (N * 3/8 clients)")
     p.add_argument("--console", nargs="?", const="127.0.0.1:8080", metavar="HOST:PORT",
                    help="also serve the read-only web console on the store (default 127.0.0.1:8080)")
+    p.add_argument("--allow-writes", action="store_true",
+                   help="let the console's DLQ page resend a dead letter to its origin topic (its only write; "
+                        "CSRF-protected; off by default)")
     p.set_defaults(func=cmd_serve)

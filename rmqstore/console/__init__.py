@@ -42,7 +42,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _server(paths: list[str], host: str, port: int) -> tuple[Any, socket.socket, str, Any]:
+def _server(paths: list[str], host: str, port: int, writer: Any = None) -> tuple[Any, socket.socket, str, Any]:
     """(uvicorn server, bound socket, URL, Console) for the stores at ``paths``."""
     import uvicorn
 
@@ -50,7 +50,7 @@ def _server(paths: list[str], host: str, port: int) -> tuple[Any, socket.socket,
 
     loopback = is_loopback(host)
     token = None if loopback else secrets.token_urlsafe(24)
-    app, console = build(paths, token, loopback)
+    app, console = build(paths, token, loopback, writer)
     try:
         sock = _bind(host, port)
     except BaseException:
@@ -75,10 +75,12 @@ def serve(paths: list[str], listen: str = "127.0.0.1:8080", out: Any = sys.stdou
 
 
 @contextlib.contextmanager
-def running(paths: list[str], listen: str = "127.0.0.1:0") -> Iterator[tuple[str, Any]]:
+def running(paths: list[str], listen: str = "127.0.0.1:0", writer: Any = None) -> Iterator[tuple[str, Any]]:
     """The console serving ``paths`` on a background thread (for tests, benchmarks and
-    embedding): yields (URL, Console); stops and closes the stores on exit."""
-    server, sock, url, console = _server(paths, *split_listen(listen))
+    embedding): yields (URL, Console); stops and closes the stores on exit. ``writer``: the
+    open writer MessageStore of one of them, which allows the DLQ page's resend (the one
+    write the console makes; off without it)."""
+    server, sock, url, console = _server(paths, *split_listen(listen), writer)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="rmqstore-console", daemon=True)
     thread.start()
     try:

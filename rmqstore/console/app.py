@@ -45,6 +45,7 @@ from rmqstore.console.filters import FILTER_MODES, make_filter, searchable, tag_
 from rmqstore.console.pages import BY_NAME, NAV, Params
 from rmqstore.console.stores import StoreSet
 from rmqstore.console.tasks import KINDS, Tasks
+from rmqstore.console.views import resend_dead_letter
 from rmqstore.errors import InvalidArgumentError, StoreError
 
 COOKIE = "rmqstore_console"
@@ -129,14 +130,18 @@ class Guard:
 class Console:
     """The served stores, the templates, the tasks and the CSRF token of one console."""
 
-    def __init__(self, stores: StoreSet):
+    def __init__(self, stores: StoreSet, writer: Any = None):
         self.stores = stores
+        self.writer = writer   # a writer MessageStore of one served store: DLQ resend allowed on it
         self.env = _templates()
         self.tasks = Tasks()
         self.csrf = secrets.token_urlsafe(24)
 
     def render(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        store = context.get("store")
+        writable = self.writer is not None and store is not None and store.path == self.writer.path
         html = self.env.get_template(template).render(stores=self.stores.stores, nav=NAV, csrf=self.csrf,
+                                                      allow_writes=writable,
                                                       version=rmqstore.__version__, **context)
         return HTMLResponse(html, status)
 
@@ -206,6 +211,21 @@ class Console:
             return JSONResponse({"error": "no such task"}, 404)
         return JSONResponse(t.as_dict())
 
+    # -- the one write: resend a dead letter ------------------------------------------------
+    async def resend(self, request: Request) -> Response:
+        """Put a copy of a ``%DLQ%`` message back on its origin topic (writer only)."""
+        try:
+            st = self.served(request)
+            if not hmac.compare_digest(request.headers.get("x-console-csrf", ""), self.csrf):
+                return JSONResponse({"error": "missing or wrong X-Console-CSRF header"}, 403)
+            if self.writer is None or self.writer.path != st.path:
+                return JSONResponse({"error": "writes are off (rmqstore serve --console --allow-writes)"}, 403)
+            offset = Params(request.query_params).number("offset")
+            result = await anyio.to_thread.run_sync(resend_dead_letter, self.writer, offset)
+        except (InvalidArgumentError, StoreError) as e:
+            return JSONResponse({"error": str(e)}, 404 if isinstance(e, MessageNotFoundError) else 400)
+        return JSONResponse(result)
+
     # -- live tail ---------------------------------------------------------------------------
     async def tail(self, request: Request) -> Response:
         try:
@@ -257,10 +277,11 @@ class Console:
         return StreamingResponse(events(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
 
 
-def build(paths: list[str], token: str | None = None, loopback: bool = True) -> tuple[Any, Console]:
+def build(paths: list[str], token: str | None = None, loopback: bool = True,
+          writer: Any = None) -> tuple[Any, Console]:
     """The ASGI application serving the stores at ``paths`` (and its Console, whose
-    ``stores`` the caller closes)."""
-    console = Console(StoreSet(paths))
+    ``stores`` the caller closes); ``writer`` as in rmqstore.console.running."""
+    console = Console(StoreSet(paths), writer)
     static = os.path.join(os.path.dirname(__file__), "static")
     routes = [
         Route("/", console.home), Route("/openapi.json", console.openapi),
@@ -268,6 +289,7 @@ def build(paths: list[str], token: str | None = None, loopback: bool = True) -> 
         Route("/api/s/{store}/message/raw", console.raw),
         Route("/api/s/{store}/tail/events", console.tail),
         Route("/api/s/{store}/tasks", console.tasks_of_store, methods=["GET", "POST"]),
+        Route("/api/s/{store}/dlq/resend", console.resend, methods=["POST"]),
         Route("/api/tasks/{id:int}", console.task),
         Route("/api/s/{store}/{page}", console.page), Route("/s/{store}/{page}", console.page),
         Mount("/static", StaticFiles(directory=static), name="static"),

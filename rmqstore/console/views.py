@@ -12,7 +12,7 @@ import time
 import zlib
 from typing import Any, Iterator
 
-from rmqstore import MessageExt, MessageNotFoundError, MessageStore
+from rmqstore import Message, MessageExt, MessageNotFoundError, MessageStore
 from rmqstore.cli.common import message_dict
 from rmqstore.cli.read import store_stats
 from rmqstore.console import charts, pop
@@ -415,3 +415,26 @@ def dlq(s: MessageStore, size: int = DEFAULT_PAGE) -> dict[str, Any]:
                                                                           for q in qs),
                     "newest": rows, "more": page["next"]})
     return {"dlq": out}
+
+
+DLQ_ORIGIN = ("DLQ_ORIGIN_TOPIC", "RETRY_TOPIC")   # where a dead letter came from (the endpoint's, a broker's)
+NOT_RESENT = ("DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID", "TAGS", "KEYS", "REAL_TOPIC", "REAL_QID", "MIN_OFFSET",
+              "MAX_OFFSET")
+
+
+def resend_dead_letter(writer: MessageStore, phy_offset: int) -> dict[str, Any]:
+    """Put a copy of the ``%DLQ%`` message at ``phy_offset`` on its origin topic (its
+    DLQ_ORIGIN_TOPIC or RETRY_TOPIC property), same body, tags, keys and user properties,
+    with CONSOLE_RESENT_FROM naming the dead letter's msgId. Returns where it went."""
+    m = writer.get_by_offset(phy_offset)
+    if not m.topic.startswith("%DLQ%"):
+        raise InvalidArgumentError(f"the message at {phy_offset} is on {m.topic!r}, not a %DLQ% topic")
+    origin = next((m.properties[k] for k in DLQ_ORIGIN if m.properties.get(k)), None)
+    if origin is None:
+        raise InvalidArgumentError(f"the dead letter at {phy_offset} names no origin topic ({' or '.join(DLQ_ORIGIN)})")
+    props = {k: v for k, v in m.properties.items() if k not in NOT_RESENT and v is not None}
+    props["CONSOLE_RESENT_FROM"] = m.msg_id
+    keys = (m.properties.get("KEYS") or "").split()
+    r = writer.put(Message(origin, bytes(m.body), tags=m.tags, keys=keys or None, properties=props))
+    return {"topic": origin, "queueId": r.queue_id, "queueOffset": r.queue_offset, "commitLogOffset": r.phy_offset,
+            "msgId": r.msg_id}

@@ -125,8 +125,19 @@ function groups() {
   }, 5000);
 }
 
+// -- DLQ: resend to the origin topic (only offered when the console may write) ----------
+function dlq() {
+  document.querySelectorAll("button.resend").forEach(b => b.addEventListener("click", async () => {
+    const r = await fetch(`/api/s/${store()}/dlq/resend?offset=${b.dataset.offset}`,
+                          {method: "POST", headers: {"X-Console-CSRF": csrf()}});
+    const out = await r.json();
+    b.nextElementSibling.textContent = visible(r.ok ? "resent as " + out.msgId : out.error);
+  }));
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   const page = document.body.dataset.page;
+  if (page === "dlq") dlq();
   if (page === "health") health();
   if (page === "tail") tail();
   if (page === "groups") groups();
