@@ -8,8 +8,9 @@ scripts and styles (no inline script runs, whatever a message holds), ``nosniff`
 control and bidirectional characters as visible escapes. With a token (listening beyond
 loopback) every request must carry it (``?token=`` once, then a cookie, or
 ``Authorization: Bearer``); on loopback the Host header must name loopback, so a page of
-another site cannot reach the console through DNS rebinding. The only POST (starting a
-health task) needs the page's CSRF token in a header, which other sites cannot send."""
+another site cannot reach the console through DNS rebinding. The POSTs (starting a health
+task; the DLQ resend, the only write, which exists only with a writer store) need the page's
+CSRF token in a header, which other sites cannot send."""
 from __future__ import annotations
 
 import asyncio

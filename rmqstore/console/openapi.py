@@ -38,6 +38,12 @@ def document(version: str) -> dict[str, Any]:
             "post": {"summary": "start a health task (header X-Console-CSRF from the page's meta tag)",
                      "parameters": [_STORE, _param("kind", "string", "verify | digest | recovery (required)")],
                      "responses": {"200": {"description": "the task"}, "403": {"description": "no CSRF token"}}}},
+        "/api/s/{store}/dlq/resend": {"post": {
+            "summary": "resend a dead letter to its origin topic (only under rmqstore serve --console "
+                       "--allow-writes; header X-Console-CSRF)",
+            "parameters": [_STORE, _param("offset", "integer", "the %DLQ% message's commitlog offset (required)")],
+            "responses": {"200": {"description": "where the copy went"},
+                          "403": {"description": "writes are off, or no CSRF token"}, **_ERRORS}}},
         "/api/tasks/{id}": {"get": {"summary": "a task's progress (done/total bytes) and result",
                                     "parameters": [{"name": "id", "in": "path", "required": True,
                                                     "schema": {"type": "integer"}}],
