@@ -363,3 +363,18 @@ def test_dlq_resend_only_with_a_writer_and_csrf(tmp_path):
     assert "DLQ_ORIGIN_TOPIC" not in m.properties
     assert (out["topic"], out["queueId"], out["queueOffset"], out["msgId"]) == \
         ("Origin", m.queue_id, m.queue_offset, m.msg_id)
+
+
+def test_unique_key_and_offset_lookups(console):
+    url, c = console
+    if len(c.stores.stores) < 2:
+        pytest.skip("4.9.8 fixture not available")
+    s = c.stores[1].store()
+    m = next(x for x in s.scan() if x.topic == "TopicA" and x.uniq_key and x.properties.get("KEYS"))
+    page = _json(f"{url}/api/s/1/lookup?kind=uniq&topic=TopicA&value={m.uniq_key}")
+    assert [x["msgId"] for x in page["messages"]] == [m.msg_id]
+    token = m.properties["KEYS"].split()[0]   # a KEYS token is not a unique key
+    assert _json(f"{url}/api/s/1/lookup?kind=uniq&topic=TopicA&value={urllib.request.quote(token)}")["messages"] == []
+    page = _json(f"{url}/api/s/1/lookup?kind=offset&value={m.phy_offset}")
+    assert [x["msgId"] for x in page["messages"]] == [m.msg_id]
+    assert _get(f"{url}/api/s/1/lookup?kind=offset&value={m.phy_offset + 1}")[0] in (400, 404)

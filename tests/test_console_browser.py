@@ -243,3 +243,26 @@ def test_message_put_after_opening_arrives_in_live_tail(console, browser, stores
     assert browser.execute_script("return window.__pwned") is None
     browser.find_element(By.ID, "tail-pause").click()
     assert browser.find_element(By.ID, "tail-status").text == "paused"
+    with MessageStore(stores[0][2], cfg) as w:   # put while paused: shown on resume, from where it paused
+        during = w.put(Message("Orders", f"{marker} while paused".encode(), keys=marker + "-paused"))
+    time.sleep(1)
+    assert not browser.find_elements(By.CSS_SELECTOR, f"#tail tbody tr[data-offset='{during.phy_offset}']")
+    browser.find_element(By.ID, "tail-pause").click()
+    WebDriverWait(browser, 20).until(
+        lambda b: b.find_elements(By.CSS_SELECTOR, f"#tail tbody tr[data-offset='{during.phy_offset}']"))
+
+
+def test_group_lag_refreshes_on_a_live_store(console, browser, stores, tmp_path):
+    url, c = console
+    _open(browser, f"{url}/s/2/groups", tmp_path, "groups-before")
+    before = int(browser.find_element(By.ID, "total-lag").text)
+    cfg = StoreConfig(commitlog_file_size=1 << 20, consume_queue_entries=100, index_slots=1000, index_entries=4000,
+                      strict_topic_names=False)
+    with MessageStore(stores[0][2], cfg) as w:
+        w.commit_offset(GROUP, "Orders", 0, w.max_offset("Orders", 0))
+        s = w
+        lag = sum(max(0, s.max_offset(t, q) - s.committed_offset(g, t, q)) for g, t in s.consumer_groups()
+                  for q in s.queue_ids(t))
+    assert lag < before
+    WebDriverWait(browser, 20).until(lambda b: b.find_element(By.ID, "total-lag").text == str(lag))
+    browser.save_screenshot(str(tmp_path / "groups-after.png"))

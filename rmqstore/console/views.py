@@ -5,6 +5,7 @@ seconds and hand back a cursor to continue from."""
 from __future__ import annotations
 
 import base64
+import functools
 import heapq
 import json
 import os
@@ -299,7 +300,7 @@ def by_key(s: MessageStore, topic: str, key: str, uniq_only: bool = False, curso
     rows: list[dict[str, Any]] = []
     read = 0
     while True:
-        hits = s.query_offsets(topic, key, INDEX_WALK, begin, end)
+        hits = _hash_matches(s, topic, key, begin, end)
         full = len(hits) == INDEX_WALK
         todo = sorted((o for o in hits if below is None or o < below), reverse=True)
         for o in todo:
@@ -315,6 +316,13 @@ def by_key(s: MessageStore, topic: str, key: str, uniq_only: bool = False, curso
         # an index walk holds the newest INDEX_WALK matches: go on with the older ones (index
         # times are whole seconds from the file's start, so the next window overlaps by one)
         end = s.get_by_offset(todo[-1]).store_timestamp + 1000
+
+
+@functools.lru_cache(maxsize=64)
+def _hash_matches(s: MessageStore, topic: str, key: str, begin: int, end: int | None) -> tuple[int, ...]:
+    """The index walk's commitlog offsets, kept for the next pages of the same lookup (a
+    handle sees no later appends, and the console replaces it when the store changes)."""
+    return tuple(s.query_offsets(topic, key, INDEX_WALK, begin, end))
 
 
 def _key_page(topic: str, key: str, rows: list[dict[str, Any]], read: int, cursor: str | None) -> dict[str, Any]:
