@@ -3,6 +3,7 @@ that neither skips nor repeats, time seeks, every key hit with collisions remove
 scans and regexes, parameters that cannot name a path, the token beyond loopback, the Host
 check, the CSP, the CSRF header on the one POST, and the OpenAPI document."""
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -378,3 +379,42 @@ def test_unique_key_and_offset_lookups(console):
     page = _json(f"{url}/api/s/1/lookup?kind=offset&value={m.phy_offset}")
     assert [x["msgId"] for x in page["messages"]] == [m.msg_id]
     assert _get(f"{url}/api/s/1/lookup?kind=offset&value={m.phy_offset + 1}")[0] in (400, 404)
+
+
+def test_consumer_groups_lists_committed_pairs(tmp_path):
+    root = str(tmp_path / "store")
+    with MessageStore(root, CFG) as w:
+        w.put(Message("A", b"x"))
+        w.commit_offset("g2", "A", 0, 1)
+        w.commit_offset("g1", "A", 0, 1)
+        w.commit_offset("g1", "B", 3, 0)
+    with open(os.path.join(root, "config", "consumerOffset.json")) as f:
+        table = json.load(f)
+    table["offsetTable"]["no-separator"] = {"0": 1}   # RocketMQ skips keys that are not topic@group
+    with open(os.path.join(root, "config", "consumerOffset.json"), "w") as f:
+        json.dump(table, f)
+    with MessageStore(root, CFG, read_only=True) as s:
+        assert s.consumer_groups() == [("g1", "A"), ("g1", "B"), ("g2", "A")]
+
+
+def test_serve_with_console(tmp_path):
+    pytest.importorskip("grpc", reason="the endpoint extra is not installed")
+    import subprocess
+    import sys
+    store = str(tmp_path / "store")
+    proc = subprocess.Popen([sys.executable, "-m", "rmqstore.cli", "serve", store, "--create", "--listen",
+                             "127.0.0.1:0", "--console", "127.0.0.1:0", "--segment-size", str(1 << 20),
+                             "--index-slots", "1000", "--index-entries", "4000"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stderr:
+            if "rmqstore console at " in line:
+                url = line.split(" at ")[1].strip().rstrip("/")
+                break
+        assert url, "no console URL printed"
+        assert _json(f"{url}/api/stores")[0]["path"] == store
+        assert _json(f"{url}/api/s/0/overview")["messages"] == 0
+    finally:
+        proc.terminate()
+        proc.wait(20)
