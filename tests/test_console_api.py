@@ -418,3 +418,22 @@ def test_serve_with_console(tmp_path):
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_a_page_out_of_time_still_moves_on(console, monkeypatch):
+    """With no time left at all, each filtered page still looks at one message, so walking
+    "continue" links ends, having looked at every message once."""
+    from rmqstore.console.filters import make_filter
+    _, c = console
+    s = c.stores[0].store()
+    monkeypatch.setattr(views, "DEADLINE", 0.0)
+    pos = views.start_positions(s, "Hot", s.queue_ids("Hot"), True, None, None)
+    found, pages, looked = [], 0, 0
+    while pos is not None:
+        page = views.browse(s, "Hot", pos, True, 10, None, make_filter("need.e", "regex"))
+        found += [m["tags"] for m in page["messages"]]
+        looked += page["scanned"]
+        pages += 1
+        pos = views.parse_positions(page["next"]) if page["next"] else None
+    total = sum(s.max_offset("Hot", q) for q in s.queue_ids("Hot"))
+    assert found == ["Needle"] and looked == total and pages == total

@@ -59,6 +59,11 @@ TAIL_BODY = 1024         # bytes of each body a tail event carries
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
+def same(given: str, secret: str) -> bool:
+    """Constant-time comparison of a request's token with ours (any characters)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode())
+
+
 def visible(value: Any) -> str:
     """Message text as a page shows it: control and bidirectional characters as escapes
     (``\\x1b``, ``\\u202e``); newlines and tabs kept. Autoescaping then makes it inert HTML."""
@@ -104,14 +109,14 @@ class Guard:
         if self.token is not None:
             query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
             given = query.get("token")
-            if given is not None and hmac.compare_digest(given, self.token):
+            if given is not None and same(given, self.token):
                 rest = urlencode({k: v for k, v in query.items() if k != "token"})
                 r = RedirectResponse(scope["path"] + ("?" + rest if rest else ""), 303)
                 r.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
                 return await self._send(r, scope, receive, send)
             cookie = SimpleCookie(headers.get("cookie", ""))
             have = cookie[COOKIE].value if COOKIE in cookie else headers.get("authorization", "")[len("Bearer "):]
-            if not hmac.compare_digest(have, self.token):
+            if not same(have, self.token):
                 return await PlainTextResponse("token required (see the URL the console printed)", 401)(
                     scope, receive, send)
         await self._send(self.app, scope, receive, send)
@@ -198,7 +203,7 @@ class Console:
         try:
             st = self.served(request)
             if request.method == "POST":
-                if not hmac.compare_digest(request.headers.get("x-console-csrf", ""), self.csrf):
+                if not same(request.headers.get("x-console-csrf", ""), self.csrf):
                     return JSONResponse({"error": "missing or wrong X-Console-CSRF header"}, 403)
                 kind = Params(request.query_params).choice("kind", KINDS)
                 return JSONResponse(self.tasks.start(kind, st.number, st.path).as_dict())
@@ -217,7 +222,7 @@ class Console:
         """Put a copy of a ``%DLQ%`` message back on its origin topic (writer only)."""
         try:
             st = self.served(request)
-            if not hmac.compare_digest(request.headers.get("x-console-csrf", ""), self.csrf):
+            if not same(request.headers.get("x-console-csrf", ""), self.csrf):
                 return JSONResponse({"error": "missing or wrong X-Console-CSRF header"}, 403)
             if self.writer is None or self.writer.path != st.path:
                 return JSONResponse({"error": "writes are off (rmqstore serve --console --allow-writes)"}, 403)
@@ -245,7 +250,7 @@ class Console:
             for m in s.scan(pos):
                 pos = m.phy_offset + m.store_size
                 if (topic is None or m.topic == topic) and (wanted is None or m.tags in wanted) and \
-                        (content is None or content.matches(searchable(m), deadline)):
+                        (content is None or _matches(content, m, deadline)):
                     row = views.summary(m)
                     row["body"] = bytes(m.body[:TAIL_BODY]).decode("utf-8", "replace")
                     out.append(row)
@@ -261,7 +266,7 @@ class Console:
             while time.monotonic() < ends:
                 try:
                     rows, new = await anyio.to_thread.run_sync(read, pos)
-                except (StoreError, TimeoutError) as e:
+                except StoreError as e:
                     yield f"event: problem\ndata: {json.dumps({'error': str(e)})}\n\n"
                     rows, new = [], pos
                 if rows or new != pos:
@@ -276,6 +281,15 @@ class Console:
                     await asyncio.sleep(TAIL_POLL)
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+
+
+def _matches(content: Any, m: Any, deadline: float) -> bool:
+    """The tail's content filter: a message whose match outlasts the batch's time counts as
+    not matching, so one message cannot stall the tail."""
+    try:
+        return bool(content.matches(searchable(m), deadline))
+    except TimeoutError:
+        return False
 
 
 def build(paths: list[str], token: str | None = None, loopback: bool = True,

@@ -219,21 +219,23 @@ def browse(s: MessageStore, topic: str, positions: dict[int, int], forward: bool
     if not 1 <= size <= MAX_PAGE:
         raise InvalidArgumentError(f"page size must be 1..{MAX_PAGE}, not {size}")
     filtered = tag_set(tags) is not None or content is not None
-    rows, after, more, scanned, complete = _walk(s, topic, positions, forward, size, tag_set(tags), content)
+    rows, after, more, scanned, timed_out, complete = _walk(s, topic, positions, forward, size, tag_set(tags),
+                                                            content)
     previous = None
     if not filtered:
-        back, before, _, _, _ = _walk(s, topic, positions, not forward, size, None, None)
+        back, before, _, _, _, _ = _walk(s, topic, positions, not forward, size, None, None)
         previous = format_positions(before) if back else None
     return {"topic": topic, "order": "oldest" if forward else "newest", "positions": format_positions(positions),
             "next": format_positions(after) if more else None, "previous": previous,
-            "messages": rows, "scanned": scanned, "complete": complete}
+            "messages": rows, "scanned": scanned, "timedOut": timed_out, "complete": complete}
 
 
 def _walk(s: MessageStore, topic: str, positions: dict[int, int], forward: bool, size: int,
           wanted: frozenset[str] | None, content: ContentFilter | None
-          ) -> tuple[list[dict[str, Any]], dict[int, int], bool, int, bool]:
+          ) -> tuple[list[dict[str, Any]], dict[int, int], bool, int, int, bool]:
     """browse's merge: (rows, the positions after them, more to read, records looked at,
-    complete: not stopped by the scan bound)."""
+    of them passed over because their regex match outlasted the page's time, complete: not
+    stopped by the scan bound)."""
     deadline = time.monotonic() + DEADLINE
     sign = 1 if forward else -1
     readers = {q: _queue_reader(s, topic, q, o, forward) for q, o in positions.items()}
@@ -248,29 +250,34 @@ def _walk(s: MessageStore, topic: str, positions: dict[int, int], forward: bool,
         refill(q)
     after = dict(positions)
     rows: list[dict[str, Any]] = []
-    scanned, complete = 0, True
+    looked, timed_out, complete = 0, 0, True
     bounded = wanted is not None or content is not None
     while heap and len(rows) < size:
-        if bounded and (scanned >= SCAN_LIMIT or time.monotonic() > deadline):
+        # at least one message a page, so a "continue" link always moves on
+        if bounded and looked and (looked >= SCAN_LIMIT or time.monotonic() > deadline):
             complete = False
             break
         _, _, q, m = heapq.heappop(heap)
-        if content is not None:
+        hit = wanted is None or m.tags in wanted
+        if hit and content is not None:
             try:
                 hit = content.matches(searchable(m), deadline)
-            except TimeoutError:   # look at it again on the next page
-                heapq.heappush(heap, (sign * m.store_timestamp, sign * m.phy_offset, q, m))
-                complete = False
-                break
-        scanned += 1
+            except TimeoutError:
+                if looked:   # look at it again, first, on the next page
+                    heapq.heappush(heap, (sign * m.store_timestamp, sign * m.phy_offset, q, m))
+                    complete = False
+                    break
+                hit = False   # one message alone outlasts a page's time: passed over, counted
+                timed_out += 1
+        looked += 1
         after[q] = m.queue_offset + 1 if forward else m.queue_offset
         refill(q)
-        if (wanted is None or m.tags in wanted) and (content is None or hit):
+        if hit:
             rows.append(summary(m))
     if not heap:
         for q in readers:   # every queue read to its end (the first or last offset)
             after[q] = s.max_offset(topic, q) if forward else s.min_offset(topic, q)
-    return rows, after, bool(heap), scanned, complete
+    return rows, after, bool(heap), looked, timed_out, complete
 
 
 # -- lookups -------------------------------------------------------------------------------------
