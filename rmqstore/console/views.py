@@ -311,7 +311,7 @@ def by_key(s: MessageStore, topic: str, key: str, uniq_only: bool = False, curso
         full = len(hits) == INDEX_WALK
         todo = sorted((o for o in hits if below is None or o < below), reverse=True)
         for o in todo:
-            if len(rows) == size or time.monotonic() > deadline:
+            if len(rows) == size or (read and time.monotonic() > deadline):
                 return _key_page(topic, key, rows, read, f"{end if end is not None else (1 << 63) - 1}:{o + 1}")
             m = s.get_by_offset(o)
             read += 1
