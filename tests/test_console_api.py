@@ -437,3 +437,21 @@ def test_a_page_out_of_time_still_moves_on(console, monkeypatch):
         pos = views.parse_positions(page["next"]) if page["next"] else None
     total = sum(s.max_offset("Hot", q) for q in s.queue_ids("Hot"))
     assert found == ["Needle"] and looked == total and pages == total
+
+
+def test_cli_console_takes_a_foreign_index_geometry(tmp_path):
+    import subprocess
+    import sys
+    root = str(tmp_path / "odd")
+    with MessageStore(root, StoreConfig(index_slots=64, index_entries=512)) as w:   # not RocketMQ's 1:4
+        w.put(Message("T", b"x", keys="k"))
+    cmd = [sys.executable, "-m", "rmqstore.cli", "console", root, "--listen", "127.0.0.1:0"]
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "--index-slots" in bad.stderr
+    proc = subprocess.Popen(cmd + ["--index-slots", "64", "--index-entries", "512"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().split(" at ")[1].strip().rstrip("/")
+        assert len(_json(f"{url}/api/s/0/lookup?kind=key&topic=T&value=k")["messages"]) == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,7 +1,7 @@
 """``rmqstore console``: the read-only web UI and JSON API (rmqstore.console)."""
 import argparse
 
-from rmqstore.cli.common import CommandError
+from rmqstore.cli.common import CommandError, store_config
 
 
 def cmd_console(args: argparse.Namespace) -> int:
@@ -10,7 +10,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise CommandError(f"the console needs the [console] extra: pip install 'rmqstore[console]' ({e})") from None
     try:
-        serve(args.stores, args.listen)
+        serve(args.stores, args.listen, config=store_config(args))
     except ImportError as e:
         raise CommandError(f"the console needs the [console] extra: pip install 'rmqstore[console]' ({e})") from None
     except ValueError as e:
@@ -20,7 +20,7 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser,
              store_opts: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("console", help="read-only web UI and JSON API over stores",
+    p = sub.add_parser("console", parents=[store_opts], help="read-only web UI and JSON API over stores",
                        description="Serve a read-only web console and JSON API (described at /openapi.json) over "
                        "STORE directories (or directories whose subdirectories are stores) until Ctrl-C. Binds "
                        "loopback by default; listening on any other address requires the token printed with "

@@ -42,7 +42,7 @@ def _console(args: argparse.Namespace, store: MessageStore) -> Any:
         raise CommandError(f"--console needs the [console] extra ({e})") from None
     except ValueError as e:
         raise CommandError(str(e)) from None
-    return _announced(running([args.store], args.console, store if args.allow_writes else None))
+    return _announced(running([args.store], args.console, store if args.allow_writes else None, store.config))
 
 
 @contextlib.contextmanager

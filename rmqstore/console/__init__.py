@@ -42,7 +42,8 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _server(paths: list[str], host: str, port: int, writer: Any = None) -> tuple[Any, socket.socket, str, Any]:
+def _server(paths: list[str], host: str, port: int, writer: Any = None,
+            config: Any = None) -> tuple[Any, socket.socket, str, Any]:
     """(uvicorn server, bound socket, URL, Console) for the stores at ``paths``."""
     import uvicorn
 
@@ -50,7 +51,7 @@ def _server(paths: list[str], host: str, port: int, writer: Any = None) -> tuple
 
     loopback = is_loopback(host)
     token = None if loopback else secrets.token_urlsafe(24)
-    app, console = build(paths, token, loopback, writer)
+    app, console = build(paths, token, loopback, writer, config)
     try:
         sock = _bind(host, port)
     except BaseException:
@@ -62,10 +63,11 @@ def _server(paths: list[str], host: str, port: int, writer: Any = None) -> tuple
     return uvicorn.Server(config), sock, url, console
 
 
-def serve(paths: list[str], listen: str = "127.0.0.1:8080", out: Any = sys.stdout) -> None:
+def serve(paths: list[str], listen: str = "127.0.0.1:8080", out: Any = sys.stdout, config: Any = None) -> None:
     """Serve the stores at ``paths`` until interrupted; prints the URL (with the token when
-    listening beyond loopback, where one is required)."""
-    server, sock, url, console = _server(paths, *split_listen(listen))
+    listening beyond loopback, where one is required). ``config``: a StoreConfig the stores
+    are opened with (a foreign store's index geometry)."""
+    server, sock, url, console = _server(paths, *split_listen(listen), None, config)
     print(f"rmqstore console: {len(console.stores.stores)} store(s) at {url}", file=out, flush=True)
     try:
         server.run(sockets=[sock])
@@ -75,12 +77,13 @@ def serve(paths: list[str], listen: str = "127.0.0.1:8080", out: Any = sys.stdou
 
 
 @contextlib.contextmanager
-def running(paths: list[str], listen: str = "127.0.0.1:0", writer: Any = None) -> Iterator[tuple[str, Any]]:
+def running(paths: list[str], listen: str = "127.0.0.1:0", writer: Any = None,
+            config: Any = None) -> Iterator[tuple[str, Any]]:
     """The console serving ``paths`` on a background thread (for tests, benchmarks and
     embedding): yields (URL, Console); stops and closes the stores on exit. ``writer``: the
     open writer MessageStore of one of them, which allows the DLQ page's resend (the one
-    write the console makes; off without it)."""
-    server, sock, url, console = _server(paths, *split_listen(listen), writer)
+    write the console makes; off without it). ``config`` as in serve."""
+    server, sock, url, console = _server(paths, *split_listen(listen), writer, config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="rmqstore-console", daemon=True)
     thread.start()
     try:

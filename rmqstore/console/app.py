@@ -206,7 +206,7 @@ class Console:
                 if not same(request.headers.get("x-console-csrf", ""), self.csrf):
                     return JSONResponse({"error": "missing or wrong X-Console-CSRF header"}, 403)
                 kind = Params(request.query_params).choice("kind", KINDS)
-                return JSONResponse(self.tasks.start(kind, st.number, st.path).as_dict())
+                return JSONResponse(self.tasks.start(kind, st.number, st.path, st.config).as_dict())
         except (InvalidArgumentError, StoreError) as e:
             return JSONResponse({"error": str(e)}, 400)
         return JSONResponse([t.as_dict() for t in self.tasks.of_store(st.number)])
@@ -292,11 +292,11 @@ def _matches(content: Any, m: Any, deadline: float) -> bool:
         return False
 
 
-def build(paths: list[str], token: str | None = None, loopback: bool = True,
-          writer: Any = None) -> tuple[Any, Console]:
+def build(paths: list[str], token: str | None = None, loopback: bool = True, writer: Any = None,
+          config: Any = None) -> tuple[Any, Console]:
     """The ASGI application serving the stores at ``paths`` (and its Console, whose
-    ``stores`` the caller closes); ``writer`` as in rmqstore.console.running."""
-    console = Console(StoreSet(paths), writer)
+    ``stores`` the caller closes); ``writer`` and ``config`` as in rmqstore.console.running."""
+    console = Console(StoreSet(paths, config), writer)
     static = os.path.join(os.path.dirname(__file__), "static")
     routes = [
         Route("/", console.home), Route("/openapi.json", console.openapi),

@@ -12,8 +12,11 @@ import time
 from rmqstore import MessageStore, NotRecordStartError, StoreConfig, StoreNotFoundError, batch
 from rmqstore.errors import InvalidArgumentError
 
-# Every hash match of a key in one index walk (the store's limit, RocketMQ's 64 by default).
-CONSOLE_CONFIG = StoreConfig(max_msgs_num_batch=65_535)
+
+def console_config(base: StoreConfig | None = None) -> StoreConfig:
+    """``base`` (a foreign store's index geometry, say) as the console opens stores: every
+    hash match of a key in one index walk (the store's limit; RocketMQ's is 64)."""
+    return (base or StoreConfig()).with_(max_msgs_num_batch=65_535)
 RECHECK_SECONDS = 1.0
 OLD_HANDLE_SECONDS = 60.0   # a replaced handle is closed this long after, when no request still reads it
 
@@ -53,13 +56,13 @@ def _stamp(path: str, hint: int = 0) -> tuple[int, int]:
 class ServedStore:
     """One served store: its number, path, display name and a current read-only handle."""
 
-    def __init__(self, number: int, path: str):
-        self.number, self.path = number, path
+    def __init__(self, number: int, path: str, config: StoreConfig):
+        self.number, self.path, self.config = number, path, config
         parent, base = os.path.split(path.rstrip("/"))
         # a broker's store directory is often just "store": name it with its parent
         self.name = f"{os.path.basename(parent)}/{base}" if base == "store" and parent else base or path
         self._lock = threading.Lock()
-        self._handle = MessageStore(path, CONSOLE_CONFIG, read_only=True)
+        self._handle = MessageStore(path, config, read_only=True)
         self._stamp = _stamp(path)
         self._checked = time.monotonic()
         self._retired: list[tuple[float, MessageStore]] = []
@@ -76,7 +79,7 @@ class ServedStore:
                 stamp = _stamp(self.path, self._stamp[0])
                 if stamp != self._stamp:
                     self._retired.append((now, self._handle))
-                    self._handle, self._stamp = MessageStore(self.path, CONSOLE_CONFIG, read_only=True), stamp
+                    self._handle, self._stamp = MessageStore(self.path, self.config, read_only=True), stamp
                     self.generation += 1
                 self._close_retired(now)
         return self._handle
@@ -94,11 +97,12 @@ class ServedStore:
 class StoreSet:
     """The served stores, by number."""
 
-    def __init__(self, paths: list[str]):
+    def __init__(self, paths: list[str], config: StoreConfig | None = None):
         self.stores: list[ServedStore] = []
+        cfg = console_config(config)
         try:
             for i, p in enumerate(find_stores(paths)):
-                self.stores.append(ServedStore(i, p))
+                self.stores.append(ServedStore(i, p, cfg))
         except BaseException:
             self.close()
             raise

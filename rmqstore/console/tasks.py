@@ -10,10 +10,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from rmqstore import MessageStore
+from rmqstore import MessageStore, StoreConfig
 from rmqstore.cli.admin import digest_segments
 from rmqstore.cli.common import camel_keys, segment_files
-from rmqstore.console.stores import CONSOLE_CONFIG
 
 KINDS = ("verify", "digest", "recovery")
 KEEP = 32   # finished tasks remembered
@@ -22,8 +21,8 @@ KEEP = 32   # finished tasks remembered
 class Task:
     """One run: ``state`` running | done | failed, ``done``/``total`` bytes, ``result``."""
 
-    def __init__(self, number: int, kind: str, store: int, path: str):
-        self.id, self.kind, self.store, self.path = number, kind, store, path
+    def __init__(self, number: int, kind: str, store: int, path: str, config: StoreConfig):
+        self.id, self.kind, self.store, self.path, self.config = number, kind, store, path, config
         self.state, self.done = "running", 0
         self.error: str | None = None
         self.total = sum(n for _, _, n in segment_files(path))
@@ -48,7 +47,7 @@ class Task:
 
 
 def _verify(task: Task) -> Any:
-    with MessageStore(task.path, CONSOLE_CONFIG, read_only=True) as s:
+    with MessageStore(task.path, task.config, read_only=True) as s:
         return camel_keys(s.verify(progress=task.update).as_dict())
 
 
@@ -60,7 +59,7 @@ def _digest(task: Task) -> Any:
 
 
 def _recovery(task: Task) -> Any:
-    with MessageStore(task.path, CONSOLE_CONFIG, read_only=True, progress=task.update) as s:
+    with MessageStore(task.path, task.config, read_only=True, progress=task.update) as s:
         return camel_keys({"dry_run": True, **dataclasses.asdict(s.recovery)})
 
 
@@ -73,13 +72,13 @@ class Tasks:
         self._ids = itertools.count(1)
         self.tasks: dict[int, Task] = {}
 
-    def start(self, kind: str, store: int, path: str) -> Task:
+    def start(self, kind: str, store: int, path: str, config: StoreConfig) -> Task:
         """A new task of ``kind`` on the store, or the one of that kind still running on it."""
         with self._lock:
             for t in self.tasks.values():
                 if t.kind == kind and t.store == store and t.state == "running":
                     return t
-            task = Task(next(self._ids), kind, store, path)
+            task = Task(next(self._ids), kind, store, path, config)
             self.tasks[task.id] = task
             for old in [t for t in self.tasks.values() if t.state != "running"][:-KEEP]:
                 del self.tasks[old.id]
