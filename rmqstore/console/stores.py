@@ -2,15 +2,19 @@
 subdirectories are stores, as the Spark source takes them), chosen by their number in that
 list only, so no request parameter ever names a path. Each is open read-only; a read-only
 handle does not see later appends, so a handle is replaced by a fresh one when the store's
-commitlog end or consumer offsets file changed (checked at most once a second)."""
+commitlog end or consumer offsets file changed (looked at once a second, and opened on a
+background thread, so no request waits for the open's recovery scan)."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 
 from rmqstore import MessageStore, NotRecordStartError, StoreConfig, StoreNotFoundError, batch
-from rmqstore.errors import InvalidArgumentError
+from rmqstore.errors import InvalidArgumentError, StoreError
+
+log = logging.getLogger(__name__)
 
 
 def console_config(base: StoreConfig | None = None) -> StoreConfig:
@@ -65,33 +69,56 @@ class ServedStore:
         self._handle = MessageStore(path, config, read_only=True)
         self._stamp = _stamp(path)
         self._checked = time.monotonic()
+        self._refreshing = self._closed = False
         self._retired: list[tuple[float, MessageStore]] = []
         self.generation = 0   # counts reopenings: cached answers keyed by it go stale with the handle
 
     def store(self) -> MessageStore:
-        """The current handle (reopened first when the store changed since it was opened)."""
+        """The current handle. At most once a second a background thread looks whether the
+        store changed and, if so, opens a fresh handle (recovery's scan of a big store takes
+        a while) that later requests get; until then they read the current one."""
         now = time.monotonic()
-        if now - self._checked < RECHECK_SECONDS:
-            return self._handle
-        with self._lock:
-            if now - self._checked >= RECHECK_SECONDS:
-                self._checked = now
-                stamp = _stamp(self.path, self._stamp[0])
-                if stamp != self._stamp:
-                    self._retired.append((now, self._handle))
-                    self._handle, self._stamp = MessageStore(self.path, self.config, read_only=True), stamp
-                    self.generation += 1
-                self._close_retired(now)
+        if now - self._checked >= RECHECK_SECONDS:
+            with self._lock:
+                if now - self._checked >= RECHECK_SECONDS and not self._refreshing:
+                    self._checked, self._refreshing = now, True
+                    threading.Thread(target=self._refresh, name="console-reopen", daemon=True).start()
         return self._handle
 
+    def _refresh(self) -> None:
+        try:
+            stamp = _stamp(self.path, self._stamp[0])
+            if stamp != self._stamp:
+                fresh = MessageStore(self.path, self.config, read_only=True)
+                with self._lock:
+                    if self._closed:
+                        self._retired.append((0.0, fresh))
+                    else:
+                        self._retired.append((time.monotonic(), self._handle))
+                        self._handle, self._stamp = fresh, stamp
+                        self.generation += 1
+            self._close_retired(time.monotonic())
+        except StoreError as e:   # a writer mid-change: the current handle stays, the next look retries
+            log.warning("%s: not reopened (%s)", self.path, e)
+        finally:
+            with self._lock:
+                self._refreshing = False
+                self._checked = time.monotonic()
+
     def _close_retired(self, now: float) -> None:
-        while self._retired and now - self._retired[0][0] > OLD_HANDLE_SECONDS:
-            self._retired.pop(0)[1].close()   # waits for reads still running on it
+        with self._lock:
+            old = [h for t, h in self._retired if now - t > OLD_HANDLE_SECONDS]
+            self._retired = [(t, h) for t, h in self._retired if now - t <= OLD_HANDLE_SECONDS]
+        for h in old:
+            h.close()   # waits for reads still running on it
 
     def close(self) -> None:
-        for _, h in self._retired:
+        with self._lock:
+            self._closed = True
+            handles = [h for _, h in self._retired] + [self._handle]
+            self._retired = []
+        for h in handles:
             h.close()
-        self._handle.close()
 
 
 class StoreSet:
