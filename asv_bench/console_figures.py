@@ -5,7 +5,10 @@ generator (``--clients`` connections, ``--requests`` requests a page, random off
 times), printing p50/p99 per page beside the time ``rmqstore ... --json`` takes to answer the
 same question (a fresh process each time: interpreter start and store open included).
 
-    python asv_bench/console_figures.py [--messages 200000] [--requests 200] [--clients 4] [--json]
+    python asv_bench/console_figures.py [--messages 200000] [--requests 200] [--clients 4] [--live 0] [--json]
+
+``--live RATE`` keeps putting RATE messages a second while the pages are measured (a live
+store: the console reopens its read-only handle as the store grows).
 
 The target scale is tens of millions of messages (``--messages 20000000`` needs ~5 GB of disk
 and a few minutes to write).
@@ -25,7 +28,7 @@ import threading
 import time
 from urllib.parse import quote
 
-from rmqstore import MessageStore, StoreConfig
+from rmqstore import Message, MessageStore, StoreConfig
 
 TOPIC = "Bench"
 QUEUES = 4
@@ -49,6 +52,15 @@ def write_store(root: str, messages: int) -> tuple[int, int]:
         first = s.get_by_offset(int(s.consume_queue_entries(TOPIC, 0, 0, 1)["phy_offset"][0])).store_timestamp
         last = s.get_by_offset(int(s.consume_queue_entries(TOPIC, 0, s.max_offset(TOPIC, 0) - 1, 1)["phy_offset"][0]))
     return first, last.store_timestamp
+
+
+def append_live(store: str, rate: int, stop: threading.Event) -> None:
+    """Put ``rate`` messages a second on TOPIC until ``stop``."""
+    with MessageStore(store, StoreConfig(commitlog_file_size=256 << 20)) as s:
+        n = 0
+        while not stop.wait(1 / rate):
+            s.put(Message(TOPIC, b"live %d" % n, tags="Live", keys=f"live{n}"))
+            n += 1
 
 
 def start_console(store: str) -> tuple[subprocess.Popen, str, int]:
@@ -119,6 +131,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--requests", type=int, default=200, help="requests a page (200)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent connections (4)")
+    ap.add_argument("--live", type=int, default=0, metavar="RATE", help="puts a second while measuring (0)")
     ap.add_argument("--dir", help="store parent directory (default a temp dir, removed after)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -165,6 +178,10 @@ def main() -> None:
             ("dlq", ["/api/s/0/dlq"] * n, None),
         ]
         proc, host, port = start_console(store)
+        stop = threading.Event()
+        writer = threading.Thread(target=append_live, args=(store, a.live, stop)) if a.live else None
+        if writer:
+            writer.start()
         try:
             load(host, port, [p for _, paths, _ in pages for p in paths[:10]], 1)   # warm up
             rows = []
@@ -175,13 +192,18 @@ def main() -> None:
                              "cli_json_ms": round(cli_time(cli) * 1000, 1) if cli else None,
                              "cli": " ".join(["rmqstore", cli[0], "..."]) if cli else None})
         finally:
+            stop.set()
+            if writer:
+                writer.join()
             proc.terminate()
             proc.wait(10)
     if a.json:
-        print(json.dumps({"messages": a.messages, "clients": a.clients, "write_seconds": round(wrote, 1),
+        print(json.dumps({"messages": a.messages, "clients": a.clients, "live": a.live,
+                          "write_seconds": round(wrote, 1),
                           "pages": rows}, indent=2))
         return
-    print(f"{a.messages} messages ({wrote:.1f} s to write), {a.clients} clients, {a.requests} requests a page")
+    print(f"{a.messages} messages ({wrote:.1f} s to write), {a.clients} clients, {a.requests} requests a page"
+          + (f", {a.live} puts/s meanwhile" if a.live else ""))
     print(f"{'page':36} {'p50 ms':>8} {'p99 ms':>8} {'CLI --json ms':>14}  CLI")
     for r in rows:
         cli = "-" if r["cli_json_ms"] is None else f"{r['cli_json_ms']:.1f}"
