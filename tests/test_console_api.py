@@ -16,7 +16,7 @@ from rmqstore import Message, MessageStore, StoreConfig
 from conftest import CLEAN_498, CRASHED_498
 
 pytest.importorskip("starlette", reason="the [console] extra is not installed")
-from rmqstore.console import running, views  # noqa: E402
+from rmqstore.console import browser, limits, running  # noqa: E402
 from rmqstore.console.app import build  # noqa: E402
 from rmqstore.console.pages import PAGES  # noqa: E402
 
@@ -55,7 +55,7 @@ def _json(url):
 def generated(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("console-api") / "store")
     with MessageStore(root, CFG) as s:
-        n = views.SCAN_LIMIT + 5000
+        n = limits.SCAN_LIMIT + 5000
         s.put_columns("Bulk", [b"x%d" % i for i in range(n)], tags=[f"T{i % 7}" for i in range(n)])
         for i in range(HOT):
             s.put(Message("Hot", f"hot {i}".encode(), keys=["hot", f"k{i}"]))
@@ -151,7 +151,7 @@ def test_content_filter_is_bounded_and_continues(console):
     base = f"{url}/api/s/0/browse?topic=Bulk&size=10&q=no-such-text"
     page = _json(base)
     assert page["messages"] == [] and not page["complete"] and page["next"]
-    assert page["scanned"] <= views.SCAN_LIMIT
+    assert page["scanned"] <= limits.SCAN_LIMIT
     total, p = page["scanned"], page
     while p["next"]:
         p = _json(f"{base}&pos={p['next']}")
@@ -426,15 +426,15 @@ def test_a_page_out_of_time_still_moves_on(console, monkeypatch):
     from rmqstore.console.filters import make_filter
     _, c = console
     s = c.stores[0].store()
-    monkeypatch.setattr(views, "DEADLINE", 0.0)
-    pos = views.start_positions(s, "Hot", s.queue_ids("Hot"), True, None, None)
+    monkeypatch.setattr(limits, "DEADLINE", 0.0)
+    pos = browser.start_positions(s, "Hot", s.queue_ids("Hot"), True, None, None)
     found, pages, looked = [], 0, 0
     while pos is not None:
-        page = views.browse(s, "Hot", pos, True, 10, None, make_filter("need.e", "regex"))
+        page = browser.browse(s, "Hot", pos, True, 10, None, make_filter("need.e", "regex"))
         found += [m["tags"] for m in page["messages"]]
         looked += page["scanned"]
         pages += 1
-        pos = views.parse_positions(page["next"]) if page["next"] else None
+        pos = browser.parse_positions(page["next"]) if page["next"] else None
     total = sum(s.max_offset("Hot", q) for q in s.queue_ids("Hot"))
     assert found == ["Needle"] and looked == total and pages == total
 

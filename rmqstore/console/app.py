@@ -41,12 +41,12 @@ from starlette.staticfiles import StaticFiles
 import rmqstore
 from rmqstore import MessageNotFoundError, batch
 from rmqstore.cli.common import local_time, shown
-from rmqstore.console import openapi, views
+from rmqstore.console import limits, openapi, views
+from rmqstore.console.dlq import resend_dead_letter
 from rmqstore.console.filters import FILTER_MODES, make_filter, searchable, tag_set
 from rmqstore.console.pages import BY_NAME, NAV, Params
 from rmqstore.console.stores import StoreSet
 from rmqstore.console.tasks import KINDS, Tasks
-from rmqstore.console.views import resend_dead_letter
 from rmqstore.errors import InvalidArgumentError, StoreError
 
 COOKIE = "rmqstore_console"
@@ -246,7 +246,7 @@ class Console:
 
         def read(pos: int) -> tuple[list[dict[str, Any]], int]:
             s = st.store()
-            out, deadline = [], time.monotonic() + views.DEADLINE
+            out, deadline = [], time.monotonic() + limits.DEADLINE
             for m in s.scan(pos):
                 pos = m.phy_offset + m.store_size
                 if (topic is None or m.topic == topic) and (wanted is None or m.tags in wanted) and \

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from rmqstore.console import filters, views
+from rmqstore.console import browser, dlq, filters, limits, lookups, views
 from rmqstore.console.stores import ServedStore
 from rmqstore.errors import InvalidArgumentError
 
@@ -88,7 +88,7 @@ def _browse(st: ServedStore, p: Params) -> dict[str, Any]:
         raise InvalidArgumentError(f"no topic {topic!r} in this store")
     pos = p.text("pos")
     if pos is not None:
-        positions = views.parse_positions(pos)
+        positions = browser.parse_positions(pos)
         if not set(positions) <= set(known):
             raise InvalidArgumentError(f"queues {sorted(set(positions) - set(known))} are not queues of {topic!r}")
     else:
@@ -97,9 +97,10 @@ def _browse(st: ServedStore, p: Params) -> dict[str, Any]:
             if queues else known
         if not set(chosen) <= set(known):
             raise InvalidArgumentError(f"queues {sorted(set(chosen) - set(known))} are not queues of {topic!r}")
-        positions = views.start_positions(s, topic, chosen, forward, p.optional_number("offset"), _when(p.text("time")))
+        positions = browser.start_positions(s, topic, chosen, forward, p.optional_number("offset"),
+                                            _when(p.text("time")))
     content = filters.make_filter(p.text("q"), p.choice("mode", filters.FILTER_MODES), p.flag("icase"))
-    out = views.browse(s, topic, positions, forward, p.number("size", views.DEFAULT_PAGE, 1, views.MAX_PAGE),
+    out = browser.browse(s, topic, positions, forward, p.number("size", limits.DEFAULT_PAGE, 1, limits.MAX_PAGE),
                        p.text("tags"), content)
     out["queueIds"] = known
     return out
@@ -129,14 +130,14 @@ def _lookup(st: ServedStore, p: Params) -> dict[str, Any]:
     if value is None:
         return out
     if kind == "msgid":
-        out["messages"] = [views.summary(views.by_msg_id(s, value))]
+        out["messages"] = [views.summary(lookups.by_msg_id(s, value))]
     elif kind == "offset":
         if not (value.isascii() and value.isdigit()):
             raise InvalidArgumentError(f"a commitlog offset is a non-negative integer, not {value!r}")
         out["messages"] = [views.summary(s.get_by_offset(int(value)))]
     else:
-        page = views.by_key(s, p.required("topic"), value, kind == "uniq", p.text("cursor"),
-                            p.number("size", views.DEFAULT_PAGE, 1, views.MAX_PAGE), p.number("begin"),
+        page = lookups.by_key(s, p.required("topic"), value, kind == "uniq", p.text("cursor"),
+                            p.number("size", limits.DEFAULT_PAGE, 1, limits.MAX_PAGE), p.number("begin"),
                             p.optional_number("end"))
         out.update(messages=page["messages"], next=page["next"], read=page["read"])
     return out
@@ -152,8 +153,8 @@ def _groups(st: ServedStore, p: Params) -> dict[str, Any]:
     return views.groups(st.store())
 
 
-def _dlq(st: ServedStore, p: Params) -> dict[str, Any]:
-    return views.dlq(st.store(), p.number("size", 20, 1, views.MAX_PAGE))
+def _dead_letters(st: ServedStore, p: Params) -> dict[str, Any]:
+    return dlq.dlq(st.store(), p.number("size", 20, 1, limits.MAX_PAGE))
 
 
 def _path_only(st: ServedStore, p: Params) -> dict[str, Any]:
@@ -161,7 +162,7 @@ def _path_only(st: ServedStore, p: Params) -> dict[str, Any]:
     return {"topics": s.topics(), "maxPhyOffset": s.max_phy_offset, "cleanShutdown": s.clean_shutdown}
 
 
-_SIZE = ("size", "integer", f"messages a page (1..{views.MAX_PAGE})")
+_SIZE = ("size", "integer", f"messages a page (1..{limits.MAX_PAGE})")
 PAGES = [
     Page("overview", "Overview", _overview, ()),
     Page("topics", "Topics", _topics, (("match", "string", "substring of the topic name"),
@@ -184,7 +185,7 @@ PAGES = [
     Page("message", "Message", _message, (("offset", "integer", "the message's commitlog offset (required)"),
                                           ("view", "string", "text | json | hex | base64 (the page's body view)"))),
     Page("groups", "Consumer groups", _groups, ()),
-    Page("dlq", "DLQ", _dlq, (_SIZE,)),
+    Page("dlq", "DLQ", _dead_letters, (_SIZE,)),
     Page("health", "Health", _path_only, ()),
     Page("tail", "Live tail", _path_only, ()),
 ]

@@ -1,35 +1,22 @@
-"""The console's answers, one function a page: each returns the JSON document its API route
-sends and its page renders, from the public MessageStore API only. Every answer is bounded:
-pages hold at most MAX_PAGE messages, scans stop after SCAN_LIMIT records or DEADLINE
-seconds and hand back a cursor to continue from."""
+"""The console's answers for the store, topic, message and consumer pages, one function a
+page: each returns the JSON document its API route sends and its page renders, from the
+public MessageStore API only (the browser, lookups and DLQ pages have their own modules)."""
 from __future__ import annotations
 
 import base64
-import functools
-import heapq
 import json
 import os
-import time
 import zlib
-from typing import Any, Iterator
+from typing import Any
 
-from rmqstore import Message, MessageExt, MessageNotFoundError, MessageStore
+from rmqstore import MessageExt, MessageNotFoundError, MessageStore
 from rmqstore.cli.common import message_dict
 from rmqstore.cli.read import store_stats
 from rmqstore.console import charts, pop
-from rmqstore.console.filters import ContentFilter, searchable, tag_set
 from rmqstore.errors import InvalidArgumentError, StoreError
 
-MAX_PAGE = 200
-DEFAULT_PAGE = 50
-SCAN_LIMIT = 20_000     # records a filtered page looks at before it hands back a "continue" cursor
-DEADLINE = 0.08         # seconds a filtered page or a key lookup spends at most
-CHUNK = 32              # messages read from a queue at a time (getMessage's transfer limit)
 COMPRESSED = 0x1        # SYSFLAG bit: the body is zlib-compressed
 BODY_VIEW_LIMIT = 1 << 20   # bytes of a body a detail page shows (the raw download has all)
-INDEX_WALK = 65_535     # hash matches one index walk returns (the store's max_msgs_num_batch limit)
-ORIGIN_PROPERTIES = ("RETRY_TOPIC", "ORIGIN_MESSAGE_ID", "DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID", "REAL_TOPIC",
-                     "REAL_QID")
 
 
 def topic_kind(topic: str) -> str:
@@ -147,204 +134,6 @@ def topic(s: MessageStore, name: str) -> dict[str, Any]:
             "chart": charts.rates(s, [(name, q) for q in qs], first, last, with_bytes=False)}
 
 
-# -- the message browser -------------------------------------------------------------------------
-def parse_positions(text: str) -> dict[int, int]:
-    """``0:12,1:40`` -> {0: 12, 1: 40}: a page's start, one queue offset per queue."""
-    out = {}
-    for part in text.split(","):
-        q, sep, o = part.partition(":")
-        if not (sep and q.isdigit() and o.isdigit() and q.isascii() and o.isascii()):
-            raise InvalidArgumentError(f"positions must be queue:offset pairs joined by ',', not {text!r}")
-        out[int(q)] = int(o)
-    return out
-
-
-def format_positions(pos: dict[int, int]) -> str:
-    return ",".join(f"{q}:{o}" for q, o in sorted(pos.items()))
-
-
-def _queue_reader(s: MessageStore, topic: str, q: int, start: int, forward: bool) -> Iterator[MessageExt]:
-    """A queue's messages from ``start`` (forward: up; else down from ``start - 1``)."""
-    lo, hi = s.min_offset(topic, q), s.max_offset(topic, q)
-    if forward:
-        pos = max(start, lo)
-        while pos < hi:
-            r = s.get_messages(topic, q, pos, CHUNK)
-            yield from r.messages
-            if r.next_offset <= pos:
-                return
-            pos = r.next_offset
-    else:
-        pos = min(start, hi)
-        while pos > lo:
-            begin = max(lo, pos - CHUNK)
-            chunk: list[MessageExt] = []
-            at = begin
-            while at < pos:   # getMessage returns at most its transfer limit a call
-                r = s.get_messages(topic, q, at, pos - at)
-                chunk.extend(m for m in r.messages if m.queue_offset < pos)
-                if r.next_offset <= at:
-                    break
-                at = r.next_offset
-            yield from reversed(chunk)
-            pos = begin
-
-
-def start_positions(s: MessageStore, topic: str, queues: list[int], forward: bool, offset: int | None,
-                    at_time: int | None) -> dict[int, int]:
-    """Where a browse starts in each queue: the queue offset given, the first message stored
-    at or after ``at_time`` (binary search on the consume queue: offset_by_time), or the
-    oldest (forward) / newest end."""
-    out = {}
-    for q in queues:
-        if at_time is not None:
-            out[q] = s.offset_by_time(topic, q, at_time if forward else at_time + 1, "lower")
-        elif offset is not None:
-            out[q] = offset
-        else:
-            out[q] = s.min_offset(topic, q) if forward else s.max_offset(topic, q)
-    return out
-
-
-def browse(s: MessageStore, topic: str, positions: dict[int, int], forward: bool = True, size: int = DEFAULT_PAGE,
-           tags: str | None = None, content: ContentFilter | None = None) -> dict[str, Any]:
-    """One page of ``topic``'s messages merged across the queues of ``positions`` by store
-    time (forward: oldest first from each queue's position; else newest first below it).
-
-    A page is its positions: ``next`` is where the following page starts and ``previous``
-    where the page before this one starts, so links are stable and nothing is skipped or
-    repeated. With a tag set or content filter, at most SCAN_LIMIT records (or DEADLINE
-    seconds) are looked at; ``complete`` false means the page stopped early and ``next``
-    continues the scan (``previous`` is then not known: go back with the browser)."""
-    if not 1 <= size <= MAX_PAGE:
-        raise InvalidArgumentError(f"page size must be 1..{MAX_PAGE}, not {size}")
-    filtered = tag_set(tags) is not None or content is not None
-    rows, after, more, scanned, timed_out, complete = _walk(s, topic, positions, forward, size, tag_set(tags),
-                                                            content)
-    previous = None
-    if not filtered:
-        back, before, _, _, _, _ = _walk(s, topic, positions, not forward, size, None, None)
-        previous = format_positions(before) if back else None
-    return {"topic": topic, "order": "oldest" if forward else "newest", "positions": format_positions(positions),
-            "next": format_positions(after) if more else None, "previous": previous,
-            "messages": rows, "scanned": scanned, "timedOut": timed_out, "complete": complete}
-
-
-def _walk(s: MessageStore, topic: str, positions: dict[int, int], forward: bool, size: int,
-          wanted: frozenset[str] | None, content: ContentFilter | None
-          ) -> tuple[list[dict[str, Any]], dict[int, int], bool, int, int, bool]:
-    """browse's merge: (rows, the positions after them, more to read, records looked at,
-    of them passed over because their regex match outlasted the page's time, complete: not
-    stopped by the scan bound)."""
-    deadline = time.monotonic() + DEADLINE
-    sign = 1 if forward else -1
-    readers = {q: _queue_reader(s, topic, q, o, forward) for q, o in positions.items()}
-    heap: list[tuple[int, int, int, MessageExt]] = []
-
-    def refill(q: int) -> None:
-        m = next(readers[q], None)
-        if m is not None:
-            heapq.heappush(heap, (sign * m.store_timestamp, sign * m.phy_offset, q, m))
-
-    for q in readers:
-        refill(q)
-    after = dict(positions)
-    rows: list[dict[str, Any]] = []
-    looked, timed_out, complete = 0, 0, True
-    bounded = wanted is not None or content is not None
-    while heap and len(rows) < size:
-        # at least one message a page, so a "continue" link always moves on
-        if bounded and looked and (looked >= SCAN_LIMIT or time.monotonic() > deadline):
-            complete = False
-            break
-        _, _, q, m = heapq.heappop(heap)
-        hit = wanted is None or m.tags in wanted
-        if hit and content is not None:
-            try:
-                hit = content.matches(searchable(m), deadline)
-            except TimeoutError:
-                if looked:   # look at it again, first, on the next page
-                    heapq.heappush(heap, (sign * m.store_timestamp, sign * m.phy_offset, q, m))
-                    complete = False
-                    break
-                hit = False   # one message alone outlasts a page's time: passed over, counted
-                timed_out += 1
-        looked += 1
-        after[q] = m.queue_offset + 1 if forward else m.queue_offset
-        refill(q)
-        if hit:
-            rows.append(summary(m))
-    if not heap:
-        for q in readers:   # every queue read to its end (the first or last offset)
-            after[q] = s.max_offset(topic, q) if forward else s.min_offset(topic, q)
-    return rows, after, bool(heap), looked, timed_out, complete
-
-
-# -- lookups -------------------------------------------------------------------------------------
-def _has_key(m: MessageExt, key: str, uniq_only: bool) -> bool:
-    if m.uniq_key == key:
-        return True
-    return not uniq_only and key in (m.properties.get("KEYS") or "").split(" ")
-
-
-def by_key(s: MessageStore, topic: str, key: str, uniq_only: bool = False, cursor: str | None = None,
-           size: int = DEFAULT_PAGE, begin: int = 0, end: int | None = None) -> dict[str, Any]:
-    """Every message of ``topic`` whose UNIQ_KEY (or, unless ``uniq_only``, a KEYS token)
-    is ``key``, newest first, paged: the index gives hash matches (colliding keys among
-    them), each is read and kept only if it really holds the key. ``cursor`` is
-    ``END_MS:BELOW_OFFSET`` (the next page: matches stored by END_MS below commitlog
-    offset BELOW_OFFSET)."""
-    if not 1 <= size <= MAX_PAGE:
-        raise InvalidArgumentError(f"page size must be 1..{MAX_PAGE}, not {size}")
-    if cursor:
-        e, sep, b = cursor.partition(":")
-        if not (sep and e.isdigit() and b.isdigit() and e.isascii() and b.isascii()):
-            raise InvalidArgumentError(f"cursor must be END_MS:BELOW_OFFSET, not {cursor!r}")
-        end, below = int(e), int(b)
-    else:
-        below = None
-    deadline = time.monotonic() + DEADLINE
-    rows: list[dict[str, Any]] = []
-    read = 0
-    while True:
-        hits = _hash_matches(s, topic, key, begin, end)
-        full = len(hits) == INDEX_WALK
-        todo = sorted((o for o in hits if below is None or o < below), reverse=True)
-        for o in todo:
-            if len(rows) == size or (read and time.monotonic() > deadline):
-                return _key_page(topic, key, rows, read, f"{end if end is not None else (1 << 63) - 1}:{o + 1}")
-            m = s.get_by_offset(o)
-            read += 1
-            below = o
-            if _has_key(m, key, uniq_only):
-                rows.append(summary(m))
-        if not (full and todo):
-            return _key_page(topic, key, rows, read, None)
-        # an index walk holds the newest INDEX_WALK matches: go on with the older ones (index
-        # times are whole seconds from the file's start, so the next window overlaps by one)
-        end = s.get_by_offset(todo[-1]).store_timestamp + 1000
-
-
-@functools.lru_cache(maxsize=64)
-def _hash_matches(s: MessageStore, topic: str, key: str, begin: int, end: int | None) -> tuple[int, ...]:
-    """The index walk's commitlog offsets, kept for the next pages of the same lookup (a
-    handle sees no later appends, and the console replaces it when the store changes)."""
-    return tuple(s.query_offsets(topic, key, INDEX_WALK, begin, end))
-
-
-def _key_page(topic: str, key: str, rows: list[dict[str, Any]], read: int, cursor: str | None) -> dict[str, Any]:
-    return {"topic": topic, "key": key, "messages": rows, "read": read, "next": cursor}
-
-
-def by_msg_id(s: MessageStore, msg_id: str) -> MessageExt:
-    """The message a msgId names (decoded from the id: any age, no index needed)."""
-    text = msg_id.strip()
-    if len(text) not in (32, 56) or not all(c in "0123456789abcdefABCDEF" for c in text):
-        raise InvalidArgumentError(f"a msgId is 32 or 56 hex digits, not {msg_id!r}")
-    return s.get_by_msg_id(text.upper())
-
-
-# -- one message -----------------------------------------------------------------------------------
 def body_views(m: MessageExt) -> dict[str, Any]:
     """The body as text, pretty JSON (when it parses), hex dump, base64; decompressed first
     when the COMPRESSED flag is set (bounded at BODY_VIEW_LIMIT)."""
@@ -391,7 +180,7 @@ def message(s: MessageStore, phy_offset: int) -> dict[str, Any]:
     return d
 
 
-# -- consumer groups and DLQ -------------------------------------------------------------------
+# -- consumer groups --------------------------------------------------------------------------------
 def groups(s: MessageStore) -> dict[str, Any]:
     """Per group and queue: max offset, committed offset and lag (and, for a store an
     endpoint serves, the messages in flight); totals per group."""
@@ -410,46 +199,3 @@ def groups(s: MessageStore) -> dict[str, Any]:
     rows = list(out.values())
     return {"groups": rows, "totalLag": sum(g["lag"] for g in rows),
             "chart": charts.bars([(g["group"], g["lag"]) for g in rows])}
-
-
-def dlq(s: MessageStore, size: int = DEFAULT_PAGE) -> dict[str, Any]:
-    """Each group's ``%DLQ%`` topic: its size and newest messages with the properties that
-    name where they came from (RETRY_TOPIC, ORIGIN_MESSAGE_ID, ...)."""
-    out = []
-    for t in s.topics():
-        if not t.startswith("%DLQ%"):
-            continue
-        qs = s.queue_ids(t)
-        page = browse(s, t, start_positions(s, t, qs, False, None, None), False, size)
-        rows = []
-        for r in page["messages"]:
-            m = s.get_by_offset(r["commitLogOffset"])
-            rows.append({**r, "reconsumeTimes": m.reconsume_times,
-                         "origin": {k: m.properties[k] for k in ORIGIN_PROPERTIES if k in m.properties}})
-        out.append({"topic": t, "group": t[len("%DLQ%"):], "messages": sum(s.max_offset(t, q) - s.min_offset(t, q)
-                                                                          for q in qs),
-                    "newest": rows, "more": page["next"]})
-    return {"dlq": out}
-
-
-DLQ_ORIGIN = ("DLQ_ORIGIN_TOPIC", "RETRY_TOPIC")   # where a dead letter came from (the endpoint's, a broker's)
-NOT_RESENT = ("DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID", "TAGS", "KEYS", "REAL_TOPIC", "REAL_QID", "MIN_OFFSET",
-              "MAX_OFFSET")
-
-
-def resend_dead_letter(writer: MessageStore, phy_offset: int) -> dict[str, Any]:
-    """Put a copy of the ``%DLQ%`` message at ``phy_offset`` on its origin topic (its
-    DLQ_ORIGIN_TOPIC or RETRY_TOPIC property), same body, tags, keys and user properties,
-    with CONSOLE_RESENT_FROM naming the dead letter's msgId. Returns where it went."""
-    m = writer.get_by_offset(phy_offset)
-    if not m.topic.startswith("%DLQ%"):
-        raise InvalidArgumentError(f"the message at {phy_offset} is on {m.topic!r}, not a %DLQ% topic")
-    origin = next((m.properties[k] for k in DLQ_ORIGIN if m.properties.get(k)), None)
-    if origin is None:
-        raise InvalidArgumentError(f"the dead letter at {phy_offset} names no origin topic ({' or '.join(DLQ_ORIGIN)})")
-    props = {k: v for k, v in m.properties.items() if k not in NOT_RESENT and v is not None}
-    props["CONSOLE_RESENT_FROM"] = m.msg_id
-    keys = (m.properties.get("KEYS") or "").split()
-    r = writer.put(Message(origin, bytes(m.body), tags=m.tags, keys=keys or None, properties=props))
-    return {"topic": origin, "queueId": r.queue_id, "queueOffset": r.queue_offset, "commitLogOffset": r.phy_offset,
-            "msgId": r.msg_id}
