@@ -753,6 +753,15 @@ class MessageStore:
         self._check_open()
         return self.offsets.get(group, topic, queue_id)
 
+    @_gated
+    def consumer_groups(self) -> list[tuple[str, str]]:
+        """The (group, topic) pairs with committed offsets, sorted (keys of
+        ``config/consumerOffset.json`` that are not one ``topic@group`` are left out, as
+        RocketMQ leaves them out)."""
+        self._check_open()
+        pairs = (key.split("@") for key in list(self.offsets.table))
+        return sorted((p[1], p[0]) for p in pairs if len(p) == 2)
+
     # -- index queries --------------------------------------------------------------------
     def _index_or_raise(self) -> IndexService:
         self._check_open()

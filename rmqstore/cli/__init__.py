@@ -18,7 +18,7 @@ import sys
 from typing import Sequence
 
 from rmqstore import __version__
-from rmqstore.cli import admin, maintain, put, read, serve, spark
+from rmqstore.cli import admin, console, maintain, put, read, serve, spark
 from rmqstore.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     json_only, store_opts = _parents()
-    for module in (read, put, admin, maintain, spark, serve):
+    for module in (read, put, admin, maintain, spark, serve, console):
         module.register(sub, json_only, store_opts)
     return parser
 

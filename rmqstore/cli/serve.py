@@ -1,8 +1,10 @@
 """``rmqstore serve``: run the RocketMQ 5 gRPC endpoint (rmqstore.endpoint) on a store."""
 import argparse
+import contextlib
 import dataclasses
 import logging
 import sys
+from typing import Any, Iterator
 
 from rmqstore.cli.common import CommandError, byte_size, nonneg_int, positive_int, require_store, store_config
 from rmqstore.store import MessageStore
@@ -20,12 +22,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = store_config(args)
     if args.sync_flush:
         cfg = dataclasses.replace(cfg, flush_mode="sync")
-    with MessageStore(args.store, cfg) as store:
+    if args.allow_writes and args.console is None:
+        raise CommandError("--allow-writes is for the console: give --console too")
+    with MessageStore(args.store, cfg) as store, _console(args, store):
         serve(store, args.listen, auto_create=not args.no_auto_create, max_attempts=args.max_attempts,
               fifo_groups=frozenset(args.fifo_group), workers=args.workers,
               transaction_check_interval_ms=args.transaction_check_interval,
               transaction_timeout_ms=args.transaction_timeout, transaction_check_max=args.transaction_check_max)
     return 0
+
+
+def _console(args: argparse.Namespace, store: MessageStore) -> Any:
+    """With --console, the web console on the served store, beside the endpoint (read-only
+    but for the DLQ page's resend with --allow-writes)."""
+    if args.console is None:
+        return contextlib.nullcontext()
+    try:
+        from rmqstore.console import running, split_listen
+        split_listen(args.console)
+    except ImportError as e:
+        raise CommandError(f"--console needs the [console] extra ({e})") from None
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    return _announced(running([args.store], args.console, store if args.allow_writes else None, store.config))
+
+
+@contextlib.contextmanager
+def _announced(console: Any) -> Iterator[None]:
+    with console as (url, _):
+        print(f"rmqstore console at {url}", file=sys.stderr, flush=True)
+        yield
 
 
 def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser,
@@ -61,4 +87,9 @@ def register(sub: argparse._SubParsersAction, json_only: argparse.ArgumentParser
     p.add_argument("--transaction-check-max", type=positive_int, default=15, metavar="N",
                    help="checks before an unresolved transaction is discarded to TRANS_CHECK_MAX_TIME_TOPIC "
                         "(default 15, RocketMQ's transactionCheckMax)")
+    p.add_argument("--console", nargs="?", const="127.0.0.1:8080", metavar="HOST:PORT",
+                   help="also serve the read-only web console on the store (default 127.0.0.1:8080)")
+    p.add_argument("--allow-writes", action="store_true",
+                   help="let the console's DLQ page resend a dead letter to its origin topic (its only write; "
+                        "CSRF-protected; off by default)")
     p.set_defaults(func=cmd_serve)

@@ -100,7 +100,10 @@ class PopState:
     """The consumption state of every group (see the module docstring for the format)."""
 
     def __init__(self, root: str, file_mode: int = 0o600, dir_mode: int = 0o700,
-                 guard: Callable[[], ContextManager[object]] = contextlib.nullcontext) -> None:
+                 guard: Callable[[], ContextManager[object]] = contextlib.nullcontext, read_only: bool = False) -> None:
+        """Load the state of the store at ``root``; ``read_only``: only read the files (as
+        they stand, also beside a live endpoint: a torn last log line ends the replay), never
+        compact or create them (the console reads it so)."""
         self.dir = os.path.join(root, "config")
         self.snapshot_path = os.path.join(self.dir, "popState.json")
         self.log_path = os.path.join(self.dir, "popState.log")
@@ -115,6 +118,9 @@ class PopState:
         self._synced = 0         # log bytes known on disk
         self._sync_lock = threading.Lock()
         self._sync_failed: OSError | None = None
+        if read_only:
+            self._load()
+            return
         make_dirs(self.dir, dir_mode)
         self._load()
         self._compact()

@@ -1,0 +1,17 @@
+"""The bounds every console answer keeps, so no request can hang the server: page sizes,
+records a filtered page looks at, the time a page or a lookup spends."""
+from __future__ import annotations
+
+from rmqstore.errors import InvalidArgumentError
+
+MAX_PAGE = 200
+DEFAULT_PAGE = 50
+SCAN_LIMIT = 20_000     # records a filtered page looks at before it hands back a "continue" cursor
+DEADLINE = 0.08         # seconds a filtered page or a key lookup spends at most
+CHUNK = 32              # messages read from a queue at a time (getMessage's transfer limit)
+INDEX_WALK = 65_535     # hash matches one index walk returns (the store's max_msgs_num_batch limit)
+
+
+def check_size(size: int) -> None:
+    if not 1 <= size <= MAX_PAGE:
+        raise InvalidArgumentError(f"page size must be 1..{MAX_PAGE}, not {size}")

@@ -1,0 +1,71 @@
+"""What ``rmqstore serve`` (the gRPC endpoint) knows of its consumers, read from the store's
+``config/popState.json`` and ``popState.log`` without changing them: per group and queue the
+first offset never handed out and the messages handed out and not acked yet (in flight until
+their invisible time, with their delivery attempts). Shown only for stores an endpoint
+served, and only where the endpoint extra is installed."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rmqstore import MessageExt, MessageStore
+from rmqstore.errors import StoreError
+
+
+def read_state(root: str) -> Any:
+    """The endpoint's PopState of the store at ``root`` (read-only), or None when no
+    endpoint served it (or the endpoint extra is missing)."""
+    config = os.path.join(root, "config")
+    if not any(os.path.exists(os.path.join(config, f)) for f in ("popState.json", "popState.log")):
+        return None
+    try:
+        from rmqstore.endpoint.state import PopState
+    except ImportError:
+        return None
+    return PopState(root, read_only=True)
+
+
+def message_state(s: MessageStore, m: MessageExt) -> list[dict[str, Any]]:
+    """Per endpoint group consuming ``m``'s queue: delivered or not, in flight (until when,
+    attempt), finished, and whether a copy went to the group's ``%DLQ%`` topic."""
+    state = read_state(s.path)
+    if state is None:
+        return []
+    now = int(time.time() * 1000)
+    out = []
+    for (group, topic, q), qs in sorted(state.queues.items()):
+        if topic != m.topic or q != m.queue_id:
+            continue
+        entry = qs.pending.get(m.queue_offset)
+        if entry is not None:
+            until, attempts = entry[0], entry[1]
+            status = "delayed" if attempts == 0 else "in flight" if until > now else "due for redelivery"
+        else:
+            until, attempts = 0, None
+            status = "finished" if m.queue_offset < qs.next else "not delivered yet"
+        out.append({"group": group, "status": status, "attempts": attempts, "invisibleUntil": until,
+                    "next": qs.next, "deadLettered": _dead_lettered(s, group, m)})
+    return out
+
+
+def _dead_lettered(s: MessageStore, group: str, m: MessageExt) -> bool:
+    """Whether ``%DLQ%group`` holds a copy of ``m`` (same UNIQ_KEY, the endpoint's copy
+    names its origin in DLQ_ORIGIN_TOPIC)."""
+    key = m.uniq_key
+    if not key or "%DLQ%" + group not in s.topics():
+        return False
+    try:
+        return any(d.properties.get("DLQ_ORIGIN_TOPIC") == m.topic for d in s.query_by_key("%DLQ%" + group, key))
+    except StoreError:
+        return False
+
+
+def queue_states(root: str) -> dict[tuple[str, str, int], dict[str, int]]:
+    """(group, topic, queue) -> {next, inFlight} of every endpoint queue state."""
+    state = read_state(root)
+    if state is None:
+        return {}
+    now = int(time.time() * 1000)
+    return {k: {"next": qs.next, "inFlight": sum(1 for e in qs.pending.values() if e[1] > 0 and e[0] > now)}
+            for k, qs in state.queues.items()}
