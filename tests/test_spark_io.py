@@ -336,6 +336,28 @@ def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     assert (scan.split_bytes, scan.check_crc, scan.since) == (4096, True, -5)
 
 
+def test_list_options_are_read_alike(tmp_path):
+    """The topic option kept blanks ("TA, TB" read TA only, silently) where columns stripped
+    them; both go through one parser now: names stripped, and a blank name or a name given
+    twice is an InvalidArgumentError naming the option."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark.source import Scan, plan, projection
+    from rmqstore.spark.source import _spark_schema as spark_schema
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, **SMALL_INDEX)) as st:
+        st.put_batch([Message(t, t.encode()) for t in ("TA", "TB", "TC")])
+    store = str(tmp_path / "s")
+    options = {"path": store, "topic": " TA, TB ", "columns": " body , topic"}
+    scan = Scan(options, projection(spark_schema(["body", "topic"]), options))
+    assert scan.topics == {"TA", "TB"}
+    assert sorted(r for part in plan(scan.stores) for path, base, start, end in part.pieces
+                  for rb in scan.read(part.store, path, base, start, end) for r in rb.column("topic").to_pylist()) \
+        == ["TA", "TB"]
+    for name, value, message in (("topic", "TA,,TB", "name 2 is blank"), ("topic", "TA, TA", r"\['TA'\] twice"),
+                                 ("columns", "body,", "name 2 is blank"), ("columns", "body, body", "twice")):
+        with pytest.raises(InvalidArgumentError, match=f"option {name} .*{message}"):
+            Scan({"path": store, name: value}, projection(spark_schema(["body"]), {name: value}))
+
+
 def test_a_split_that_would_make_too_many_partitions_is_refused(tmp_path):
     """splitBytes 1 planned a partition per commitlog byte: a 1 GiB segment took the driver
     a billion ranges (memory and time without end). Now a plan of over MAX_PARTITIONS is

@@ -27,7 +27,8 @@ from rmqstore.index import IndexService
 from rmqstore.maintenance.rebuild import mark_logics_lost
 from rmqstore.segments import segment_name
 from rmqstore.spark.partitioned import name_max, topic_dir
-from rmqstore.spark.source import NAME, Scan, enclosing_store, epoch_ms, find_stores, plan, store_paths
+from rmqstore.spark.source import NAME, Scan, epoch_ms, plan
+from rmqstore.spark.stores import enclosing_store, find_stores, store_paths
 
 _ENTRY = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _HOLE = (0, 0x7FFFFFFF, 0)   # RocketMQ's fillPreBlank entry

@@ -31,7 +31,6 @@ stays at zeros with records after them (a hole) fails there (mode fail) or goes 
 """
 import errno
 import functools
-import glob
 import logging
 import math
 import os
@@ -55,9 +54,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from rmqstore import batch
-from rmqstore.arguments import decimal_int, path_arg
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError, StoreIOError
+from rmqstore.arguments import decimal_int
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError, StoreIOError
 from rmqstore.files import parse_json
+from rmqstore.spark.options import bool_option, check_options, int_option, list_option
+from rmqstore.spark.stores import find_stores
 
 log = logging.getLogger(__name__)
 NAME = "rocketmq"
@@ -73,11 +74,9 @@ def _spark_schema(columns=None):
 
 def _option_columns(options):
     """The ``columns`` option (comma-separated names) as a tuple, checked; None if absent."""
-    if "columns" not in options:
+    names = list_option(options, "columns")
+    if names is None:
         return None
-    names = tuple(c.strip() for c in options["columns"].split(",") if c.strip())
-    if not names:
-        raise InvalidArgumentError("rocketmq source: the columns option names no column")
     known = batch.arrow_schema().names
     unknown = [c for c in names if c not in known]
     if unknown:
@@ -107,48 +106,6 @@ def projection(schema, options):
     return names
 
 
-def store_paths(paths):
-    """``paths`` as a list of path strings: one str or os.PathLike is one path (not its
-    characters), else each item must be one (non-empty, no NUL: InvalidArgumentError)."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    elif isinstance(paths, (bytes, bytearray)) or not hasattr(paths, "__iter__"):
-        raise InvalidArgumentTypeError(f"stores must be a path or a list of paths, not {type(paths).__name__}")
-    return [path_arg("store path", p) for p in paths]
-
-
-def find_stores(paths):
-    """Store directories (holding ``commitlog/``) named by ``paths`` (see store_paths):
-    globs expanded, a directory that is not a store contributes its store subdirectories.
-    Sorted, unique."""
-    out = set()
-    paths = store_paths(paths)
-    for p in paths:
-        matches = sorted(glob.glob(os.path.expanduser(p))) or [p]
-        for m in matches:
-            if os.path.isdir(os.path.join(m, "commitlog")):
-                out.add(os.path.abspath(m))
-            elif os.path.isdir(m):
-                out.update(os.path.abspath(os.path.join(m, d)) for d in os.listdir(m)
-                           if os.path.isdir(os.path.join(m, d, "commitlog")))
-    if not out:
-        raise InvalidArgumentError(f"no RocketMQ store (a directory with commitlog/) at {paths}")
-    return sorted(out)
-
-
-def enclosing_store(path):
-    """The store directory ``path`` is or lies inside (its nearest ancestor holding
-    ``commitlog/``), or None: no job writes its output there."""
-    p = os.path.realpath(path_arg("output path", path))
-    while True:
-        if os.path.isdir(os.path.join(p, "commitlog")):
-            return p
-        parent = os.path.dirname(p)
-        if parent == p:
-            return None
-        p = parent
-
-
 def _paths(options):
     if "paths" in options:
         try:
@@ -170,38 +127,6 @@ READ_OPTIONS = ("path", "paths", "columns", "mode", "checkCrc", "batchBytes", "t
                 "uniqKey")
 BATCH_OPTIONS = READ_OPTIONS + ("splitBytes", "minPartitions")
 STREAM_OPTIONS = READ_OPTIONS + ("startingOffsets", "maxBytesPerTrigger")
-
-
-def check_options(options, valid, what):
-    """InvalidArgumentError naming an option of ``options`` that ``valid`` does not name
-    (in any case), and listing the valid ones: a typo (``chekCrc``) was ignored silently."""
-    known = {name.lower() for name in valid}
-    unknown = sorted(k for k in options if k.lower() not in known)
-    if unknown:
-        raise InvalidArgumentError(f"rocketmq {what}: unknown option(s) {unknown}; the options are "
-                                   f"{', '.join(valid)} (in any case)")
-
-
-def _int_option(options, name, default, lo):
-    """Option ``name`` (a string, as Spark passes them) as an int in lo..2^62 written in
-    ASCII digits; ``default`` when absent. InvalidArgumentError names the option (int()
-    raised a bare ValueError, or took "1_0" and " 12")."""
-    text = options.get(name)
-    if text is None:
-        return default
-    v = decimal_int(str(text))
-    if v is None or not lo <= v <= 1 << 62:
-        raise InvalidArgumentError(f"rocketmq source: option {name} must be an integer in {lo}..{1 << 62}, "
-                                   f"not {str(text)!r}")
-    return v
-
-
-def _bool_option(options, name):
-    """Option ``name`` as true or false (any case; absent: false), not anything else."""
-    text = str(options.get(name, "false")).lower()
-    if text not in ("true", "false"):
-        raise InvalidArgumentError(f"rocketmq source: option {name} must be true or false, not {text!r}")
-    return text == "true"
 
 
 def _time_option(options, name):
@@ -242,12 +167,12 @@ class Scan:
         self.mode = options.get("mode", "fail")
         if self.mode not in batch.MODES:
             raise InvalidArgumentError(f"rocketmq source: mode must be one of {batch.MODES}, not {self.mode!r}")
-        self.check_crc = _bool_option(options, "checkCrc")
-        self.split_bytes = _int_option(options, "splitBytes", 32 << 20, 1)
-        self.min_partitions = _int_option(options, "minPartitions", 1, 1)
-        self.batch_bytes = _int_option(options, "batchBytes", 1 << 20, 1)
-        topics = options.get("topic")
-        self.topics = None if topics is None else set(topics.split(","))
+        self.check_crc = bool_option(options, "checkCrc")
+        self.split_bytes = int_option(options, "splitBytes", 32 << 20, 1)
+        self.min_partitions = int_option(options, "minPartitions", 1, 1)
+        self.batch_bytes = int_option(options, "batchBytes", 1 << 20, 1)
+        topics = list_option(options, "topic")
+        self.topics = None if topics is None else set(topics)
         self.since = _time_option(options, "since")   # inclusive
         self.until = _time_option(options, "until")   # exclusive
         self.key = options.get("key")
@@ -348,10 +273,24 @@ class Ranges(InputPartition):
 MAX_PARTITIONS = 100_000
 
 
+def data_segments(store):
+    """(path, base offset, bytes to read) of ``store``'s commitlog segments: each read up to
+    where its data ends (``batch.data_end``), not its file size, unless a later segment holds
+    data (zeros at its end are then a hole, which the reader reports)."""
+    files = batch.segment_files(store)
+    out, later = [], False
+    for path, base, size in reversed(files):
+        end = batch.data_end(path, size)
+        out.append((path, base, size if later else end))
+        later = later or end > 0
+    return out[::-1]
+
+
 def plan(stores, split_bytes=32 << 20, min_partitions=1):
-    """Ranges of about ``split_bytes`` (less, down to 4 MiB, to make ``min_partitions``):
-    small segments packed together, large ones split."""
-    files = {store: batch.segment_files(store) for store in stores}
+    """Ranges of about ``split_bytes`` (less, down to 4 MiB, to make ``min_partitions``) of
+    where the stores hold data (``data_segments``): small segments packed together, large
+    ones split."""
+    files = {store: data_segments(store) for store in stores}
     total = sum(size for fs in files.values() for _, _, size in fs)
     split_bytes = min(split_bytes, max(4 << 20, -(-total // max(min_partitions, 1))))
     ranges = sum(-(-size // split_bytes) for fs in files.values() for _, _, size in fs)
@@ -402,7 +341,7 @@ class _StreamReader(DataSourceStreamReader):
         self.starting = options.get("startingOffsets", "earliest")
         if self.starting not in ("earliest", "latest"):
             raise InvalidArgumentError("rocketmq source: option startingOffsets must be 'earliest' or 'latest'")
-        self.max_bytes = _int_option(options, "maxBytesPerTrigger", 0, 0)
+        self.max_bytes = int_option(options, "maxBytesPerTrigger", 0, 0)
         self._stopped = {}   # store -> (offset it stopped at, since, last hole check): monotonic times
 
     def getDefaultReadLimit(self):

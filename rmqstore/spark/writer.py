@@ -38,7 +38,8 @@ from rmqstore import MessageStore, StoreConfig
 from rmqstore.arguments import decimal_int, path_arg
 from rmqstore.errors import InvalidArgumentError
 from rmqstore.files import lock_writer, remove_stale, write_atomic
-from rmqstore.spark.source import check_options, enclosing_store
+from rmqstore.spark.options import check_options
+from rmqstore.spark.stores import enclosing_store
 
 REQUIRED = ("topic", "body")
 ASSIGNED = ("store", "queue_offset", "phy_offset", "store_size", "msg_id", "body_crc", "store_timestamp",
