@@ -438,15 +438,16 @@ def test_a_stream_at_a_hole_in_the_last_segment_does_not_stop_in_silence(tmp_pat
     store = str(tmp_path / "s")
     options = {"path": store, "mode": mode}
     reader = source._StreamReader(source.Scan(options), options)
-    assert reader.latestOffset({store: 0}) == {store: at}
-    assert reader.latestOffset({store: at}) == {store: at}   # not settled yet: a record may be in flight
+    assert reader.positions(reader.latestOffset({store: 0})) == {store: at}
+    # not settled yet: a record may be in flight
+    assert reader.positions(reader.latestOffset({store: at})) == {store: at}
     monkeypatch.setattr(source, "HOLE_SETTLE_SECONDS", 0.0)
     if mode == "fail":
         with pytest.raises(CorruptRecordError, match="zeros") as e:
             reader.latestOffset({store: at})
         assert e.value.offset == at
         return
-    assert reader.latestOffset({store: at}) == {store: end}
+    assert reader.positions(reader.latestOffset({store: at})) == {store: end}
     rows = [r for part in reader.partitions({store: at}, {store: end}) for rb in reader.read(part)
             for r in rb.column("phy_offset").to_pylist()]
     assert rows == after
@@ -463,9 +464,9 @@ def test_a_stream_at_the_end_of_data_finds_no_hole(tmp_path, monkeypatch):
         store = str(tmp_path / "s")
         reader = source._StreamReader(source.Scan({"path": store}), {"path": store})
         for _ in range(3):
-            assert reader.latestOffset({store: end}) == {store: end}
+            assert reader.positions(reader.latestOffset({store: end})) == {store: end}
         st.put(Message("T", b"more"))
-        assert reader.latestOffset({store: end}) == {store: st.max_phy_offset}
+        assert reader.positions(reader.latestOffset({store: end})) == {store: st.max_phy_offset}
 
 
 def test_spark_job_paths_are_checked_as_paths(tmp_path):

@@ -2,7 +2,8 @@
 
 ``spark.read.format("rocketmq").load(path_or_glob)`` (or ``.load([paths])``) reads one or
 many store directories; a path may also be a directory whose subdirectories are stores.
-One partition per commitlog segment, or per ``splitBytes`` byte range of a larger one;
+One partition per commitlog segment, or per ``splitBytes`` byte range of a larger one, as
+far as the segment holds data (not its file size: see ``plan``);
 each decodes with ``rmqstore.batch.iter_arrow`` straight into Arrow record batches. Only the
 columns of the schema are decoded: give one (``.schema("topic string, body binary")``) or
 the ``columns`` option (comma-separated names); an unknown column or another type is an
@@ -21,8 +22,9 @@ filters on ``topic`` (=, IN) and ``store_timestamp`` (<, <=, >, >=, =) are pushe
 applied in the reader.
 An option the source does not take (names in any case) is an InvalidArgumentError.
 
-Streaming (``spark.readStream``): offsets are ``{store path: commitlog offset}``, always
-record boundaries; ``startingOffsets`` earliest (default) | latest. Each micro-batch reads
+Streaming (``spark.readStream``): offsets are commitlog offsets (always record boundaries)
+per store, the store named by its identity, not its path (see ``_StreamReader``);
+``startingOffsets`` earliest (default) | latest. Each micro-batch reads
 the records appended since the last one, so a query tails a live store; with a checkpoint
 and a file sink it restarts exactly once. ``maxBytesPerTrigger`` (ReadMaxBytes) bounds the
 commitlog bytes a micro-batch takes, shared among the stores with a backlog. A stream that
@@ -55,10 +57,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from rmqstore import batch
 from rmqstore.arguments import decimal_int
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError, StoreIOError
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError, StoreIOError, StoreNotFoundError
 from rmqstore.files import parse_json
 from rmqstore.spark.options import bool_option, check_options, int_option, list_option
-from rmqstore.spark.stores import find_stores
+from rmqstore.spark.stores import find_stores, store_identity
 
 log = logging.getLogger(__name__)
 NAME = "rocketmq"
@@ -335,7 +337,24 @@ HOLE_SETTLE_SECONDS = 1.0   # a stream stopped at zeros this long checks they ar
 HOLE_CHECK_SECONDS = 10.0   # record in flight fills them sooner), then again this often while stopped
 
 
+def _other_store(was, now):
+    """Whether store keys ``was`` and ``now`` (see ``stores.store_identity``) tell two stores."""
+    was, now = was.split("@")[0].split(":"), now.split("@")[0].split(":")
+    if was[0] == now[0] == "id":
+        return was != now
+    return was[0] == now[0] == "head" and len(was) == len(now) == 3 and was[1] == now[1] and \
+        "empty" not in (was[2], now[2]) and was != now
+
+
 class _StreamReader(DataSourceStreamReader):
+    """Offsets name each store by its identity (``stores.store_identity``), not its path:
+    ``{key: {"offset": commitlog offset, "store": path, "root": device:inode}}``, so a
+    query restarted from its checkpoint with a store named through another path (a link,
+    a bind mount, a moved mount point, a copy) goes on where it was; a store the
+    checkpoint names that the query cannot find any more is a StoreNotFoundError naming
+    it, not a start from scratch. Checkpoints of before (``{path: offset}``) are read by
+    path."""
+
     def __init__(self, scan, options):
         self.scan = scan
         self.starting = options.get("startingOffsets", "earliest")
@@ -343,28 +362,77 @@ class _StreamReader(DataSourceStreamReader):
             raise InvalidArgumentError("rocketmq source: option startingOffsets must be 'earliest' or 'latest'")
         self.max_bytes = int_option(options, "maxBytesPerTrigger", 0, 0)
         self._stopped = {}   # store -> (offset it stopped at, since, last hole check): monotonic times
+        ids = {s: store_identity(s) for s in scan.stores}
+        keys = [key for key, _ in ids.values()]
+        # two stores of one identity (copies read together): told apart by their directories
+        self.keys = {s: key if keys.count(key) == 1 else f"{key}@{root}" for s, (key, root) in ids.items()}
+        self.roots = {s: root for s, (_, root) in ids.items()}
 
     def getDefaultReadLimit(self):
         return ReadMaxBytes(self.max_bytes) if self.max_bytes else ReadAllAvailable()
 
+    def _offsets(self, positions):
+        """Offsets as the checkpoint holds them, from {store: commitlog offset}."""
+        return {self.keys[s]: {"offset": positions[s], "store": s, "root": self.roots[s]} for s in self.scan.stores}
+
+    def positions(self, offsets):
+        """{store: commitlog offset} of ``offsets`` (this reader's, or a checkpoint's): each
+        entry found by the store's key, else by its directory (device and inode) unless its
+        first record tells another store (retention removing the first segment changes a
+        key from the first record, not the directory), else, in a checkpoint of before,
+        by path. A store with no entry (new to the query) starts at its first segment.
+        StoreNotFoundError names the entries no store of the query matches."""
+        by_key = {k: s for s, k in self.keys.items()}
+        out, lost = {}, []
+        for key, value in (offsets or {}).items():
+            if isinstance(value, int):   # {path: offset}
+                store = next((s for s in self.scan.stores if os.path.realpath(s) == os.path.realpath(key)), None)
+                where, offset = key, value
+            elif isinstance(value, dict) and isinstance(value.get("offset"), int):
+                store = by_key.get(key) or self._same_directory(key, value.get("root"))
+                where, offset = value.get("store", "?"), value["offset"]
+            else:
+                raise InvalidArgumentError(f"rocketmq stream source: {key!r}: {value!r} is no offset of this source")
+            if store is None or store in out:
+                lost.append(f"{where} ({key})")
+            else:
+                out[store] = offset
+        if lost:
+            raise StoreNotFoundError(errno.ENOENT, f"rocketmq stream source: the checkpoint names {len(lost)} store(s) "
+                                     f"this query no longer finds: {', '.join(lost)}; it reads {self.scan.stores}. "
+                                     "A store is found at any path by its identity; one removed, or replaced by "
+                                     "another store, is not: start the query from a new checkpoint to read "
+                                     "these stores from their start", lost[0])
+        return {s: out[s] if s in out else self._first(s) for s in self.scan.stores}
+
+    def _same_directory(self, key, root):
+        """The store of the query in directory ``root`` (device:inode) unless its key tells
+        another store than checkpoint key ``key``: another id, or another first record in
+        the same first segment (inode numbers are used again once a directory is gone)."""
+        return next((s for s, r in self.roots.items() if r == root and not _other_store(key, self.keys[s])), None)
+
+    @staticmethod
+    def _first(store):
+        return files[0][1] if (files := batch.segment_files(store)) else 0
+
     def initialOffset(self):
         if self.starting == "latest":
-            return {s: batch.end_offset(s) for s in self.scan.stores}
-        return {s: (files[0][1] if (files := batch.segment_files(s)) else 0) for s in self.scan.stores}
+            return self._offsets({s: batch.end_offset(s) for s in self.scan.stores})
+        return self._offsets({s: self._first(s) for s in self.scan.stores})
 
     def latestOffset(self, start=None, limit=None):
         """Where written data ends in each store; with a ReadMaxBytes limit, no further than
         that many commitlog bytes past ``start`` in all (shared among stores with a backlog,
         at least one record each)."""
-        start = start or {}
-        latest = {s: self._end(s, start.get(s, 0)) for s in self.scan.stores}
+        start = self.positions(start)
+        latest = {s: self._end(s, start[s]) for s in self.scan.stores}
         if isinstance(limit, ReadMaxBytes):
-            behind = [s for s in self.scan.stores if latest[s] > start.get(s, 0)]
+            behind = [s for s in self.scan.stores if latest[s] > start[s]]
             share = max(1, limit.max_bytes // max(1, len(behind)))
             for s in behind:
-                if latest[s] - start.get(s, 0) > share:
-                    latest[s] = min(latest[s], batch.advance(s, start.get(s, 0), share))
-        return latest
+                if latest[s] - start[s] > share:
+                    latest[s] = min(latest[s], batch.advance(s, start[s], share))
+        return self._offsets(latest)
 
     def _end(self, store, start):
         """end_offset of ``store``. Zeros with records after them (a hole) would stop the
@@ -391,8 +459,9 @@ class _StreamReader(DataSourceStreamReader):
 
     def partitions(self, start, end):
         out = []
+        start, end = self.positions(start), self.positions(end)
         for store in self.scan.stores:
-            lo, hi = start.get(store, 0), end.get(store, 0)
+            lo, hi = start[store], end[store]
             pieces = [(path, base, max(lo, base) - base, min(hi, base + size) - base)
                       for path, base, size in batch.segment_files(store) if max(lo, base) < min(hi, base + size)]
             if pieces:

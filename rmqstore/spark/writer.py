@@ -41,7 +41,7 @@ from rmqstore.arguments import decimal_int, path_arg
 from rmqstore.errors import InvalidArgumentError, StoreLockedError
 from rmqstore.files import lock_writer, remove_entries, remove_stale, write_atomic
 from rmqstore.spark.options import check_options
-from rmqstore.spark.stores import enclosing_store
+from rmqstore.spark.stores import enclosing_store, write_store_id
 
 log = logging.getLogger(__name__)
 REQUIRED = ("topic", "body")
@@ -130,6 +130,7 @@ def write_store(path, config, batches):
     InvalidArgumentError naming it."""
     count = nbytes = 0
     with MessageStore(path, config) as store:
+        write_store_id(path, config.file_mode)
         for rb in batches:
             for name in REQUIRED:
                 col = rb.column(name)
