@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import rmqstore
-from rmqstore import Message, MessageStore, StoreConfig, StoreLockedError
+from rmqstore import Message, MessageStore, StoreConfig, StoreLockedError, StoreReadOnlyError
 from rmqstore import files as store_files
 from rmqstore.cli import main
 
@@ -108,7 +108,7 @@ def test_put_create_undoes_a_refused_store_under_the_lock(tmp_path, monkeypatch,
 
 RACE = r"""
 import json, os, sys
-from rmqstore import Message, MessageStore, StoreConfig, StoreLockedError
+from rmqstore import Message, MessageStore, StoreConfig, StoreLockedError, StoreReadOnlyError
 from rmqstore.cli import main
 store, moment = os.path.abspath(sys.argv[1]), sys.argv[2]
 state = {"acked": [], "refused": False, "tried": False}
@@ -189,6 +189,18 @@ def test_a_lock_won_on_a_removed_lock_file_is_not_kept(tmp_path, monkeypatch):
             store_files.lock_writer(str(root), 0o644)
     finally:
         os.close(second)
+
+
+def test_close_keeping_lock_holds_the_lock_until_its_descriptor_closes(tmp_path):
+    store = MessageStore(tmp_path / "s", CFG)
+    fd = store.close_keeping_lock()
+    assert store.closed
+    with pytest.raises(StoreLockedError):
+        MessageStore(tmp_path / "s", CFG)
+    os.close(fd)
+    MessageStore(tmp_path / "s", CFG).close()
+    with MessageStore(tmp_path / "s", read_only=True) as ro, pytest.raises(StoreReadOnlyError):
+        ro.close_keeping_lock()
 
 
 def _store(path, n=40):
