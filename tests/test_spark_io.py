@@ -336,10 +336,11 @@ def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     assert (scan.split_bytes, scan.check_crc, scan.since) == (4096, True, -5)
 
 
-def test_list_options_are_read_alike(tmp_path):
+def test_list_options_are_read_alike(tmp_path, caplog):
     """The topic option kept blanks ("TA, TB" read TA only, silently) where columns stripped
     them; both go through one parser now: names stripped, and a blank name or a name given
-    twice is an InvalidArgumentError naming the option."""
+    twice is an InvalidArgumentError naming the option. A topic no store holds reads no rows
+    (as a broker answers it), and is logged with the nearest held."""
     pytest.importorskip("pyspark")
     from rmqstore.spark.source import Scan, plan, projection
     from rmqstore.spark.source import _spark_schema as spark_schema
@@ -349,6 +350,9 @@ def test_list_options_are_read_alike(tmp_path):
     options = {"path": store, "topic": " TA, TB ", "columns": " body , topic"}
     scan = Scan(options, projection(spark_schema(["body", "topic"]), options))
     assert scan.topics == {"TA", "TB"}
+    with caplog.at_level("WARNING", "rmqstore.spark.source"):
+        Scan({"path": store, "topic": "TA,TX"})
+    assert "no store holds topic 'TX' (nearest: [" in caplog.text and "'TA' (" not in caplog.text
     assert sorted(r for part in plan(scan.stores) for path, base, start, end in part.pieces
                   for rb in scan.read(part.store, path, base, start, end) for r in rb.column("topic").to_pylist()) \
         == ["TA", "TB"]

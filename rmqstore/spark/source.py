@@ -31,6 +31,7 @@ commitlog bytes a micro-batch takes, shared among the stores with a backlog. A s
 stays at zeros with records after them (a hole) fails there (mode fail) or goes on past it
 (mode skip); see ``_StreamReader._end``.
 """
+import difflib
 import errno
 import functools
 import logging
@@ -160,6 +161,16 @@ def epoch_ms(value):
     raise InvalidArgumentError(f"not a timestamp: {value!r}")
 
 
+def _warn_unheld_topics(stores, topics):
+    """Log the topics of the topic option that no store's consume queues name (a typo reads
+    no rows, as a broker answers a topic it does not hold), with the nearest they hold."""
+    held = {t for s in stores if os.path.isdir(cq := os.path.join(s, "consumequeue")) for t in os.listdir(cq)}
+    for t in sorted(set(topics) - held):
+        if held:
+            log.warning("rocketmq source: no store holds topic %r (nearest: %s)", t,
+                        difflib.get_close_matches(t, sorted(held), 3, 0.5) or "none close")
+
+
 class Scan:
     """What a reader reads, and the filters it applies: picklable, shared by all readers."""
 
@@ -183,6 +194,8 @@ class Scan:
             if any(v is not None and (not v or v.isspace() or name == "key" and " " in v) for v in values):
                 raise InvalidArgumentError(f"rocketmq source: option {name} {options.get(name)!r} names an empty, "
                                            "blank or (a key) space-holding value, which no message has")
+        if self.topics:
+            _warn_unheld_topics(self.stores, self.topics)
 
     def push(self, filters):
         """Take the filters this scan applies exactly; return the others."""
