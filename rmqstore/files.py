@@ -199,6 +199,16 @@ def remove_entries(store, names):
         shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
 
 
+def remove_if_empty(directory):
+    """Remove ``directory`` if it is empty; one that holds anything (another writer's new
+    store), or is gone, is left as it is."""
+    try:
+        os.rmdir(directory)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            raise
+
+
 _FLOCK = struct.Struct("hhqqi4x")   # Linux's struct flock: l_type, l_whence, l_start, l_len, l_pid
 
 

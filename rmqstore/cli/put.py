@@ -2,7 +2,6 @@
 all or nothing per chunk of lines."""
 import base64
 import binascii
-import errno
 import io
 import os
 import sys
@@ -10,7 +9,7 @@ import sys
 from rmqstore._message import Message, queue_id_arg
 from rmqstore.cli.common import CommandError, byte_size, positive_int, print_line, require_store, store_config
 from rmqstore.errors import StoreError
-from rmqstore.files import parse_json, remove_entries
+from rmqstore.files import parse_json, remove_entries, remove_if_empty
 from rmqstore.store import MessageStore
 from rmqstore.topics import validate_topic
 
@@ -126,11 +125,7 @@ def _remove_new_entries(path, before, lock):
     try:
         remove_entries(path, set(os.listdir(path)) - (before or set()))
         if before is None:
-            try:
-                os.rmdir(path)
-            except OSError as e:
-                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
-                    raise
+            remove_if_empty(path)
     finally:
         os.close(lock)
 

@@ -26,12 +26,10 @@ here), ``flushIntervalMs`` (100 here) and ``backgroundDispatch`` (false here; se
 """
 import contextlib
 import dataclasses
-import errno
 import json
 import logging
 import os
 import re
-import shutil
 import uuid
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
@@ -39,7 +37,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from rmqstore import MessageStore, StoreConfig
 from rmqstore.arguments import decimal_int, path_arg
 from rmqstore.errors import InvalidArgumentError, StoreLockedError
-from rmqstore.files import lock_writer, remove_entries, remove_stale, write_atomic
+from rmqstore.files import lock_writer, remove_entries, remove_if_empty, remove_stale, write_atomic
 from rmqstore.spark.options import check_options
 from rmqstore.spark.stores import enclosing_store, write_store_id
 
@@ -245,19 +243,13 @@ class StoreWriter(DataSourceArrowWriter):
             store = os.path.join(self.temp, entry)
             if store == trash:
                 continue
+            if not os.path.isdir(store) or os.path.islink(store):   # no store: nobody's lock to take
+                os.unlink(store)
+                continue
             try:
                 with locked([store], self.config.file_mode):
                     remove_stores([store], trash)
             except StoreLockedError:
                 log.warning("%s: left in place, a writer has it open", store)
         for d in (trash, self.temp, os.path.dirname(self.temp)):
-            with contextlib.suppress(FileNotFoundError):
-                shutil.rmtree(d) if d == trash else _remove_if_empty(d)
-
-
-def _remove_if_empty(path):
-    try:
-        os.rmdir(path)
-    except OSError as e:
-        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            raise
+            remove_if_empty(d)
