@@ -93,6 +93,14 @@ def _data_ranges(path, start, end):
             start = b
 
 
+def data_end(path: str | os.PathLike[str], size: int) -> int:
+    """Where data may end in the segment file ``path`` of ``size`` bytes: the end of the
+    last part the file system holds data for (0: nothing but a hole), ``size`` where it
+    cannot tell. Every record starts before it; after it the file reads as zeros (most of
+    a new 1 GiB segment, which a reader planned by file size decoded for nothing)."""
+    return max((end for _, end in _data_ranges(path, 0, size)), default=0)
+
+
 def _refuse_hole(seg, path, at, limit, status, search=True):
     """CorruptRecordError when a walk of ``seg`` that stopped at ``at`` with ``status``
     met zeros that are a hole (see ``_hole``), not the end of data."""

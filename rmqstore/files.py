@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import resource
+import shutil
 import stat
 import struct
 
@@ -143,6 +144,9 @@ def open_file(path, flags, mode=0o600):
     return fd
 
 
+LOCK_TRIES = 100   # lock files removed under a writer in turn: more is someone deleting stores in a loop
+
+
 def lock_writer(store, mode):
     """A descriptor of ``store/lock`` holding the store's writer locks: whoever holds it is
     the store's one writer (a MessageStore opened for writing, a Spark rebuild into the
@@ -152,18 +156,57 @@ def lock_writer(store, mode):
     a write lock on byte 0, RocketMQ's: a broker's ``DefaultMessageStore.start`` takes
     ``FileChannel.tryLock(0, 1, false)``, a POSIX record lock, which no flock sees on
     Linux. Ours is an open-file-description lock: it conflicts with the broker's, and no
-    other descriptor of the file this process closes lets it go, as a POSIX one would."""
-    fd = open_file(os.path.join(store, "lock"), os.O_RDWR | os.O_CREAT, mode)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        _lock_first_byte(fd)
-    except OSError as e:
+    other descriptor of the file this process closes lets it go, as a POSIX one would.
+
+    A lock file its holder removed (a store being deleted, or renamed away) guards nothing
+    once let go: a lock won on a file no longer at ``store/lock`` is dropped and the one
+    there now is taken, so a writer never runs beside the removal it waited for."""
+    path = os.path.join(store, "lock")
+    for _ in range(LOCK_TRIES):
+        fd = open_file(path, os.O_RDWR | os.O_CREAT, mode)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_first_byte(fd)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise_errno(e.errno, path, "lock")
+            raise StoreLockedError(f"{store}: another process (an rmqstore writer, or a RocketMQ broker) has the "
+                                   "store open for writing") from None
+        if _still_at(fd, path):
+            return fd
         os.close(fd)
-        if e.errno not in (errno.EAGAIN, errno.EACCES):
-            raise_errno(e.errno, os.path.join(store, "lock"), "lock")
-        raise StoreLockedError(f"{store}: another process (an rmqstore writer, or a RocketMQ broker) has the "
-                               "store open for writing") from None
-    return fd
+    raise StoreLockedError(f"{store}: its lock file was removed or replaced {LOCK_TRIES} times while taking it "
+                           "(another process is deleting the store)")
+
+
+def _still_at(fd, path):
+    """Whether the file open as ``fd`` is still the one at ``path``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def remove_entries(store, names):
+    """Remove the entries ``names`` of the store directory ``store`` (a directory with its
+    tree, a link but not its target), its lock file last: the caller holds the writer
+    lock, which keeps other writers out only while that file is in place."""
+    for name in sorted(set(names) - {"lock"}) + (["lock"] if "lock" in names else []):
+        path = os.path.join(store, name)
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+
+
+def remove_if_empty(directory):
+    """Remove ``directory`` if it is empty; one that holds anything (another writer's new
+    store), or is gone, is left as it is."""
+    try:
+        os.rmdir(directory)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            raise
 
 
 _FLOCK = struct.Struct("hhqqi4x")   # Linux's struct flock: l_type, l_whence, l_start, l_len, l_pid

@@ -362,6 +362,23 @@ class MessageStore:
             finally:
                 self._teardown()
 
+    def close_keeping_lock(self) -> int:
+        """close(), the writer lock kept: returns a descriptor holding it (the same open
+        file, so its flock and byte-0 lock stay) for the caller to close once it has
+        removed or renamed the store's files, which no other writer may open meanwhile
+        (``put --create`` undoing a store it made, a Spark overwrite). StoreReadOnlyError
+        on a read-only handle, StoreClosedError on a closed one."""
+        self._check_writable()
+        if self._lock_fd is None:   # a writer that is open holds it
+            raise StoreClosedError("store closed")
+        fd = os.dup(self._lock_fd)
+        try:
+            self.close()
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def _teardown(self) -> None:
         for service in (getattr(self, "dispatcher", None), getattr(self, "flusher", None)):
             if service is not None:

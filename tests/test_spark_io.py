@@ -336,6 +336,32 @@ def test_source_options_of_the_wrong_form_name_the_option(tmp_path, options):
     assert (scan.split_bytes, scan.check_crc, scan.since) == (4096, True, -5)
 
 
+def test_list_options_are_read_alike(tmp_path, caplog):
+    """The topic option kept blanks ("TA, TB" read TA only, silently) where columns stripped
+    them; both go through one parser now: names stripped, and a blank name or a name given
+    twice is an InvalidArgumentError naming the option. A topic no store holds reads no rows
+    (as a broker answers it), and is logged with the nearest held."""
+    pytest.importorskip("pyspark")
+    from rmqstore.spark.source import Scan, plan, projection
+    from rmqstore.spark.source import _spark_schema as spark_schema
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=1 << 16, **SMALL_INDEX)) as st:
+        st.put_batch([Message(t, t.encode()) for t in ("TA", "TB", "TC")])
+    store = str(tmp_path / "s")
+    options = {"path": store, "topic": " TA, TB ", "columns": " body , topic"}
+    scan = Scan(options, projection(spark_schema(["body", "topic"]), options))
+    assert scan.topics == {"TA", "TB"}
+    with caplog.at_level("WARNING", "rmqstore.spark.source"):
+        Scan({"path": store, "topic": "TA,TX"})
+    assert "no store holds topic 'TX' (nearest: [" in caplog.text and "'TA' (" not in caplog.text
+    assert sorted(r for part in plan(scan.stores) for path, base, start, end in part.pieces
+                  for rb in scan.read(part.store, path, base, start, end) for r in rb.column("topic").to_pylist()) \
+        == ["TA", "TB"]
+    for name, value, message in (("topic", "TA,,TB", "name 2 is blank"), ("topic", "TA, TA", r"\['TA'\] twice"),
+                                 ("columns", "body,", "name 2 is blank"), ("columns", "body, body", "twice")):
+        with pytest.raises(InvalidArgumentError, match=f"option {name} .*{message}"):
+            Scan({"path": store, name: value}, projection(spark_schema(["body"]), {name: value}))
+
+
 def test_a_split_that_would_make_too_many_partitions_is_refused(tmp_path):
     """splitBytes 1 planned a partition per commitlog byte: a 1 GiB segment took the driver
     a billion ranges (memory and time without end). Now a plan of over MAX_PARTITIONS is
@@ -416,15 +442,16 @@ def test_a_stream_at_a_hole_in_the_last_segment_does_not_stop_in_silence(tmp_pat
     store = str(tmp_path / "s")
     options = {"path": store, "mode": mode}
     reader = source._StreamReader(source.Scan(options), options)
-    assert reader.latestOffset({store: 0}) == {store: at}
-    assert reader.latestOffset({store: at}) == {store: at}   # not settled yet: a record may be in flight
+    assert reader.positions(reader.latestOffset({store: 0})) == {store: at}
+    # not settled yet: a record may be in flight
+    assert reader.positions(reader.latestOffset({store: at})) == {store: at}
     monkeypatch.setattr(source, "HOLE_SETTLE_SECONDS", 0.0)
     if mode == "fail":
         with pytest.raises(CorruptRecordError, match="zeros") as e:
             reader.latestOffset({store: at})
         assert e.value.offset == at
         return
-    assert reader.latestOffset({store: at}) == {store: end}
+    assert reader.positions(reader.latestOffset({store: at})) == {store: end}
     rows = [r for part in reader.partitions({store: at}, {store: end}) for rb in reader.read(part)
             for r in rb.column("phy_offset").to_pylist()]
     assert rows == after
@@ -441,9 +468,9 @@ def test_a_stream_at_the_end_of_data_finds_no_hole(tmp_path, monkeypatch):
         store = str(tmp_path / "s")
         reader = source._StreamReader(source.Scan({"path": store}), {"path": store})
         for _ in range(3):
-            assert reader.latestOffset({store: end}) == {store: end}
+            assert reader.positions(reader.latestOffset({store: end})) == {store: end}
         st.put(Message("T", b"more"))
-        assert reader.latestOffset({store: end}) == {store: st.max_phy_offset}
+        assert reader.positions(reader.latestOffset({store: end})) == {store: st.max_phy_offset}
 
 
 def test_spark_job_paths_are_checked_as_paths(tmp_path):

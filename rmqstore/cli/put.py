@@ -4,13 +4,12 @@ import base64
 import binascii
 import io
 import os
-import shutil
 import sys
 
 from rmqstore._message import Message, queue_id_arg
 from rmqstore.cli.common import CommandError, byte_size, positive_int, print_line, require_store, store_config
 from rmqstore.errors import StoreError
-from rmqstore.files import parse_json
+from rmqstore.files import parse_json, remove_entries, remove_if_empty
 from rmqstore.store import MessageStore
 from rmqstore.topics import validate_topic
 
@@ -117,15 +116,18 @@ def _put_chunk(store, chunk, parsed):
         raise CommandError(f"stdin line {chunk[e.message_index][0]}: {e}") from None
 
 
-def _remove_new_entries(path, before):
+def _remove_new_entries(path, before, lock):
     """Undo a store creation: remove what appeared in ``path`` (``before``: its entries then,
-    None when ``path`` did not exist)."""
-    if before is None:
-        shutil.rmtree(path, ignore_errors=True)
-        return
-    for name in set(os.listdir(path)) - before:
-        p = os.path.join(path, name)
-        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+    None when ``path`` did not exist), while ``lock`` (a descriptor of ``path/lock``) holds
+    the writer lock, so no writer opens the store meanwhile and has its puts removed. The
+    lock file goes last, then the directory if nothing else is in it (a writer that took
+    a new lock file once ours was gone keeps its store). The lock is let go at the end."""
+    try:
+        remove_entries(path, set(os.listdir(path)) - (before or set()))
+        if before is None:
+            remove_if_empty(path)
+    finally:
+        os.close(lock)
 
 
 def cmd_put(args):
@@ -144,6 +146,8 @@ def cmd_put(args):
                 parsed = _parse_chunk(chunk, config)
                 if store is None:   # a new store is created only once the first chunk is good
                     store = MessageStore(args.store, config)
+                    # records already there: another writer made the store first, it is not ours to undo
+                    new = new and store.max_phy_offset == 0
                 results = _put_chunk(store, chunk, parsed)
             except CommandError as e:
                 raise CommandError(f"{e}; chunk of stdin {lines} refused, none of it stored "
@@ -159,10 +163,11 @@ def cmd_put(args):
                       f"{results[0].phy_offset}..{results[-1].phy_offset + results[-1].size}")
     except BaseException as e:
         if store is not None:
-            store.close()
-            store = None
-            if new and stored == 0:
-                _remove_new_entries(args.store, before)
+            opened, store = store, None
+            if not new or stored:
+                opened.close()
+            else:
+                _remove_new_entries(args.store, before, opened.close_keeping_lock())
                 if isinstance(e, CommandError):
                     raise CommandError(f"{e}; the new store was removed") from None
         raise

@@ -27,7 +27,8 @@ from rmqstore.index import IndexService
 from rmqstore.maintenance.rebuild import mark_logics_lost
 from rmqstore.segments import segment_name
 from rmqstore.spark.partitioned import name_max, topic_dir
-from rmqstore.spark.source import NAME, Scan, enclosing_store, epoch_ms, find_stores, plan, store_paths
+from rmqstore.spark.source import NAME, Scan, data_segments, epoch_ms, plan
+from rmqstore.spark.stores import enclosing_store, find_stores, store_paths
 
 _ENTRY = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _HOLE = (0, 0x7FFFFFFF, 0)   # RocketMQ's fillPreBlank entry
@@ -91,7 +92,7 @@ def _export_parts(stores, tasks, hi=EXPORT_SPLIT[1]):
     to schedule whatever it does, as much as writing 50 MB of Parquet. Whole small segments
     are packed into a share, so up to half more per share is taken when that saves a small
     last task."""
-    total = sum(size for s in stores for _, _, size in batch.segment_files(s))
+    total = sum(size for s in stores for _, _, size in data_segments(s))
     lo = EXPORT_SPLIT[0]
     split = min(hi, max(lo, -(-total // max(1, tasks))))
     for k in range(5):

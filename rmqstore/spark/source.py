@@ -2,7 +2,8 @@
 
 ``spark.read.format("rocketmq").load(path_or_glob)`` (or ``.load([paths])``) reads one or
 many store directories; a path may also be a directory whose subdirectories are stores.
-One partition per commitlog segment, or per ``splitBytes`` byte range of a larger one;
+One partition per commitlog segment, or per ``splitBytes`` byte range of a larger one, as
+far as the segment holds data (not its file size: see ``plan``);
 each decodes with ``rmqstore.batch.iter_arrow`` straight into Arrow record batches. Only the
 columns of the schema are decoded: give one (``.schema("topic string, body binary")``) or
 the ``columns`` option (comma-separated names); an unknown column or another type is an
@@ -21,17 +22,18 @@ filters on ``topic`` (=, IN) and ``store_timestamp`` (<, <=, >, >=, =) are pushe
 applied in the reader.
 An option the source does not take (names in any case) is an InvalidArgumentError.
 
-Streaming (``spark.readStream``): offsets are ``{store path: commitlog offset}``, always
-record boundaries; ``startingOffsets`` earliest (default) | latest. Each micro-batch reads
+Streaming (``spark.readStream``): offsets are commitlog offsets (always record boundaries)
+per store, the store named by its identity, not its path (see ``_StreamReader``);
+``startingOffsets`` earliest (default) | latest. Each micro-batch reads
 the records appended since the last one, so a query tails a live store; with a checkpoint
 and a file sink it restarts exactly once. ``maxBytesPerTrigger`` (ReadMaxBytes) bounds the
 commitlog bytes a micro-batch takes, shared among the stores with a backlog. A stream that
 stays at zeros with records after them (a hole) fails there (mode fail) or goes on past it
 (mode skip); see ``_StreamReader._end``.
 """
+import difflib
 import errno
 import functools
-import glob
 import logging
 import math
 import os
@@ -55,9 +57,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from rmqstore import batch
-from rmqstore.arguments import decimal_int, path_arg
-from rmqstore.errors import CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError, StoreIOError
+from rmqstore.arguments import decimal_int
+from rmqstore.errors import CorruptRecordError, InvalidArgumentError, StoreIOError, StoreNotFoundError
 from rmqstore.files import parse_json
+from rmqstore.spark.options import bool_option, check_options, int_option, list_option
+from rmqstore.spark.stores import find_stores, store_identity
 
 log = logging.getLogger(__name__)
 NAME = "rocketmq"
@@ -73,11 +77,9 @@ def _spark_schema(columns=None):
 
 def _option_columns(options):
     """The ``columns`` option (comma-separated names) as a tuple, checked; None if absent."""
-    if "columns" not in options:
+    names = list_option(options, "columns")
+    if names is None:
         return None
-    names = tuple(c.strip() for c in options["columns"].split(",") if c.strip())
-    if not names:
-        raise InvalidArgumentError("rocketmq source: the columns option names no column")
     known = batch.arrow_schema().names
     unknown = [c for c in names if c not in known]
     if unknown:
@@ -107,48 +109,6 @@ def projection(schema, options):
     return names
 
 
-def store_paths(paths):
-    """``paths`` as a list of path strings: one str or os.PathLike is one path (not its
-    characters), else each item must be one (non-empty, no NUL: InvalidArgumentError)."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    elif isinstance(paths, (bytes, bytearray)) or not hasattr(paths, "__iter__"):
-        raise InvalidArgumentTypeError(f"stores must be a path or a list of paths, not {type(paths).__name__}")
-    return [path_arg("store path", p) for p in paths]
-
-
-def find_stores(paths):
-    """Store directories (holding ``commitlog/``) named by ``paths`` (see store_paths):
-    globs expanded, a directory that is not a store contributes its store subdirectories.
-    Sorted, unique."""
-    out = set()
-    paths = store_paths(paths)
-    for p in paths:
-        matches = sorted(glob.glob(os.path.expanduser(p))) or [p]
-        for m in matches:
-            if os.path.isdir(os.path.join(m, "commitlog")):
-                out.add(os.path.abspath(m))
-            elif os.path.isdir(m):
-                out.update(os.path.abspath(os.path.join(m, d)) for d in os.listdir(m)
-                           if os.path.isdir(os.path.join(m, d, "commitlog")))
-    if not out:
-        raise InvalidArgumentError(f"no RocketMQ store (a directory with commitlog/) at {paths}")
-    return sorted(out)
-
-
-def enclosing_store(path):
-    """The store directory ``path`` is or lies inside (its nearest ancestor holding
-    ``commitlog/``), or None: no job writes its output there."""
-    p = os.path.realpath(path_arg("output path", path))
-    while True:
-        if os.path.isdir(os.path.join(p, "commitlog")):
-            return p
-        parent = os.path.dirname(p)
-        if parent == p:
-            return None
-        p = parent
-
-
 def _paths(options):
     if "paths" in options:
         try:
@@ -170,38 +130,6 @@ READ_OPTIONS = ("path", "paths", "columns", "mode", "checkCrc", "batchBytes", "t
                 "uniqKey")
 BATCH_OPTIONS = READ_OPTIONS + ("splitBytes", "minPartitions")
 STREAM_OPTIONS = READ_OPTIONS + ("startingOffsets", "maxBytesPerTrigger")
-
-
-def check_options(options, valid, what):
-    """InvalidArgumentError naming an option of ``options`` that ``valid`` does not name
-    (in any case), and listing the valid ones: a typo (``chekCrc``) was ignored silently."""
-    known = {name.lower() for name in valid}
-    unknown = sorted(k for k in options if k.lower() not in known)
-    if unknown:
-        raise InvalidArgumentError(f"rocketmq {what}: unknown option(s) {unknown}; the options are "
-                                   f"{', '.join(valid)} (in any case)")
-
-
-def _int_option(options, name, default, lo):
-    """Option ``name`` (a string, as Spark passes them) as an int in lo..2^62 written in
-    ASCII digits; ``default`` when absent. InvalidArgumentError names the option (int()
-    raised a bare ValueError, or took "1_0" and " 12")."""
-    text = options.get(name)
-    if text is None:
-        return default
-    v = decimal_int(str(text))
-    if v is None or not lo <= v <= 1 << 62:
-        raise InvalidArgumentError(f"rocketmq source: option {name} must be an integer in {lo}..{1 << 62}, "
-                                   f"not {str(text)!r}")
-    return v
-
-
-def _bool_option(options, name):
-    """Option ``name`` as true or false (any case; absent: false), not anything else."""
-    text = str(options.get(name, "false")).lower()
-    if text not in ("true", "false"):
-        raise InvalidArgumentError(f"rocketmq source: option {name} must be true or false, not {text!r}")
-    return text == "true"
 
 
 def _time_option(options, name):
@@ -233,6 +161,16 @@ def epoch_ms(value):
     raise InvalidArgumentError(f"not a timestamp: {value!r}")
 
 
+def _warn_unheld_topics(stores, topics):
+    """Log the topics of the topic option that no store's consume queues name (a typo reads
+    no rows, as a broker answers a topic it does not hold), with the nearest they hold."""
+    held = {t for s in stores if os.path.isdir(cq := os.path.join(s, "consumequeue")) for t in os.listdir(cq)}
+    for t in sorted(set(topics) - held):
+        if held:
+            log.warning("rocketmq source: no store holds topic %r (nearest: %s)", t,
+                        difflib.get_close_matches(t, sorted(held), 3, 0.5) or "none close")
+
+
 class Scan:
     """What a reader reads, and the filters it applies: picklable, shared by all readers."""
 
@@ -242,12 +180,12 @@ class Scan:
         self.mode = options.get("mode", "fail")
         if self.mode not in batch.MODES:
             raise InvalidArgumentError(f"rocketmq source: mode must be one of {batch.MODES}, not {self.mode!r}")
-        self.check_crc = _bool_option(options, "checkCrc")
-        self.split_bytes = _int_option(options, "splitBytes", 32 << 20, 1)
-        self.min_partitions = _int_option(options, "minPartitions", 1, 1)
-        self.batch_bytes = _int_option(options, "batchBytes", 1 << 20, 1)
-        topics = options.get("topic")
-        self.topics = None if topics is None else set(topics.split(","))
+        self.check_crc = bool_option(options, "checkCrc")
+        self.split_bytes = int_option(options, "splitBytes", 32 << 20, 1)
+        self.min_partitions = int_option(options, "minPartitions", 1, 1)
+        self.batch_bytes = int_option(options, "batchBytes", 1 << 20, 1)
+        topics = list_option(options, "topic")
+        self.topics = None if topics is None else set(topics)
         self.since = _time_option(options, "since")   # inclusive
         self.until = _time_option(options, "until")   # exclusive
         self.key = options.get("key")
@@ -256,6 +194,8 @@ class Scan:
             if any(v is not None and (not v or v.isspace() or name == "key" and " " in v) for v in values):
                 raise InvalidArgumentError(f"rocketmq source: option {name} {options.get(name)!r} names an empty, "
                                            "blank or (a key) space-holding value, which no message has")
+        if self.topics:
+            _warn_unheld_topics(self.stores, self.topics)
 
     def push(self, filters):
         """Take the filters this scan applies exactly; return the others."""
@@ -348,10 +288,24 @@ class Ranges(InputPartition):
 MAX_PARTITIONS = 100_000
 
 
+def data_segments(store):
+    """(path, base offset, bytes to read) of ``store``'s commitlog segments: each read up to
+    where its data ends (``batch.data_end``), not its file size, unless a later segment holds
+    data (zeros at its end are then a hole, which the reader reports)."""
+    files = batch.segment_files(store)
+    out, later = [], False
+    for path, base, size in reversed(files):
+        end = batch.data_end(path, size)
+        out.append((path, base, size if later else end))
+        later = later or end > 0
+    return out[::-1]
+
+
 def plan(stores, split_bytes=32 << 20, min_partitions=1):
-    """Ranges of about ``split_bytes`` (less, down to 4 MiB, to make ``min_partitions``):
-    small segments packed together, large ones split."""
-    files = {store: batch.segment_files(store) for store in stores}
+    """Ranges of about ``split_bytes`` (less, down to 4 MiB, to make ``min_partitions``) of
+    where the stores hold data (``data_segments``): small segments packed together, large
+    ones split."""
+    files = {store: data_segments(store) for store in stores}
     total = sum(size for fs in files.values() for _, _, size in fs)
     split_bytes = min(split_bytes, max(4 << 20, -(-total // max(min_partitions, 1))))
     ranges = sum(-(-size // split_bytes) for fs in files.values() for _, _, size in fs)
@@ -396,36 +350,102 @@ HOLE_SETTLE_SECONDS = 1.0   # a stream stopped at zeros this long checks they ar
 HOLE_CHECK_SECONDS = 10.0   # record in flight fills them sooner), then again this often while stopped
 
 
+def _other_store(was, now):
+    """Whether store keys ``was`` and ``now`` (see ``stores.store_identity``) tell two stores."""
+    was, now = was.split("@")[0].split(":"), now.split("@")[0].split(":")
+    if was[0] == now[0] == "id":
+        return was != now
+    return was[0] == now[0] == "head" and len(was) == len(now) == 3 and was[1] == now[1] and \
+        "empty" not in (was[2], now[2]) and was != now
+
+
 class _StreamReader(DataSourceStreamReader):
+    """Offsets name each store by its identity (``stores.store_identity``), not its path:
+    ``{key: {"offset": commitlog offset, "store": path, "root": device:inode}}``, so a
+    query restarted from its checkpoint with a store named through another path (a link,
+    a bind mount, a moved mount point, a copy) goes on where it was; a store the
+    checkpoint names that the query cannot find any more is a StoreNotFoundError naming
+    it, not a start from scratch. Checkpoints of before (``{path: offset}``) are read by
+    path."""
+
     def __init__(self, scan, options):
         self.scan = scan
         self.starting = options.get("startingOffsets", "earliest")
         if self.starting not in ("earliest", "latest"):
             raise InvalidArgumentError("rocketmq source: option startingOffsets must be 'earliest' or 'latest'")
-        self.max_bytes = _int_option(options, "maxBytesPerTrigger", 0, 0)
+        self.max_bytes = int_option(options, "maxBytesPerTrigger", 0, 0)
         self._stopped = {}   # store -> (offset it stopped at, since, last hole check): monotonic times
+        ids = {s: store_identity(s) for s in scan.stores}
+        keys = [key for key, _ in ids.values()]
+        # two stores of one identity (copies read together): told apart by their directories
+        self.keys = {s: key if keys.count(key) == 1 else f"{key}@{root}" for s, (key, root) in ids.items()}
+        self.roots = {s: root for s, (_, root) in ids.items()}
 
     def getDefaultReadLimit(self):
         return ReadMaxBytes(self.max_bytes) if self.max_bytes else ReadAllAvailable()
 
+    def _offsets(self, positions):
+        """Offsets as the checkpoint holds them, from {store: commitlog offset}."""
+        return {self.keys[s]: {"offset": positions[s], "store": s, "root": self.roots[s]} for s in self.scan.stores}
+
+    def positions(self, offsets):
+        """{store: commitlog offset} of ``offsets`` (this reader's, or a checkpoint's): each
+        entry found by the store's key, else by its directory (device and inode) unless its
+        first record tells another store (retention removing the first segment changes a
+        key from the first record, not the directory), else, in a checkpoint of before,
+        by path. A store with no entry (new to the query) starts at its first segment.
+        StoreNotFoundError names the entries no store of the query matches."""
+        by_key = {k: s for s, k in self.keys.items()}
+        out, lost = {}, []
+        for key, value in (offsets or {}).items():
+            if isinstance(value, int):   # {path: offset}
+                store = next((s for s in self.scan.stores if os.path.realpath(s) == os.path.realpath(key)), None)
+                where, offset = key, value
+            elif isinstance(value, dict) and isinstance(value.get("offset"), int):
+                store = by_key.get(key) or self._same_directory(key, value.get("root"))
+                where, offset = value.get("store", "?"), value["offset"]
+            else:
+                raise InvalidArgumentError(f"rocketmq stream source: {key!r}: {value!r} is no offset of this source")
+            if store is None or store in out:
+                lost.append(f"{where} ({key})")
+            else:
+                out[store] = offset
+        if lost:
+            raise StoreNotFoundError(errno.ENOENT, f"rocketmq stream source: the checkpoint names {len(lost)} store(s) "
+                                     f"this query no longer finds: {', '.join(lost)}; it reads {self.scan.stores}. "
+                                     "A store is found at any path by its identity; one removed, or replaced by "
+                                     "another store, is not: start the query from a new checkpoint to read "
+                                     "these stores from their start", lost[0])
+        return {s: out[s] if s in out else self._first(s) for s in self.scan.stores}
+
+    def _same_directory(self, key, root):
+        """The store of the query in directory ``root`` (device:inode) unless its key tells
+        another store than checkpoint key ``key``: another id, or another first record in
+        the same first segment (inode numbers are used again once a directory is gone)."""
+        return next((s for s, r in self.roots.items() if r == root and not _other_store(key, self.keys[s])), None)
+
+    @staticmethod
+    def _first(store):
+        return files[0][1] if (files := batch.segment_files(store)) else 0
+
     def initialOffset(self):
         if self.starting == "latest":
-            return {s: batch.end_offset(s) for s in self.scan.stores}
-        return {s: (files[0][1] if (files := batch.segment_files(s)) else 0) for s in self.scan.stores}
+            return self._offsets({s: batch.end_offset(s) for s in self.scan.stores})
+        return self._offsets({s: self._first(s) for s in self.scan.stores})
 
     def latestOffset(self, start=None, limit=None):
         """Where written data ends in each store; with a ReadMaxBytes limit, no further than
         that many commitlog bytes past ``start`` in all (shared among stores with a backlog,
         at least one record each)."""
-        start = start or {}
-        latest = {s: self._end(s, start.get(s, 0)) for s in self.scan.stores}
+        start = self.positions(start)
+        latest = {s: self._end(s, start[s]) for s in self.scan.stores}
         if isinstance(limit, ReadMaxBytes):
-            behind = [s for s in self.scan.stores if latest[s] > start.get(s, 0)]
+            behind = [s for s in self.scan.stores if latest[s] > start[s]]
             share = max(1, limit.max_bytes // max(1, len(behind)))
             for s in behind:
-                if latest[s] - start.get(s, 0) > share:
-                    latest[s] = min(latest[s], batch.advance(s, start.get(s, 0), share))
-        return latest
+                if latest[s] - start[s] > share:
+                    latest[s] = min(latest[s], batch.advance(s, start[s], share))
+        return self._offsets(latest)
 
     def _end(self, store, start):
         """end_offset of ``store``. Zeros with records after them (a hole) would stop the
@@ -452,8 +472,9 @@ class _StreamReader(DataSourceStreamReader):
 
     def partitions(self, start, end):
         out = []
+        start, end = self.positions(start), self.positions(end)
         for store in self.scan.stores:
-            lo, hi = start.get(store, 0), end.get(store, 0)
+            lo, hi = start[store], end[store]
             pieces = [(path, base, max(lo, base) - base, min(hi, base + size) - base)
                       for path, base, size in batch.segment_files(store) if max(lo, base) < min(hi, base + size)]
             if pieces:

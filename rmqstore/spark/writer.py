@@ -27,19 +27,21 @@ here), ``flushIntervalMs`` (100 here) and ``backgroundDispatch`` (false here; se
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
-import shutil
 import uuid
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from rmqstore import MessageStore, StoreConfig
 from rmqstore.arguments import decimal_int, path_arg
-from rmqstore.errors import InvalidArgumentError
-from rmqstore.files import lock_writer, remove_stale, write_atomic
-from rmqstore.spark.source import check_options, enclosing_store
+from rmqstore.errors import InvalidArgumentError, StoreLockedError
+from rmqstore.files import lock_writer, remove_entries, remove_if_empty, remove_stale, write_atomic
+from rmqstore.spark.options import check_options
+from rmqstore.spark.stores import enclosing_store, write_store_id
 
+log = logging.getLogger(__name__)
 REQUIRED = ("topic", "body")
 ASSIGNED = ("store", "queue_offset", "phy_offset", "store_size", "msg_id", "body_crc", "store_timestamp",
             "store_host")
@@ -126,6 +128,7 @@ def write_store(path, config, batches):
     InvalidArgumentError naming it."""
     count = nbytes = 0
     with MessageStore(path, config) as store:
+        write_store_id(path, config.file_mode)
         for rb in batches:
             for name in REQUIRED:
                 col = rb.column(name)
@@ -175,15 +178,16 @@ def locked(paths, mode):
 
 
 def remove_stores(paths, trash):
-    """Remove the (locked) stores ``paths``, each first renamed into the directory
-    ``trash`` (on the same file system), so a kill while one is deleted leaves none half
-    there."""
+    """Remove the stores ``paths`` (the caller holds their locks, see ``locked``), each
+    first renamed into the directory ``trash`` (on the same file system), so a kill while
+    one is deleted leaves none half there."""
     gone = [os.path.join(trash, os.path.basename(p)) for p in paths]
     os.makedirs(trash, exist_ok=True)
     for p, g in zip(paths, gone, strict=True):
         os.rename(p, g)
     for g in gone:
-        shutil.rmtree(g)
+        remove_entries(g, os.listdir(g))
+        os.rmdir(g)
 
 
 class StoreWriter(DataSourceArrowWriter):
@@ -214,16 +218,17 @@ class StoreWriter(DataSourceArrowWriter):
     def commit(self, messages):
         """Remove ``_SUCCESS``, then (overwrite) the earlier stores, move the new ones in and
         write ``_SUCCESS`` anew (atomically): killed part way, the directory never holds a
-        ``_SUCCESS`` naming other stores than it holds."""
+        ``_SUCCESS`` naming other stores than it holds. Every store removed or moved is
+        locked meanwhile, so no writer has it open (StoreLockedError, nothing changed, when
+        one does)."""
         old = replace_parts(self.path) if self.overwrite else []
-        with locked(old, self.config.file_mode):
+        new = [m for m in messages if m is not None and m.messages]
+        with locked(old + [m.store for m in new], self.config.file_mode):
             remove_stale(os.path.join(self.path, SUCCESS))
             remove_stores(old, os.path.join(self.temp, "replaced"))
-        written = {}
-        for m in messages:
-            if m is not None and m.messages:
+            for m in new:
                 os.replace(m.store, os.path.join(self.path, os.path.basename(m.store)))
-                written[os.path.basename(m.store)] = [m.messages, m.nbytes]
+        written = {os.path.basename(m.store): [m.messages, m.nbytes] for m in new}
         write_atomic(os.path.join(self.path, SUCCESS), json.dumps({"stores": written}).encode(), self.config.file_mode)
         self._clean()
 
@@ -231,8 +236,20 @@ class StoreWriter(DataSourceArrowWriter):
         self._clean()
 
     def _clean(self):
-        shutil.rmtree(self.temp, ignore_errors=True)
-        try:
-            os.rmdir(os.path.dirname(self.temp))
-        except OSError:
-            pass
+        """Remove the job's temporary directory: each store in it under its lock, but one a
+        writer has open (a task still running), which is left where it is."""
+        trash = os.path.join(self.temp, "replaced")
+        for entry in os.listdir(self.temp) if os.path.isdir(self.temp) else ():
+            store = os.path.join(self.temp, entry)
+            if store == trash:
+                continue
+            if not os.path.isdir(store) or os.path.islink(store):   # no store: nobody's lock to take
+                os.unlink(store)
+                continue
+            try:
+                with locked([store], self.config.file_mode):
+                    remove_stores([store], trash)
+            except StoreLockedError:
+                log.warning("%s: left in place, a writer has it open", store)
+        for d in (trash, self.temp, os.path.dirname(self.temp)):
+            remove_if_empty(d)
