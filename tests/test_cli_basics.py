@@ -1,9 +1,9 @@
 """What a newcomer tries first: ``rmqstore --version``, and sizes written as 64M or 1G on
 every option that takes a size."""
 import argparse
-import tomllib
 
 import pytest
+import tomllib
 from test_cli import ROOT, run
 
 from rmqstore.cli import build_parser
