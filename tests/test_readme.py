@@ -22,6 +22,7 @@ SKIP = {
     r"\basv ": "runs the whole benchmark suite for minutes; tests/test_bench.py runs this asv sequence on one "
                "benchmark",
     r"^rmqstore serve": "serves until stopped; tests/test_endpoint*.py run the endpoint with the official client",
+    r"^rmqstore console": "serves until stopped; tests/test_console*.py drive it in headless Chromium",
     r"\bpdoc\b": "builds the API pages (and the site); tests/test_typing.py and tests/test_doc_links.py build them",
 }
 SLOW = r"^rmqstore spark|\brmqstore\.spark\b"
