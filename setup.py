@@ -7,12 +7,13 @@ from setuptools import Extension, setup
 
 CEXT = ["cext/rmq_mmap.c", "cext/rmq_guard.c", "cext/rmq_fault.c", "cext/rmq_crc.c"]
 KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_append", "_cq", "_index", "_verify",
-           "_arrow", "_properties", "_pack", "_consume"]
+           "_arrow", "_properties", "_pack", "_consume", "_flusher"]
+EXTRA = {"_flusher": ["cext/rmq_flush.c"]}   # C a kernel uses alone
 
 extensions = [
     Extension(
         f"rmqstore.{name}",
-        [f"rmqstore/{name}.pyx", *CEXT],
+        [f"rmqstore/{name}.pyx", *CEXT, *EXTRA.get(name, ())],
         include_dirs=["cext", numpy.get_include()],
         libraries=["z"],
         extra_compile_args=["-O3", "-std=gnu11", "-Wno-unused-function"],

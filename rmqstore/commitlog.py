@@ -57,6 +57,12 @@ class CommitLog:
         self.lock = self.appender   # the write lock: ``with commitlog.lock:`` excludes appends
         self._warmer = Worker("rmq-warm") if warm else None
         self._warm_to = 0              # commitlog offset faulted in (or queued) so far
+        self.flusher = None            # the native flusher (_flusher.Flusher) once a writer's starts
+
+    def attach_flusher(self, flusher):
+        """Flush through ``flusher`` from now on; every segment published is tracked by it."""
+        self.flusher = flusher
+        self.segments.flusher = flusher
 
     # -- positions ------------------------------------------------------------------------
     @property
@@ -70,12 +76,14 @@ class CommitLog:
 
     @property
     def flushed_offset(self):
-        return self.segments.flushed_where
+        return self.segments.flushed_where if self.flusher is None else self.flusher.flushed
 
     @property
     def failed(self):
         """The sticky I/O error that turned the store read-only, or None (kept in the
-        appender, whose put checks it in C)."""
+        appender, whose put checks it in C; the native flusher's reported there when met)."""
+        if self.appender.failed is None and self.flusher is not None:
+            self.flusher.error   # noqa: B018 - reports a native failure (FlushService._fail sets it)
         return self.appender.failed
 
     @failed.setter
@@ -214,7 +222,12 @@ class CommitLog:
                 pos = seg.base_offset + seg.size
 
     def flush(self, least_pages=0):
-        return self.segments.flush(least_pages)
+        """msync what is written (``least_pages`` as MappedSegment.flush); whether the
+        flushed offset moved. OSError when it failed."""
+        if self.flusher is None:
+            return self.segments.flush(least_pages)
+        before = self.flusher.flushed
+        return self.flusher.flush(least_pages) != before
 
     def close(self):
         if self._warmer is not None:

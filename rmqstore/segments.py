@@ -146,6 +146,8 @@ class SegmentQueue(SegmentList):
     def _publish(self, segs):
         self.segments = segs
         self.last = segs[-1] if segs else None
+        if segs and self.flusher is not None:
+            self.flusher.track(segs[-1])
 
     # -- lookup -------------------------------------------------------------------------
     @property
