@@ -84,7 +84,7 @@ static int flush_locked(rmq_flusher *f, int64_t least) {
     if (f->nsegs > (int)(sizeof small / sizeof small[0]) &&
         (snap = malloc(sizeof *snap * (size_t)f->nsegs)) == NULL) {
         pthread_mutex_unlock(&f->lock);
-        return -ENOMEM;
+        return fail(f, -ENOMEM, -1, 0);   /* what cannot be flushed is never acknowledged */
     }
     for (int i = 0; i < f->nsegs; i++)     /* only these are dereferenced: the rest may be dropped meanwhile */
         if (f->segs[i].base + f->segs[i].size > where) snap[n++] = f->segs[i];
@@ -146,10 +146,16 @@ static void *run(void *arg) {
             least = f->least_pages;
             if (now - last_thorough >= f->thorough_ms) { least = 0; last_thorough = now; }
         }
+        int64_t want = f->requested;   /* published before it was asked for: this flush covers it */
         pthread_mutex_unlock(&f->lock);
-        rmq_flusher_flush(f, least);
+        int rc = rmq_flusher_flush(f, least);
         if (f->periodic) next = deadline_after(f->interval_ms);
         pthread_mutex_lock(&f->lock);
+        if (!rc && !least && want > f->flushed) {   /* asked for bytes no tracked segment holds: a bug */
+            pthread_mutex_unlock(&f->lock);
+            fail(f, RMQ_EBEHIND, -1, 0);
+            pthread_mutex_lock(&f->lock);
+        }
     }
     pthread_mutex_unlock(&f->lock);
     return NULL;

@@ -9,11 +9,13 @@ the next. The ASYNC cadence (``flush_interval_ms``, ``flush_least_pages``,
 """
 import errno
 
+cimport cython
 from libc.stdint cimport int64_t
 from rmqstore._segment cimport MappedSegment, check, sync_range, pin, unpin
 from rmqstore.errors import StoreError, StoreIOError, StoreReadOnlyError
 
 
+@cython.no_gc_clear   # __dealloc__ unpins what ``held`` holds
 cdef class Flusher:
     """Flushes the segments it tracks for the store directory ``root``; everything before
     ``flushed`` (a commitlog offset) is durable. ``on_fail(exc)`` is called once, from the
@@ -120,7 +122,7 @@ cdef class Flusher:
             self._raise(rc)
 
     cdef object _raise(self, int rc):
-        if rc == RMQ_EBEHIND:
+        if not rmq_flusher_failed(&self.f):   # RMQ_EBEHIND of a wait that flushed itself
             raise StoreIOError(errno.EIO, f"flush did not reach commitlog offset {self.flushed}", self.root)
         exc = self.error
         raise StoreReadOnlyError(f"store is read-only after a failed flush: {exc}") from exc
@@ -135,6 +137,9 @@ cdef class Flusher:
             exc = StoreIOError(self.f.root_errno, "store directory gone while open", self.root)
         elif rc == RMQ_EROOT_REPLACED:
             exc = StoreIOError(errno.ESTALE, "store directory replaced while open", self.root)
+        elif rc == RMQ_EBEHIND or rc == -errno.ENOMEM:
+            exc = StoreIOError(errno.ENOMEM if rc == -errno.ENOMEM else errno.EIO, "the flusher could not cover what was "
+                               "written (out of memory, or a segment it was not told of)", self.root)
         else:
             path = next((s.path for s in self.held if (<MappedSegment>s).base_offset == self.f.error_base),
                         f"{self.root}/commitlog")

@@ -161,3 +161,42 @@ def test_a_forked_child_has_no_native_thread_and_refuses_writes(tmp_path):
     store.close()
     with MessageStore(tmp_path / "s", _cfg(), read_only=True) as again:
         assert [m.body for m in again.scan()] == [b"parent", b"parent again"]
+
+
+def _wait_premade(queue, offset):
+    _until(lambda: offset in queue.premade, f"segment {offset} made ahead")
+
+
+def test_the_roll_takes_the_segment_made_ahead_without_python(tmp_path, monkeypatch):
+    """The next commitlog file is made ahead and the appender's roll publishes it in C:
+    SegmentQueue.roll, Python code on the writer's path, is not called (it fails here)."""
+    seg_size = 64 << 10
+    cfg = _cfg("async").with_(warm_mapped_file=True, warm_ahead_bytes=16 << 10)
+    with MessageStore(tmp_path / "s", cfg) as store:
+        queue = store.commitlog.segments
+        store.put(Message("T", b"first"))
+        _wait_premade(queue, seg_size)
+
+        def roll(*_args):
+            raise AssertionError("SegmentQueue.roll called on the writer's path")
+        monkeypatch.setattr(queue, "roll", roll)
+        rs = [store.put(Message("T", b"x" * 1000)) for _ in range(100)]   # about 100 KiB: one roll
+        monkeypatch.undo()
+        assert {r.phy_offset // seg_size for r in rs} == {0, 1}
+        assert [s.base_offset for s in queue.segments] == [0, seg_size]
+        _wait_premade(queue, 2 * seg_size)   # and the one after is being made again
+
+
+def test_blocks_ahead_of_the_writer_are_allocated_by_the_native_toucher(tmp_path):
+    """With a small reserve window and a larger warm-ahead window, the blocks past what the
+    writer reserved itself are the toucher's work (thread ``rmq-touch``), queued in C."""
+    cfg = _cfg("async").with_(commitlog_file_size=1 << 20, warm_mapped_file=True, warm_ahead_bytes=256 << 10,
+                              reserve_ahead_bytes=4096)
+    with MessageStore(tmp_path / "s", cfg) as store:
+        log = store.commitlog
+        toucher = log.segments.toucher
+        assert log._warmer is toucher and _threads()[toucher.thread_id] == "rmq-touch"
+        r = store.put(Message("T", b"x" * 100))
+        _until(lambda: toucher.pending == 0, "the toucher's jobs")
+        seg = log.segments.last
+        assert seg.reserved >= r.phy_offset + r.size + (128 << 10) > r.phy_offset + r.size + 4096 + 4096
