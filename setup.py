@@ -6,8 +6,8 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CEXT = ["cext/rmq_mmap.c", "cext/rmq_guard.c", "cext/rmq_fault.c", "cext/rmq_crc.c"]
-KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_append", "_cq", "_index", "_verify",
-           "_arrow", "_properties", "_pack", "_consume", "_flusher", "_toucher"]
+KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_encode", "_rows", "_append", "_cq",
+           "_index", "_verify", "_arrow", "_properties", "_pack", "_consume", "_flusher", "_toucher"]
 EXTRA = {"_flusher": ["cext/rmq_flush.c"], "_toucher": ["cext/rmq_touch.c"]}   # C a kernel uses alone
 
 extensions = [
