@@ -195,6 +195,7 @@ def test_blocks_ahead_of_the_writer_are_allocated_by_the_native_toucher(tmp_path
     with MessageStore(tmp_path / "s", cfg) as store:
         log = store.commitlog
         toucher = log.segments.toucher
+        _until(lambda: toucher.thread_id, "the toucher thread to run")
         assert log._warmer is toucher and _threads()[toucher.thread_id] == "rmq-touch"
         r = store.put(Message("T", b"x" * 100))
         _until(lambda: toucher.pending == 0, "the toucher's jobs")
