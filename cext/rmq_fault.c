@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct {
@@ -14,6 +16,10 @@ typedef struct {
 
 int rmq_fault_armed = 0;
 static fault_t faults[RMQ_OP_COUNT];
+static int stalls[RMQ_OP_COUNT];            /* 1: a matching call waits until cleared */
+static char stall_match[RMQ_OP_COUNT][256];
+static int stalled_tid[RMQ_OP_COUNT];       /* the thread of the last call that stalled */
+static void rearm(void);
 static const char *const op_names[RMQ_OP_COUNT] = {"open", "msync", "fallocate", "ftruncate", "fsync", "pwrite"};
 
 int rmq_fault_op(const char *name) {
@@ -29,26 +35,53 @@ int rmq_fault_set(int op, int64_t nth, int err, const char *match) {
     strcpy(f->match, match);
     f->err = err;
     __atomic_store_n(&f->left, nth, __ATOMIC_SEQ_CST);
-    int armed = 0;
-    for (int i = 0; i < RMQ_OP_COUNT; i++) armed |= faults[i].left > 0;
-    __atomic_store_n(&rmq_fault_armed, armed, __ATOMIC_SEQ_CST);
+    rearm();
     return 0;
+}
+
+static void rearm(void) {
+    int armed = 0;
+    for (int i = 0; i < RMQ_OP_COUNT; i++) armed |= faults[i].left > 0 || __atomic_load_n(&stalls[i], __ATOMIC_SEQ_CST);
+    __atomic_store_n(&rmq_fault_armed, armed, __ATOMIC_SEQ_CST);
+}
+
+int rmq_fault_stall(int op, int on, const char *match) {
+    if (op < 0 || op >= RMQ_OP_COUNT || strlen(match) >= sizeof stall_match[0]) return -EINVAL;
+    if (on) {
+        strcpy(stall_match[op], match);
+        __atomic_store_n(&stalled_tid[op], 0, __ATOMIC_SEQ_CST);
+    }
+    __atomic_store_n(&stalls[op], on, __ATOMIC_SEQ_CST);
+    rearm();
+    return 0;
+}
+
+int rmq_fault_stalled(int op) {
+    return op < 0 || op >= RMQ_OP_COUNT ? 0 : __atomic_load_n(&stalled_tid[op], __ATOMIC_SEQ_CST);
+}
+
+/* Whether the file `path` (NULL: that of descriptor `fd`) contains `match` ("" matches all). */
+static int matches(const char *match, const char *path, int fd) {
+    char buf[4096], link[64];
+    if (!match[0]) return 1;
+    if (path == NULL) {
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, buf, sizeof buf - 1);
+        if (n < 0) return 0;
+        buf[n] = 0;
+        path = buf;
+    }
+    return strstr(path, match) != NULL;
 }
 
 int rmq_fault_hit(int op, const char *path, int fd) {
     fault_t *f = &faults[op];
-    if (__atomic_load_n(&f->left, __ATOMIC_SEQ_CST) <= 0) return 0;
-    if (f->match[0]) {
-        char buf[4096], link[64];
-        if (path == NULL) {
-            snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-            ssize_t n = readlink(link, buf, sizeof buf - 1);
-            if (n < 0) return 0;
-            buf[n] = 0;
-            path = buf;
-        }
-        if (strstr(path, f->match) == NULL) return 0;
+    if (__atomic_load_n(&stalls[op], __ATOMIC_SEQ_CST) && matches(stall_match[op], path, fd)) {
+        struct timespec ms = {0, 1000000};
+        __atomic_store_n(&stalled_tid[op], (int)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(&stalls[op], __ATOMIC_SEQ_CST)) nanosleep(&ms, NULL);
     }
+    if (__atomic_load_n(&f->left, __ATOMIC_SEQ_CST) <= 0 || !matches(f->match, path, fd)) return 0;
     return __atomic_sub_fetch(&f->left, 1, __ATOMIC_SEQ_CST) == 0 ? f->err : 0;
 }
 

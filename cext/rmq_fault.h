@@ -17,6 +17,12 @@ int rmq_fault_set(int op, int64_t nth, int err, const char *match);
 /* The errno the current call of `op` on `path` (or, when path is NULL, on descriptor
  * `fd`) must fail with, or 0. */
 int rmq_fault_hit(int op, const char *path, int fd);
+/* Tests only: `on` 1 makes every call of `op` on a file whose path contains `match` wait
+ * (sleeping, in whatever thread made it) until a call with `on` 0; an armed failure of the
+ * same call is decided after the wait. Returns 0 or -EINVAL. */
+int rmq_fault_stall(int op, int on, const char *match);
+/* The thread id (gettid) of the last call of `op` that stalled since the stall was set, or 0. */
+int rmq_fault_stalled(int op);
 /* Operation number of a name ("msync"), or -1. */
 int rmq_fault_op(const char *name);
 

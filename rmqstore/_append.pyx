@@ -1,568 +1,30 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""The write side: encode a Message as a commitlog record straight into the mapped last
-segment, and the Appender that puts messages and batches under the commitlog's write
-lock."""
+"""The Appender, which puts messages, batches and column rows at the end of the commitlog
+under its write lock (queue ids, queue offsets, the roll) through the encoder in _encode,
+and the StoreWriter, MessageStore.put and put_batch as C methods over it."""
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_Next
-from cpython.object cimport PyObject
-from cpython.unicode cimport PyUnicode_Check
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcmp, memcpy, memset
+from cpython.bytes cimport PyBytes_AS_STRING
+from libc.stdlib cimport free, malloc, realloc
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
-from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
-from rmqstore._cext cimport rmq_crc32, rmq_ld32, rmq_release, rmq_st16, rmq_st32, rmq_st64
-from rmqstore._copy cimport copy_short
 from rmqstore._layout cimport *
-from rmqstore._message cimport Message, PutResult, text_arg, body_arg
+from rmqstore._message cimport Message, PutResult, text_arg
 from rmqstore._message import queue_id_arg, sys_flag_arg
-from rmqstore._segment cimport MappedSegment, SegmentList, check, ensure, write_at
+from rmqstore._segment cimport MappedSegment, SegmentList, ensure
 from rmqstore._gate cimport Gate
+from rmqstore._flusher cimport Flusher
 from rmqstore._gate import MISSING, misfit
+from rmqstore._encode cimport (NOGIL_BYTES, STAGE_BYTES, RecordHead, Rows, encode, held_body, properties_bytes,
+                               record_size, write_blank, write_run, write_staged)
+from rmqstore._rows cimport BodyRows, column_offsets, int_column, zeros
 import numpy as np
 from rmqstore.errors import (InvalidArgumentError, InvalidArgumentTypeError, InvalidTopicError, MessageTooLargeError,
                              ReentrantCallError, StoreClosedError)
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
-    const char *utf8_of "PyUnicode_AsUTF8AndSize"(PyObject *s, Py_ssize_t *size) except NULL
-
-
-cdef enum:
-    PROPS_MAX = 32767       # bytes of a record's properties string (its length is an int16)
-
-
-cdef inline bint separator_in(uint64_t w) noexcept:
-    """Whether a byte of ``w`` is \\x01 or \\x02 (a byte of ``w ^ b`` is zero where ``w`` holds ``b``)."""
-    cdef uint64_t ones = 0x0101010101010101ULL, x = w ^ ones, y = w ^ (ones << 1)
-    return ((x - ones) & ~x | (y - ones) & ~y) & 0x8080808080808080ULL != 0
-
-
-cdef inline bint has_separator(const char *p, Py_ssize_t n) noexcept:
-    """Whether ``p[:n]`` holds \\x01 or \\x02, which split the properties string: eight
-    bytes at a time, the last word overlapping the one before (short strings: two
-    overlapping halves)."""
-    cdef uint64_t w
-    cdef uint32_t a, b
-    cdef Py_ssize_t i = 0
-    if n >= 8:
-        while i + 8 < n:
-            memcpy(&w, p + i, 8)
-            if separator_in(w):
-                return True
-            i += 8
-        memcpy(&w, p + n - 8, 8)
-        return separator_in(w)
-    if n >= 4:
-        memcpy(&a, p, 4)
-        memcpy(&b, p + n - 4, 4)
-        return separator_in(<uint64_t>a << 32 | b)
-    for i in range(n):
-        if <unsigned char>(p[i] - 1) < 2:
-            return True
-    return False
-
-
-cdef enum:
-    PROPS_SMALL = 512       # properties laid out on the stack up to this size, past it on the heap
-
-
-cdef bytes properties_bytes(dict props, bint *delayed=NULL):
-    """The properties string a record stores (4.9 layout: name\\x01value pairs joined by
-    \\x02, no trailing separator; None values left out), checked: names and values str,
-    valid Unicode, no empty name, no separator inside; at most PROPS_MAX bytes. One pass over
-    the dict with borrowed references, so no Python code may run in it (a str subclass's
-    __eq__ could change the dict): names are compared by their UTF-8 bytes. A dict another
-    thread changes cannot make the record disagree with its length. ``delayed``: set when
-    a DELAY property has a value."""
-    cdef char small[PROPS_SMALL]
-    cdef char *buf = small
-    cdef char *grown
-    cdef Py_ssize_t kl, vl, n = 0, need, at = 0, cap = PROPS_SMALL
-    cdef const char *kp
-    cdef const char *vp
-    cdef char *out
-    cdef PyObject *k
-    cdef PyObject *v
-    try:
-        while PyDict_Next(props, &at, &k, &v):     # borrowed: no Python code runs in this loop
-            if v == <PyObject *>None:
-                continue
-            if not PyUnicode_Check(<object>k) or not PyUnicode_Check(<object>v):   # a subclass by its value
-                raise InvalidArgumentTypeError(f"property {<object>k!r}: names and values must be str")
-            kp = utf8_of(k, &kl)
-            vp = utf8_of(v, &vl)
-            if kl == 0 or has_separator(kp, kl) or has_separator(vp, vl):
-                raise InvalidArgumentError(f"property {<object>k!r}: empty name or a \\x01/\\x02 separator inside")
-            if delayed != NULL and kl == 5 and memcmp(kp, b"DELAY", 5) == 0:
-                delayed[0] = True
-            need = (1 if n else 0) + kl + 1 + vl
-            if n + need > cap and n + need <= PROPS_MAX:
-                grown = <char *>malloc(PROPS_MAX)
-                if grown == NULL:
-                    raise MemoryError()
-                memcpy(grown, buf, n)
-                buf, cap = grown, PROPS_MAX
-            if n + need <= cap:
-                out = buf + n
-                if n:
-                    out[0] = 2
-                    out += 1
-                memcpy(out, kp, kl)
-                out[kl] = 1
-                memcpy(out + kl + 1, vp, vl)
-            n += need       # past PROPS_MAX: only counted, to name the size below
-        if n > PROPS_MAX:
-            raise MessageTooLargeError(f"properties of {n} bytes exceed {PROPS_MAX}")
-        return PyBytes_FromStringAndSize(buf, n)
-    except UnicodeEncodeError:
-        raise InvalidArgumentError(f"property {<object>k!r}: not valid Unicode text (a lone surrogate?)") from None
-    finally:
-        if buf != small:
-            free(buf)
-
-
-cdef int64_t record_size(bytes born, str topic, Py_ssize_t plen, bytes store_host, int version, int64_t max_size,
-                         int64_t seg_size, Py_ssize_t blen) except -1:
-    """Bytes of the record a message makes with this born host (None: the store host),
-    effective topic, properties length and body length, after checking everything the
-    encoder would refuse (hosts, topic and properties lengths, the size limits), so a batch
-    can be checked whole before any of it is written."""
-    cdef Py_ssize_t tlen
-    if born is None:
-        born = store_host
-    cdef int32_t born_alen = len(born) - 4, store_alen = len(store_host) - 4
-    cdef int64_t total
-    PyUnicode_AsUTF8AndSize(topic, &tlen)
-    if (born_alen != 4 and born_alen != 16) or (store_alen != 4 and store_alen != 16):
-        raise InvalidArgumentError("hosts must be packed as 8 or 20 bytes")
-    if version == 1 and tlen > 255 or tlen > 32767:
-        raise InvalidArgumentError(f"topic of {tlen} bytes does not fit message version {version}")
-    if plen > PROPS_MAX:
-        raise MessageTooLargeError(f"properties of {plen} bytes exceed {PROPS_MAX}")
-    total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born_alen + 4 + 8 + store_alen + 4 + 4 + 8 \
-        + 4 + blen + (1 if version == 1 else 2) + tlen + 2 + plen
-    if total > max_size or total + 8 > seg_size:
-        raise MessageTooLargeError(f"message of {total} bytes exceeds the limit ({min(max_size, seg_size - 8)} bytes)")
-    return total
-
-
-cdef object held_body(object body):
-    """``body`` as the planned message keeps it until it is written: bytes as they are,
-    another bytes-like object through a memoryview, whose export stops a bytearray from
-    being resized meanwhile (its bytes may still change: the CRC is taken from the copy)."""
-    if PyBytes_CheckExact(body):
-        return body
-    body_arg(body)
-    try:
-        view = memoryview(body)
-        if not view.c_contiguous:
-            raise BufferError("not C-contiguous")
-    except (BufferError, ValueError, TypeError) as e:   # e.g. a strided memoryview or array
-        raise InvalidArgumentTypeError(f"body must be one contiguous run of bytes: {e}") from None
-    return view
-
-
-cdef int32_t copy_crc(char *dst, const char *src, Py_ssize_t n) noexcept nogil:
-    """Copy ``n`` bytes to ``dst`` and return BODYCRC of the bytes as they stand at ``dst``:
-    one pass in cache-sized chunks, each checksummed right after its copy. The CRC so
-    always matches what was stored, even if another thread changes ``src`` meanwhile."""
-    cdef uint32_t c = 0
-    cdef Py_ssize_t k
-    while n > 0:
-        k = n if n < 32768 else 32768
-        memcpy(dst, src, k)
-        c = rmq_crc32(c, dst, <size_t>k)
-        dst += k
-        src += k
-        n -= k
-    return <int32_t>(c & 0x7FFFFFFF)
-
-
-cdef inline void seal(char *p, int32_t total) noexcept nogil:
-    """Write the TOTALSIZE of the record at ``p``, whole but for it (rmq_order.h): one a
-    crash cut short reads as the end of the log (size 0), never as a record with zeros
-    where its topic or properties belong."""
-    rmq_release()
-    rmq_st32(p, total)
-
-
-cdef inline void write_blank(char *p, int32_t room) noexcept nogil:
-    """The BLANK record that ends a segment with ``room`` (>= 8) bytes left, sealed."""
-    rmq_st32(p + 4, C_BLANK)
-    seal(p, room)
-
-
-cdef struct RecordHead:
-    # the fields of a record that precede its body (positions as in DESIGN.md)
-    int64_t phy, total, queue_offset, born_ts, store_ts, prepared
-    int32_t queue_id, flag, sys_flag, reconsume
-    int version
-
-
-cdef char *write_record(char *p, RecordHead *h, const char *born, int32_t born_len, const char *store,
-                        int32_t store_len, const char *body, int64_t blen, const char *tp,
-                        Py_ssize_t tlen) noexcept nogil:
-    """A record up to its properties at ``p`` (``born``/``store``: packed hosts of
-    ``*_len`` bytes), the body CRC taken from the copy, but for its TOTALSIZE, which
-    ``seal`` writes once the properties are in; returns where their length goes."""
-    cdef char *start = p
-    rmq_st32(p + 4, C_MAGIC_V1 if h.version == 1 else C_MAGIC_V2)
-    rmq_st32(p + 12, h.queue_id)
-    rmq_st32(p + 16, h.flag)
-    rmq_st64(p + 20, h.queue_offset)
-    rmq_st64(p + 28, h.phy)
-    rmq_st32(p + 36, h.sys_flag)
-    rmq_st64(p + 40, h.born_ts)
-    p += 48
-    copy_short(p, born, born_len)
-    p += born_len
-    rmq_st64(p, h.store_ts)
-    copy_short(p + 8, store, store_len)
-    p += 8 + store_len
-    rmq_st32(p, h.reconsume)
-    rmq_st64(p + 4, h.prepared)
-    rmq_st32(p + 12, <int32_t>blen)
-    p += 16
-    rmq_st32(start + 8, copy_crc(p, body, blen))
-    p += blen
-    if h.version == 1:
-        p[0] = <char>tlen
-        p += 1
-    else:
-        rmq_st16(p, <int16_t>tlen)
-        p += 2
-    copy_short(p, tp, tlen)
-    return p + tlen
-
-
-cdef PutResult encode(MappedSegment seg, Message msg, object body, bytes born, str topic, bytes props,
-                      int32_t queue_id, int64_t queue_offset, int64_t store_ts, bytes store_host, int version,
-                      int64_t max_size, int64_t total=-1):
-    """Encode ``msg`` with the given body, born host, effective topic, properties and queue
-    (what was checked, not the message's attributes now) at the segment's write position.
-    ``total``: the record's size as record_size gave it for these (-1: checked here).
-    Returns a PutResult, or None when the record does not fit: then the BLANK end-of-file
-    record has been written and the caller rolls to a new segment."""
-    cdef Py_ssize_t tlen, blen
-    cdef const char *tp = PyUnicode_AsUTF8AndSize(topic, &tlen)
-    cdef const char *bp
-    cdef Py_buffer view
-    cdef bint have_view = False
-    cdef int32_t born_alen, store_alen = len(store_host) - 4
-    cdef const char *born_p
-    cdef const char *store_p = PyBytes_AS_STRING(store_host)
-    cdef int64_t room, wpos
-    cdef char *p
-    cdef RecordHead h
-    cdef PutResult res
-    if seg.m.readonly or seg.closing or seg.unmapped:
-        raise StoreClosedError(f"{seg.path}: segment not writable")
-    if born is None:
-        born = store_host
-    born_alen = len(born) - 4
-    born_p = PyBytes_AS_STRING(born)
-    if PyBytes_CheckExact(body):
-        bp = PyBytes_AS_STRING(body)
-        blen = PyBytes_GET_SIZE(body)
-    else:
-        PyObject_GetBuffer(body_arg(body), &view, PyBUF_SIMPLE)
-        have_view = True
-        bp = <const char *>view.buf
-        blen = view.len
-    try:
-        if total < 0:
-            total = record_size(born, topic, len(props), store_host, version, max_size, seg.m.size, blen)
-        wpos = seg.wrote_pos
-        room = seg.m.size - wpos
-        p = seg.m.base + wpos
-        if total + 8 > room:
-            if room >= 8:   # a full segment (room 0) already ends with its BLANK record
-                ensure(seg, wpos + 8)
-                write_blank(p, <int32_t>room)
-            seg.wrote_pos = seg.m.size
-            return None
-        ensure(seg, wpos + total)
-        h.phy, h.total, h.queue_offset, h.store_ts = seg.base_offset + wpos, total, queue_offset, store_ts
-        h.born_ts = msg.born_timestamp if msg.born_timestamp else store_ts
-        h.prepared, h.queue_id, h.flag, h.reconsume = msg.prepared_transaction_offset, queue_id, msg.flag, \
-            msg.reconsume_times
-        h.sys_flag = (msg.sys_flag & ~(BORN_V6 | STORE_V6)) | (BORN_V6 if born_alen == 16 else 0) \
-            | (STORE_V6 if store_alen == 16 else 0)
-        h.version = version
-        if blen >= 65536:
-            with nogil:
-                p = write_record(p, &h, born_p, born_alen + 4, store_p, store_alen + 4, bp, blen, tp, tlen)
-        else:
-            p = write_record(p, &h, born_p, born_alen + 4, store_p, store_alen + 4, bp, blen, tp, tlen)
-        rmq_st16(p, <int16_t>len(props))
-        memcpy(p + 2, PyBytes_AS_STRING(props), len(props))
-        seal(seg.m.base + wpos, <int32_t>total)
-    finally:
-        if have_view:
-            PyBuffer_Release(&view)
-    seg.wrote_pos = wpos + total
-    seg.store_timestamp = store_ts
-    res = PutResult.__new__(PutResult)
-    res.phy_offset = seg.base_offset + wpos
-    res.size = <int32_t>total
-    res.topic = topic
-    res.queue_id = queue_id
-    res.queue_offset = queue_offset
-    res.store_timestamp = store_ts
-    res.store_host = store_host
-    return res
-
-
-def append_message(MappedSegment seg not None, Message msg not None, str topic not None, dict props not None,
-                   int32_t queue_id, int64_t queue_offset, int64_t store_ts, bytes store_host not None, int version,
-                   int64_t max_size):
-    """One record at the segment's write position (see encode); None when it did not fit."""
-    return encode(seg, msg, msg.body, msg.born_host_packed, topic, properties_bytes(props), queue_id, queue_offset,
-                  store_ts, store_host, version, max_size)
-
-
-cdef const int64_t[::1] column_offsets(object offsets, Py_ssize_t data_len, str what) except *:
-    """``offsets`` as int64, checked: n + 1 non-decreasing values within [0, data_len]."""
-    cdef const int64_t[::1] o = np.ascontiguousarray(offsets, dtype=np.int64)
-    cdef Py_ssize_t i
-    if o.shape[0] < 1 or o[0] < 0 or o[o.shape[0] - 1] > data_len:
-        raise InvalidArgumentError(f"{what} offsets must run from >= 0 to <= {data_len}")
-    for i in range(o.shape[0] - 1):
-        if o[i + 1] < o[i]:
-            raise InvalidArgumentError(f"{what} offsets must not decrease (row {i})")
-    return o
-
-
-cdef object _zeros = np.zeros(0, np.int64)
-
-
-cdef const int64_t[::1] zeros(Py_ssize_t n):
-    """``n`` int64 zeros, read only, shared by the calls (a column given as None: no fresh
-    pages to fault in and fill per call)."""
-    global _zeros
-    if _zeros.shape[0] < n:
-        _zeros = np.zeros(n, np.int64)
-        _zeros.flags.writeable = False
-    return _zeros[:n]
-
-
-cdef const int64_t[::1] int_column(object values, Py_ssize_t n, int64_t lo, int64_t hi, str what) except *:
-    """``values`` as ``n`` int64s in [lo, hi] (None: ``n`` zeros)."""
-    if values is None:
-        return zeros(n)
-    a = np.asarray(values)
-    if a.shape != (n,) or (n and a.dtype.kind not in "iu"):
-        raise InvalidArgumentTypeError(f"{what} must be {n} ints")
-    if n and (a.min() < lo or a.max() > hi):
-        raise InvalidArgumentError(f"{what} must be in [{lo}, {hi}]")
-    return np.ascontiguousarray(a, dtype=np.int64)
-
-
-cdef class BodyRows:
-    """The bodies of a put_columns call where they lie, and what keeps those bytes in place
-    until the call ends: a contiguous column's buffer (``data`` with n + 1 ``offsets``,
-    read in place), or a sequence of bytes-like items (``offsets`` None) as (pointer,
-    length) per row, the items held as our own
-    tuple; bytes are immutable and any other item is pinned by a buffer export (a
-    bytearray cannot be resized meanwhile; its bytes may still change: the CRC is taken
-    from the copy). So a list of bytes is copied once, into the mapping."""
-    cdef const char **ptr           # a sequence's items (NULL for a column)
-    cdef int64_t *len
-    cdef const char *base           # a column: row i at base + off[i]
-    cdef const int64_t[::1] off
-    cdef Py_buffer *views           # per row, where pinned[i]
-    cdef char *pinned
-    cdef Py_ssize_t n
-    cdef object keep
-    cdef const unsigned char[::1] data
-
-    def __cinit__(self, data, offsets):
-        cdef Py_ssize_t i
-        cdef tuple items
-        cdef object v
-        if offsets is None:
-            if isinstance(data, (str, bytes, bytearray, memoryview)) or not hasattr(data, "__iter__"):
-                raise InvalidArgumentTypeError(f"bodies must be a sequence of bytes-like objects, "
-                                               f"not {type(data).__name__}")
-            items = self.keep = tuple(data)
-            self.n = len(items)
-        else:
-            self.data = data
-            self.off = column_offsets(offsets, self.data.shape[0], "body")
-            self.n = self.off.shape[0] - 1
-            self.base = ""
-            if self.data.shape[0]:
-                self.base = <const char *>&self.data[0]
-            return
-        self.ptr = <const char **>malloc(max(self.n, 1) * sizeof(char *))
-        self.len = <int64_t *>malloc(max(self.n, 1) * sizeof(int64_t))
-        if self.ptr == NULL or self.len == NULL:
-            raise MemoryError()
-        for i in range(self.n):
-            v = items[i]
-            if PyBytes_CheckExact(v):
-                self.ptr[i], self.len[i] = PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v)
-            else:
-                self._pin(i, v)
-
-    cdef int _pin(self, Py_ssize_t i, object v) except -1:
-        if self.views == NULL:
-            self.views = <Py_buffer *>calloc(self.n, sizeof(Py_buffer))
-            self.pinned = <char *>calloc(self.n, 1)
-            if self.views == NULL or self.pinned == NULL:
-                raise MemoryError()
-        if not isinstance(v, str):
-            try:
-                PyObject_GetBuffer(v, &self.views[i], PyBUF_SIMPLE)   # fails for strided views
-                self.pinned[i] = 1
-            except (BufferError, TypeError, ValueError):
-                pass
-        if not self.pinned[i]:
-            raise InvalidArgumentTypeError(f"bodies: {type(v).__name__} where contiguous bytes are due")
-        self.ptr[i], self.len[i] = <const char *>self.views[i].buf, self.views[i].len
-        return 0
-
-    def __len__(self):
-        return self.n
-
-    cdef inline int64_t length(self, Py_ssize_t i) noexcept:
-        return self.len[i] if self.ptr != NULL else self.off[i + 1] - self.off[i]
-
-    def release(self):
-        """Drop the buffer exports (also done when the object goes)."""
-        self._release()
-
-    cdef void _release(self) noexcept:
-        cdef Py_ssize_t i
-        if self.views != NULL:
-            for i in range(self.n):
-                if self.pinned[i]:
-                    PyBuffer_Release(&self.views[i])
-            free(self.views)
-            free(self.pinned)
-            self.views, self.pinned = NULL, NULL
-
-    def __dealloc__(self):
-        self._release()
-        free(self.ptr)
-        free(self.len)
-
-
-cdef enum:
-    NOGIL_BYTES = 1 << 18     # put_columns releases the GIL to write a batch of at least this many bytes,
-    STAGE_BYTES = 1 << 20     # encoding runs of up to this many bytes in a buffer written with pwrite
-
-
-cdef struct Rows:
-    # put_columns' columns as C arrays, row i at index i (see Appender.put_columns)
-    const char **body               # a sequence's bodies, or NULL: body_base + body_off[i]
-    const int64_t *body_len
-    const char *body_base
-    const int64_t *body_off
-    const char *props
-    const int64_t *po
-    const char *hosts
-    const int64_t *ho
-    const int64_t *flg
-    const int64_t *sfl
-    const int64_t *bts
-    const int64_t *rct
-    const int64_t *tids
-    const int32_t *qids
-    const int64_t *slots
-    const int64_t *sizes
-    int64_t *next_off               # next queue offset per (topic, queue) slot
-    int64_t *qoffs
-    int64_t *phys
-    const char **topic
-    const int64_t *tlen
-    const char *store_host
-    int32_t hlen, host_bits
-
-
-cdef Py_ssize_t write_run(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, char *out, int64_t seg_base,
-                          int64_t seg_size, int64_t *wpos, int64_t warm_mark) noexcept nogil:
-    """Write rows ``i``.. from segment position ``*wpos`` on, to ``out`` (where that
-    position's byte goes), while they fit before ``seg_size`` (a record and an 8-byte
-    BLANK), stopping after the row that reaches ``warm_mark``; returns the next row and
-    leaves ``*wpos`` past the last record written. Takes each row's queue offset
-    (PREPARED / ROLLBACK: 0, not advancing)."""
-    cdef int64_t start = wpos[0], pos = wpos[0], plen
-    cdef int32_t born_len
-    cdef char *p
-    cdef const char *body
-    cdef int64_t blen
-    while i < n and r.sizes[i] + 8 <= seg_size - pos:
-        if not gets_cq_entry_c(r.sfl[i]):
-            r.qoffs[i] = 0
-        else:
-            r.qoffs[i] = r.next_off[r.slots[i]]
-            r.next_off[r.slots[i]] += 1
-        born_len = <int32_t>(r.ho[i + 1] - r.ho[i])
-        r.phys[i] = seg_base + pos
-        h.phy, h.total, h.queue_offset, h.queue_id = r.phys[i], r.sizes[i], r.qoffs[i], r.qids[i]
-        h.flag, h.reconsume, h.born_ts = <int32_t>r.flg[i], <int32_t>r.rct[i], r.bts[i] if r.bts[i] else h.store_ts
-        h.sys_flag = (<int32_t>r.sfl[i] & ~(BORN_V6 | STORE_V6)) | r.host_bits \
-            | (BORN_V6 if born_len == 20 or born_len == 0 and r.hlen == 20 else 0)
-        if r.body != NULL:
-            body, blen = r.body[i], r.body_len[i]
-        else:
-            body, blen = r.body_base + r.body_off[i], r.body_off[i + 1] - r.body_off[i]
-        p = write_record(out + (pos - start), h, r.hosts + r.ho[i] if born_len else r.store_host,
-                         born_len if born_len else r.hlen, r.store_host, r.hlen, body, blen,
-                         r.topic[r.tids[i]], r.tlen[r.tids[i]])
-        plen = r.po[i + 1] - r.po[i]
-        rmq_st16(p, <int16_t>plen)
-        copy_short(p + 2, r.props + r.po[i], plen)
-        seal(out + (pos - start), <int32_t>r.sizes[i])
-        pos += r.sizes[i]
-        i += 1
-        if seg_base + pos >= warm_mark:
-            break
-    wpos[0] = pos
-    return i
-
-
-cdef void untake(Rows *r, Py_ssize_t i, Py_ssize_t j) noexcept nogil:
-    """Give back the queue offsets write_run took for rows ``[i, j)``."""
-    while j > i:
-        j -= 1
-        if gets_cq_entry_c(r.sfl[j]):
-            r.next_off[r.slots[j]] -= 1
-
-
-cdef int write_staged(Rows *r, RecordHead *h, Py_ssize_t i, Py_ssize_t n, char *stage, MappedSegment seg,
-                      int64_t *wpos, int64_t warm_mark, Py_ssize_t *j) except -1:
-    """write_run for a bulk batch: rows ``i``.. encoded into ``stage`` (STAGE_BYTES), then
-    written to the file with one pwrite, which spares the kernel filling each fresh page
-    with zeros before the copy (see rmq_map_write). The first record's TOTALSIZE goes in
-    after the rest, through the mapping (one store), so a pwrite a kill cut short leaves
-    the end of the log where the run begins, not a last record cut off inside. A row too large for the stage is
-    written through the mapping. Sets ``j`` to the next row; if the pwrite fails, the
-    rows are not published, their queue offsets are given back and StoreIOError is raised
-    (the caller makes it the store's sticky error: a later write could leave whole records
-    of this run behind its own end, for recovery to take as written)."""
-    cdef int64_t pos = wpos[0]
-    cdef int rc = 0
-    cdef int32_t total
-    with nogil:
-        j[0] = write_run(r, h, i, n, stage, seg.base_offset, min(seg.m.size, pos + STAGE_BYTES), wpos, warm_mark)
-        if j[0] > i:
-            total = rmq_ld32(stage)
-            memset(stage, 0, 4)
-            rc = write_at(seg, pos, stage, wpos[0] - pos)
-            if rc == 0:
-                seal(seg.m.base + pos, total)
-            if rc:
-                untake(r, i, j[0])
-                wpos[0] = pos
-        else:
-            j[0] = write_run(r, h, i, n, seg.m.base + pos, seg.base_offset, seg.m.size, wpos, warm_mark)
-    return check(rc, seg.path, "pwrite")
 
 
 cdef inline int64_t now_ms() noexcept nogil:
@@ -1065,6 +527,8 @@ cdef class Appender:
             return self.segments.roll()
         q.segments = q.segments + [seg]
         q.last = seg
+        if q.flusher is not None:
+            q.flusher.track(seg)
         self.rolled = True
         return seg
 
@@ -1167,18 +631,22 @@ cdef class StoreWriter:
     writable check, the append and, in SYNC mode, the wait for the flush, with no Python
     frame between them (they were 0.7 of the 1.2 us a put cost).
     ``refuse()`` raises why the store takes no writes; it is called when the commitlog is
-    read-only or the appender's ``failed`` (a failed flush) is set. ``wait_flushed(offset)``:
-    None in async mode."""
+    read-only, the appender's ``failed`` (a failed flush) is set or ``flusher`` (the native
+    one, None: read-only) met a failure. ``sync``: each call waits for the flusher to cover
+    its records (SYNC mode), with the GIL released."""
     cdef Gate gate
     cdef Appender appender
-    cdef object wait_flushed, refuse
-    cdef bint readonly
+    cdef Flusher flusher
+    cdef object refuse
+    cdef bint readonly, sync
 
-    def __cinit__(self, Gate gate not None, Appender appender not None, bint readonly, wait_flushed, refuse not None):
+    def __cinit__(self, Gate gate not None, Appender appender not None, bint readonly, Flusher flusher, bint sync,
+                  refuse not None):
         self.gate = gate
         self.appender = appender
         self.readonly = readonly
-        self.wait_flushed = wait_flushed
+        self.flusher = flusher
+        self.sync = sync and flusher is not None
         self.refuse = refuse
 
     def put(self, msg=MISSING, queue_id=None, *more, **unknown):
@@ -1197,12 +665,12 @@ cdef class StoreWriter:
         cdef PutResult last
         self.gate.enter()
         try:
-            if self.readonly or self.appender.failed is not None:
+            if self.readonly or self.appender.failed is not None or (self.flusher is not None and self.flusher.failed()):
                 self.refuse()
             out = self.appender._put_batch(what, queue_id) if batch else self.appender._put(what, queue_id)
-            if self.wait_flushed is not None and (not batch or out):
+            if self.sync and (not batch or out):
                 last = out[len(out) - 1] if batch else out
-                self.wait_flushed(last.phy_offset + last.size)
+                self.flusher.wait_flushed(last.phy_offset + last.size)
             return out
         finally:
             self.gate.leave()

@@ -50,3 +50,5 @@ cdef extern from "rmq_fault.h" nogil:
     int rmq_fault_set(int op, int64_t nth, int err, const char *match)
     int rmq_fault_hit(int op, const char *path, int fd)
     int rmq_fault_op(const char *name)
+    int rmq_fault_stall(int op, int on, const char *match)
+    int rmq_fault_stalled(int op)

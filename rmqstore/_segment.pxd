@@ -46,6 +46,8 @@ cdef inline int unpin(MappedSegment seg) except -1:
 
 cdef int check(int rc, object path, str op) except -1
 cdef int write_at(MappedSegment seg, int64_t pos, const char *buf, int64_t n) noexcept nogil
+cdef int sync_range(rmq_map_t *m, int64_t pos, int64_t n) noexcept nogil
+cdef int reserve_range(rmq_map_t *m, int64_t pos, int64_t n) noexcept nogil
 
 
 cdef class SegmentList:
@@ -54,6 +56,7 @@ cdef class SegmentList:
     cdef public object _end
     cdef public int64_t file_size
     cdef public dict premade
+    cdef public object flusher
 
 
 cpdef int64_t queue_end(SegmentList queue) except -1

@@ -42,6 +42,18 @@ cdef int write_at(MappedSegment seg, int64_t pos, const char *buf, int64_t n) no
     return rmq_map_write(&seg.m, pos, buf, n)
 
 
+cdef int sync_range(rmq_map_t *m, int64_t pos, int64_t n) noexcept nogil:
+    """msync ``[pos, pos+n)`` of a mapping its owner keeps mapped (rmq_map_sync, here so that
+    fault injection sees it; the native flusher calls it): 0 or a negative status."""
+    return rmq_map_sync(m, pos, n)
+
+
+cdef int reserve_range(rmq_map_t *m, int64_t pos, int64_t n) noexcept nogil:
+    """Allocate the blocks of ``[pos, pos+n)`` of a mapping its owner keeps mapped
+    (rmq_map_reserve, here so that fault injection sees it; the native toucher calls it)."""
+    return rmq_map_reserve(m, pos, n)
+
+
 cdef class MappedSegment:
     """One file of ``size`` bytes mapped shared, named by ``base_offset``.
 
@@ -310,6 +322,21 @@ def inject_fault(str op not None, int64_t nth, int err, str match=""):
         raise InvalidArgumentError(f"bad fault {op!r} nth={nth} errno={err} match={match!r}")
 
 
+def stall_fault(str op not None, bint on, str match=""):
+    """Tests only: ``on`` makes every ``op`` (as inject_fault's) on a file whose path
+    contains ``match`` wait, in whatever thread makes it and with no GIL, until called again
+    with ``on`` False; a fault inject_fault armed for that call is met after the wait."""
+    cdef bytes bop = op.encode(), bmatch = match.encode()
+    if rmq_fault_stall(rmq_fault_op(bop), on, bmatch) < 0:
+        raise InvalidArgumentError(f"bad stall {op!r} match={match!r}")
+
+
+def stalled_thread(str op not None):
+    """Tests only: the native thread id of the last ``op`` call that stalled since
+    stall_fault(op, True), or 0."""
+    return rmq_fault_stalled(rmq_fault_op(op.encode()))
+
+
 FAULT_OPEN = RMQ_OP_OPEN
 FAULT_FSYNC = RMQ_OP_FSYNC
 
@@ -333,7 +360,8 @@ cdef class SegmentList:
     newest, or None), ``file_size``, ``_end`` (read-only: where recovery found the
     data to end; None on a writer) and ``premade`` (base offset -> segment that make_room
     created ahead of a batch, for the appender to take and publish in C: see
-    Appender._roll)."""
+    Appender._roll) and ``flusher`` (None, or the native flusher that must track every
+    segment published: _flusher.Flusher.track)."""
 
 
 cpdef int64_t queue_end(SegmentList queue) except -1:

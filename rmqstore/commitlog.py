@@ -4,7 +4,6 @@ import rmqstore._append as _append
 import rmqstore._read as _read
 from rmqstore import _record
 from rmqstore._message import MessageExt
-from rmqstore._segment import PREFAULT_AHEAD
 from rmqstore.errors import (
     CorruptRecordError,
     InvalidArgumentError,
@@ -15,7 +14,6 @@ from rmqstore.errors import (
 from rmqstore.index import UniqKeyGenerator
 from rmqstore.segments import SegmentQueue
 from rmqstore.topics import SCHEDULE_TOPIC, validate_topic
-from rmqstore.worker import Worker
 
 # scan reads records in runs of at most this many / this many bytes, copied into one buffer
 # that their messages share (a message kept alive keeps its run's buffer alive)
@@ -32,7 +30,8 @@ class CommitLog:
 
     Thread-safety: ``put``/``put_batch`` serialize on one lock (append + roll + queue
     offset counters, all in ``_append.Appender``); reads take no lock and see only
-    published bytes. Pages ahead of the writer are faulted in on a background thread.
+    published bytes. Pages ahead of the writer are faulted in, and their disk blocks
+    allocated, by the segment queue's native toucher thread (no GIL).
     Crash behaviour: see recovery.py; a torn tail is cut at the last valid record.
     """
 
@@ -55,8 +54,14 @@ class CommitLog:
                                          self.uniq_key.stamp if self.uniq_key is not None else None,
                                          stage_bulk=not warm)
         self.lock = self.appender   # the write lock: ``with commitlog.lock:`` excludes appends
-        self._warmer = Worker("rmq-warm") if warm else None
+        self._warmer = self.segments.toucher if warm else None
         self._warm_to = 0              # commitlog offset faulted in (or queued) so far
+        self.flusher = None            # the native flusher (_flusher.Flusher) once a writer's starts
+
+    def attach_flusher(self, flusher):
+        """Flush through ``flusher`` from now on; every segment published is tracked by it."""
+        self.flusher = flusher
+        self.segments.flusher = flusher
 
     # -- positions ------------------------------------------------------------------------
     @property
@@ -70,12 +75,14 @@ class CommitLog:
 
     @property
     def flushed_offset(self):
-        return self.segments.flushed_where
+        return self.segments.flushed_where if self.flusher is None else self.flusher.flushed
 
     @property
     def failed(self):
         """The sticky I/O error that turned the store read-only, or None (kept in the
-        appender, whose put checks it in C)."""
+        appender, whose put checks it in C; the native flusher's reported there when met)."""
+        if self.appender.failed is None and self.flusher is not None:
+            self.flusher.error   # noqa: B018 - reports a native failure (FlushService._fail sets it)
         return self.appender.failed
 
     @failed.setter
@@ -123,8 +130,10 @@ class CommitLog:
         return SCHEDULE_TOPIC, level - 1, props
 
     def _warm_ahead(self, seg):
-        """Queue a pre-fault of the next ``warm_ahead_bytes`` of ``seg`` (a fresh page costs
-        ~10-20 us to fault in here; the writer should not pay it), and set the next mark."""
+        """Have the toucher allocate the blocks of the next ``warm_ahead_bytes`` of ``seg``
+        and fault them in (a fresh page costs ~10-20 us to fault in here; the writer should
+        not pay it), and set the next mark. A full disk fails there unseen; the writer's own
+        reserve then raises DiskFullError before its write."""
         base, end = seg.base_offset, seg.base_offset + seg.size
         pos = base + seg.wrote_pos
         if self._warmer is None:
@@ -133,7 +142,7 @@ class CommitLog:
         ahead = self.config.warm_ahead_bytes
         start, stop = max(self._warm_to, pos), min(end, pos + ahead)
         if stop > start:
-            self._warmer.submit(_reserve_and_prefault, seg, start - base, stop - base)
+            self._warmer.submit(seg, start - base, stop - base, True)
             self._warm_to = stop
         self.appender.warm_mark = min(end, pos + ahead // 2)
 
@@ -214,17 +223,13 @@ class CommitLog:
                 pos = seg.base_offset + seg.size
 
     def flush(self, least_pages=0):
-        return self.segments.flush(least_pages)
+        """msync what is written (``least_pages`` as MappedSegment.flush); whether the
+        flushed offset moved. OSError when it failed."""
+        if self.flusher is None:
+            return self.segments.flush(least_pages)
+        before = self.flusher.flushed
+        return self.flusher.flush(least_pages) != before
 
     def close(self):
-        if self._warmer is not None:
-            self._warmer.shutdown(cancel=True)
         self.appender.release_stage()
-        self.segments.close()
-
-
-def _reserve_and_prefault(seg, start, stop):
-    """The warmer's job: allocate the blocks of ``[0, stop)`` of ``seg``, then fault
-    ``[start, stop)`` in. A full disk fails here unseen; the writer's own reserve then
-    raises DiskFullError before its write."""
-    seg.prefault(start, min(stop, seg.reserve(stop)) - start, PREFAULT_AHEAD)
+        self.segments.close()   # the toucher first: jobs not started are dropped

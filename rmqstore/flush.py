@@ -24,115 +24,117 @@ Durability invariants (enforced here, relied on by recovery.py):
    fails it as an I/O error does (invariant 4). Otherwise msync on unlinked files
    succeeded, puts were acknowledged that no file holds, and the checkpoint and consumer
    offsets went into whatever directory now had the name.
+
+The commitlog is flushed on a native thread (``rmq-flush``, rmqstore/_flusher.pyx over
+cext/rmq_flush.c) that takes no GIL: SYNC waiters sleep on its condition variable with the
+GIL released, and the ASYNC cadence runs there too; the directory check of invariant 5 is
+a stat it makes before every flush. Python keeps the policy: the checkpoint (written by
+the ``rmq-flush-logics`` thread with the consume queues, off the writer's path), and
+turning the first failure into StoreErrors on the next call. See docs/services.md.
 """
-import errno
 import logging
-import os
 import threading
 import time
 
-from rmqstore.errors import StoreIOError, StoreReadOnlyError
+from rmqstore._flusher import Flusher
+from rmqstore.errors import StoreReadOnlyError
 
 log = logging.getLogger(__name__)
 
 
 class FlushService:
-    """Flushes the commitlog (group commit or periodic) and, on its own interval, the
-    consume queues, index files, checkpoint and consumer offsets via ``flush_logics``,
-    for the store directory ``root``."""
+    """Flushes the commitlog (group commit or periodic, on the native flusher) and, on its
+    own interval, the consume queues, index files, checkpoint and consumer offsets via
+    ``flush_logics``, for the store directory ``root``."""
 
     def __init__(self, commitlog, config, checkpoint, flush_logics, root):
         self.root = root
-        st = os.stat(root)
-        self._root_id = (st.st_dev, st.st_ino)
         self.commitlog = commitlog
         self.config = config
         self.checkpoint = checkpoint
         self.flush_logics = flush_logics
-        self._flush_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = []
-        self.error = None
+        self._error = None
+        self.native = Flusher(root, commitlog.flushed_offset, self._fail)
+        for seg in commitlog.segments.segments:   # from the first one holding unflushed bytes
+            if seg.base_offset + seg.size > commitlog.flushed_offset:
+                self.native.track(seg)
+        commitlog.attach_flusher(self.native)
 
     def start(self):
         cfg = self.config
-        loops = [("logics", cfg.flush_cq_interval_ms, cfg.flush_cq_least_pages, cfg.flush_cq_thorough_interval_ms,
-                  self.flush_logics_now)]
-        if cfg.flush_mode == "async":
-            loops.append(("commitlog", cfg.flush_interval_ms, cfg.flush_least_pages, cfg.flush_thorough_interval_ms,
-                          self.flush_commitlog))
-        for name, *args in loops:
-            th = threading.Thread(target=self._periodic, args=args, name=f"rmq-flush-{name}", daemon=True)
-            th.start()
-            self._threads.append(th)
+        self.native.start(cfg.flush_mode == "async", cfg.flush_interval_ms, cfg.flush_least_pages,
+                          cfg.flush_thorough_interval_ms)
+        th = threading.Thread(target=self._periodic, name="rmq-flush-logics", daemon=True,
+                              args=(cfg.flush_cq_interval_ms, cfg.flush_cq_least_pages,
+                                    cfg.flush_cq_thorough_interval_ms, self.flush_logics_now))
+        th.start()
+        self._threads.append(th)
+
+    @property
+    def error(self):
+        """The first flush failure (sticky), or None."""
+        if self._error is None:
+            self.native.error   # noqa: B018 - reports a native failure to _fail
+        return self._error
 
     def _fail(self, exc):
-        if self.error is None:
+        if self._error is None:
             log.error("flush failed, store is now read-only: %s", exc)
-            self.error = exc
+            self._error = exc
             self.commitlog.failed = exc
-
-    def _check_root(self):
-        """StoreIOError when the store directory is gone or another one (invariant 5)."""
-        try:
-            st = os.stat(self.root)
-        except OSError as e:
-            raise StoreIOError(e.errno, "store directory gone while open", self.root) from None
-        if (st.st_dev, st.st_ino) != self._root_id:
-            raise StoreIOError(errno.ESTALE, "store directory replaced while open", self.root)
 
     def _check_failed(self):
         """Raise StoreReadOnlyError once any flush has failed (invariant 4)."""
         if self.error is not None:
-            raise StoreReadOnlyError(f"store is read-only after a failed flush: {self.error}") from self.error
+            raise StoreReadOnlyError(f"store is read-only after a failed flush: {self._error}") from self._error
+
+    def _check_root(self):
+        """StoreIOError when the store directory is gone or another one (invariant 5)."""
+        self.native.check_root()
 
     def flush_logics_now(self, least_pages=0):
         """Flush consume queues, index files, consumer offsets and checkpoint; an I/O error
-        turns the store read-only (invariant 4)."""
+        turns the store read-only (invariant 4). The checkpoint's commitlog time is the
+        native flusher's (invariant 3)."""
         self._check_failed()
         try:
             self._check_root()
+            self._note_flushed()
             self.flush_logics(least_pages)
         except OSError as e:
             self._fail(e)
             raise StoreReadOnlyError(f"flush failed: {e}") from e
 
-    def flush_commitlog(self, least_pages=0):
-        """msync the commitlog (one flusher at a time); returns the flushed offset."""
-        with self._flush_lock:
-            return self._flush_locked(least_pages)
+    def _note_flushed(self):
+        ts = self.native.flushed_timestamp
+        if ts > self.checkpoint.physic_msg_timestamp:
+            self.checkpoint.physic_msg_timestamp = ts
 
-    def _flush_locked(self, least_pages):
+    def flush_commitlog(self, least_pages=0):
+        """msync the commitlog now, in this thread (one flusher at a time); returns the
+        flushed offset."""
         self._check_failed()
-        cl = self.commitlog
-        seg = cl.segments.last
-        ts = seg.store_timestamp if seg is not None else 0   # read before the end: invariant 3
-        end = cl.max_offset
         try:
-            self._check_root()
-            cl.flush(least_pages)
+            flushed = self.native.flush(least_pages)
         except OSError as e:
             self._fail(e)
             raise StoreReadOnlyError(f"flush failed: {e}") from e
-        if ts and cl.flushed_offset >= end:
-            self.checkpoint.physic_msg_timestamp = max(self.checkpoint.physic_msg_timestamp, ts)
-        return cl.flushed_offset
+        self._note_flushed()
+        return flushed
 
     def wait_flushed(self, offset):
-        """SYNC mode group commit: return once ``offset`` is durable. Writers that queue
-        behind a flush in progress find their bytes covered by it and return at once.
-        Once any flush has failed every waiter raises StoreReadOnlyError (invariant 4)."""
-        if self.commitlog.flushed_offset < offset:
-            with self._flush_lock:
-                if self.commitlog.flushed_offset < offset:
-                    self._flush_locked(0)
-        self._check_failed()
+        """SYNC mode group commit: return once ``offset`` is durable (the native flusher's
+        wait, GIL released). Once any flush has failed every waiter raises
+        StoreReadOnlyError (invariant 4)."""
+        self.native.wait_flushed(offset)
 
     def _periodic(self, interval_ms, least_pages, thorough_ms, flush):
         """Call ``flush(least_pages)`` every ``interval_ms``, with 0 (everything) once per
         ``thorough_ms``; the first I/O error ends the loop (invariant 4), and so does any
         other error (a bug), which fails the store as an I/O error does: a flusher that
-        ended unseen would leave every later ASYNC put acknowledged and never flushed."""
+        ended unseen would leave every later put acknowledged and never flushed."""
         last_thorough = time.monotonic()
         while not self._stop.wait(interval_ms / 1000):
             least, now = least_pages, time.monotonic()
@@ -149,7 +151,14 @@ class FlushService:
                 return
 
     def stop(self):
+        """Stop and join the flusher threads; flushes still work, in the caller."""
         self._stop.set()
+        self.native.stop()
         for th in self._threads:
             th.join()
         self._threads = []
+
+    def close(self):
+        """stop(), and let go of the commitlog's segments (they may be unmapped now)."""
+        self.stop()
+        self.native.release()

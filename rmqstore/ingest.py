@@ -85,7 +85,7 @@ def _is_rows(values: Any) -> bool:
 def body_column(values: Any) -> tuple[Any, np.ndarray | None]:
     """Bodies as the kernel takes them: an Arrow binary array as a column (data, offsets),
     a sequence of bytes-like objects as (a tuple of them, None): the kernel copies each
-    from where it lies (_append.BodyRows), so a list of bytes is copied once."""
+    from where it lies (_rows.BodyRows), so a list of bytes is copied once."""
     col = _arrow_binary(values)
     if col is not None:
         return col

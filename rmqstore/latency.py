@@ -4,7 +4,8 @@ Throughput hides the tail an embedding application feels. This times every call 
 (``perf_counter_ns``) and reports the percentiles in microseconds for:
 
 - ``put``, async flush, one thread, and what the puts that rolled to a new segment cost;
-- ``put``, SYNC flush, with 1 and 8 threads (group commit: a call returns once durable);
+- ``put``, SYNC flush, with 1 and 8 threads (group commit: a call returns once durable),
+  with their throughput and its ratio 8 threads / 1 thread;
 - ``get_messages`` of one message at a random queue offset.
 
 ``python -m rmqstore.latency [--dir D] [--messages N] [--body-size B]``
@@ -67,6 +68,8 @@ def put_sync(directory, messages, body, threads):
     times = [np.empty(per_thread, dtype=np.int64) for _ in range(threads)]
     clock = time.perf_counter_ns
     with MessageStore(directory, _config("sync")) as s:
+        start = clock()
+
         def work(out):
             for i in range(per_thread):
                 m = Message(TOPIC, body)
@@ -78,7 +81,19 @@ def put_sync(directory, messages, body, threads):
             w.start()
         for w in workers:
             w.join()
-    return percentiles(np.concatenate(times))
+        elapsed = clock() - start
+    out = percentiles(np.concatenate(times))
+    out["msg/s"] = per_thread * threads / (elapsed / 1e9)
+    return out
+
+
+def put_sync_rate(threads, messages=2_000, body_size=128):
+    """SYNC puts per second with ``threads`` threads, in a temporary store (asv's ratio)."""
+    work = tempfile.mkdtemp(prefix="rmq-latency-")
+    try:
+        return put_sync(os.path.join(work, "s"), messages, os.urandom(body_size), threads)["msg/s"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def get_one(directory, reads, seed=0):
@@ -122,11 +137,21 @@ def run(directory=None, messages=300_000, body_size=128, sync_messages=2_000, se
             shutil.rmtree(work, ignore_errors=True)
 
 
+def sync_scaling(results):
+    """Throughput of SYNC puts with 8 threads over that with 1 (group commit), or None."""
+    one, eight = results.get("put SYNC, 1 thread(s)"), results.get("put SYNC, 8 thread(s)")
+    return eight["msg/s"] / one["msg/s"] if one and eight else None
+
+
 def format_table(results):
-    lines = [f"{'call':<26}{'calls':>9}{'p50 µs':>10}{'p99 µs':>10}{'p99.9 µs':>10}{'max µs':>11}"]
+    lines = [f"{'call':<26}{'calls':>9}{'p50 µs':>10}{'p99 µs':>10}{'p99.9 µs':>10}{'max µs':>11}{'msg/s':>10}"]
     for name, p in results.items():
+        rate = f"{p['msg/s']:>10.0f}" if "msg/s" in p else ""
         lines.append(f"{name:<26}{p['calls']:>9}{p['p50']:>10.2f}{p['p99']:>10.2f}{p['p99.9']:>10.2f}"
-                     f"{p['max']:>11.1f}")
+                     f"{p['max']:>11.1f}{rate}")
+    ratio = sync_scaling(results)
+    if ratio is not None:
+        lines.append(f"put SYNC throughput, 8 threads / 1 thread: {ratio:.2f}x")
     return "\n".join(lines)
 
 

@@ -5,7 +5,8 @@ import os
 import threading
 from concurrent.futures import Future
 
-from rmqstore._segment import PREFAULT_AHEAD, MappedSegment, SegmentList, queue_end, queue_find
+from rmqstore._segment import MappedSegment, SegmentList, queue_end, queue_find
+from rmqstore._toucher import Toucher
 from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreError
 from rmqstore.files import file_size, list_dir, make_dirs, number_name, only_zeros
 from rmqstore.worker import Worker
@@ -61,9 +62,12 @@ class SegmentQueue(SegmentList):
 
     Thread-safety: one writer appends/rolls (holding the store's write lock); readers call
     ``find`` without locks (the list is replaced, never mutated in place). The next segment
-    is preallocated and pre-faulted on a background thread, off the GIL, like RocketMQ's
-    AllocateMappedFileService, so a roll costs a list swap. ``segments``, ``last``,
-    ``file_size`` and ``_end`` are SegmentList's C fields.
+    is made ahead on a Python thread (``rmq-alloc``: the file's creation and mapping run
+    with the GIL released, only the object's needs it), put in ``premade`` so that the
+    appender's roll swaps pointers in C, and pre-faulted by a native thread (``toucher``,
+    ``rmq-touch``) that never takes the GIL, like RocketMQ's AllocateMappedFileService and
+    warmMappedFile. ``segments``, ``last``, ``file_size``, ``_end`` and ``premade`` are
+    SegmentList's C fields.
     """
 
     def __init__(self, directory, file_size, readonly=False, file_mode=0o600, dir_mode=0o700,
@@ -78,6 +82,7 @@ class SegmentQueue(SegmentList):
         self.last = None        # of them, read per put, key query and get_messages
         self._lock = threading.Lock()
         self._alloc = Worker("rmq-alloc") if preallocate and not readonly else None
+        self.toucher = Toucher("rmq-touch") if self._alloc is not None else None
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
         self.reserve_ahead = reserve_ahead     # disk blocks allocated ahead of the writer; 0 = whole files
         self._pending = None   # (offset, Future[MappedSegment])
@@ -146,6 +151,8 @@ class SegmentQueue(SegmentList):
     def _publish(self, segs):
         self.segments = segs
         self.last = segs[-1] if segs else None
+        if segs and self.flusher is not None:
+            self.flusher.track(segs[-1])
 
     # -- lookup -------------------------------------------------------------------------
     @property
@@ -172,10 +179,11 @@ class SegmentQueue(SegmentList):
         return seg
 
     def _warm(self, offset, made):
-        """Make the segment at ``offset`` and hand it to the future ``made`` (a roll may take
-        it from then on), then fault its first pages in. A roll used to wait for the whole
+        """Make the segment at ``offset``, put it in ``premade`` (where the appender's roll
+        takes it in C) and hand it to the future ``made`` (a Python roll takes it there),
+        then have the toucher fault its first pages in. A roll used to wait for the whole
         prefault: 4-11 ms for 16 MiB, on the first put of a store and on a writer that
-        reaches a segment's end early. PREFAULT_AHEAD changes no byte, so the writer may
+        reaches a segment's end early. The toucher changes no byte, so the writer may
         already be writing there; one that overtakes it faults its own pages."""
         with self._lock:   # _prepare records the job under it: wait for that
             orphan = self._pending is None or self._pending[1] is not made
@@ -186,11 +194,14 @@ class SegmentQueue(SegmentList):
         except BaseException as e:
             made.set_exception(e)
             return
+        with self._lock:   # still wanted: close() deletes what premade holds, or discards the future's
+            if self._pending is not None and self._pending[1] is made:
+                self.premade[offset] = seg
         made.set_result(seg)
         want = self.prefault_bytes if self.prefault_bytes >= 0 else self.file_size
         try:
-            seg.prefault(0, min(want, seg.reserved), PREFAULT_AHEAD)   # never a page without its block
-        except (OSError, StoreError) as e:    # closed meanwhile (discarded), or refused: only warmth is lost
+            self.toucher.submit(seg, 0, min(want, seg.reserved))   # never a page without its block
+        except StoreError as e:    # closed meanwhile (discarded): only warmth is lost
             log.debug("%s: prefault skipped: %s", seg.path, e)
 
     def roll(self, offset=None):
@@ -332,13 +343,18 @@ class SegmentQueue(SegmentList):
 
     def prepare_next(self):
         """Start making the segment after the last in the background (what roll() does
-        itself), after an append took segments from ``premade``."""
+        itself), after an append took segments from ``premade`` (the pending one too)."""
+        with self._lock:
+            if self._pending is not None and self._pending[0] <= self.last.base_offset:
+                self._pending = None
         self._prepare(self.last.base_offset + self.file_size)
 
     def _discard(self, future):
         """Remove an unused preallocated file (it holds no data, so reopening sees none)."""
         seg = _made_or_none(future)
         if seg is not None:
+            if self.premade.get(seg.base_offset) is seg:
+                del self.premade[seg.base_offset]
             self._delete(seg)
 
     def _delete(self, seg):
@@ -355,6 +371,8 @@ class SegmentQueue(SegmentList):
             pending, self._pending = self._pending, None
         if self._alloc is not None:
             self._alloc.shutdown()
+        if self.toucher is not None:
+            self.toucher.close()
         if pending is not None:
             self._discard(pending[1])
         for seg in self.premade.values():   # made for a batch that then failed: no data

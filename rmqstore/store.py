@@ -216,7 +216,7 @@ class MessageStore:
             self._teardown()
             raise
         self._writer = _append.StoreWriter(self._gate, self.commitlog.appender, self.read_only,
-                                           self.flusher.wait_flushed if self._sync else None,
+                                           None if self.read_only else self.flusher.native, self._sync,
                                            self.commitlog.check_writable)
         # the instance's put / put_batch are the writer's C methods (no Python frame per call),
         # unless a subclass overrides them
@@ -380,9 +380,10 @@ class MessageStore:
         return fd
 
     def _teardown(self) -> None:
-        for service in (getattr(self, "dispatcher", None), getattr(self, "flusher", None)):
-            if service is not None:
-                service.stop()
+        if getattr(self, "dispatcher", None) is not None:
+            self.dispatcher.stop()
+        if getattr(self, "flusher", None) is not None:
+            self.flusher.close()
         if self.index is not None:
             self.index.close()
         self.consume_queues.close()

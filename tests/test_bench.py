@@ -103,6 +103,10 @@ def test_latency_run_times_every_call(tmp_path):
     for p in results.values():
         assert 0 < p["p50"] <= p["p99"] <= p["p99.9"] <= p["max"]
     assert "p99.9 µs" in latency.format_table(results).splitlines()[0]
+    one, eight = (results[f"put SYNC, {n} thread(s)"]["msg/s"] for n in (1, 8))
+    assert one > 0 and eight > 0 and latency.sync_scaling(results) == eight / one
+    assert latency.format_table(results).splitlines()[-1] == \
+        f"put SYNC throughput, 8 threads / 1 thread: {eight / one:.2f}x"
 
 
 def test_work_directories_leave_what_is_there_alone(tmp_path, capsys):

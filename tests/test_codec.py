@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqstore import CorruptRecordError, InvalidArgumentError, Message, _append, _read, _record
+from rmqstore import CorruptRecordError, InvalidArgumentError, Message, _encode, _read, _record
 from rmqstore._segment import MappedSegment
 
 import reference_codec as ref
@@ -35,7 +35,7 @@ class KernelCodec:
             msg = Message(topic, body, properties=props, flag=flag, sys_flag=sys_flag,
                           born_timestamp=born_timestamp, born_host=born_host, reconsume_times=reconsume_times,
                           prepared_transaction_offset=prepared_transaction_offset)
-            r = _append.append_message(seg, msg, topic, dict(props), queue_id, queue_offset, store_timestamp,
+            r = _encode.append_message(seg, msg, topic, dict(props), queue_id, queue_offset, store_timestamp,
                                       _record.pack_host(store_host), version, 4 << 20)
             assert r.phy_offset == phy_offset
             return seg.read(0, r.size)

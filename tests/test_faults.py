@@ -285,12 +285,12 @@ def test_a_store_directory_moved_or_removed_while_open_acknowledges_nothing(tmp_
         assert [again.get_by_offset(o).body for o in acked] == [b"m%d" % i for i in range(10)]
 
 
-@pytest.mark.parametrize("loop", ["commitlog", "logics"])
-def test_a_flusher_that_fails_otherwise_than_by_io_fails_the_store(tmp_path, loop):
+def test_a_flusher_that_fails_otherwise_than_by_io_fails_the_store(tmp_path):
     """An ASYNC flusher thread ended unseen on any exception but an I/O error (a retention
     closing a file under it did that): every later put was acknowledged and never flushed
     until close. Such an error now fails the store as a failed flush does (invariant 4):
-    the next put raises StoreReadOnlyError, and the store reopens with what it held."""
+    the next put raises StoreReadOnlyError, and the store reopens with what it held. (The
+    commitlog's flusher is native, with no Python code to fail: see the next test.)"""
     import time
 
     from rmqstore import Message, MessageStore, StoreConfig, StoreReadOnlyError
@@ -298,7 +298,7 @@ def test_a_flusher_that_fails_otherwise_than_by_io_fails_the_store(tmp_path, loo
                       index_entries=512, warm_mapped_file=False, flush_interval_ms=5, flush_cq_interval_ms=5)
     with MessageStore(tmp_path / "s", cfg) as store:
         kept = store.put(Message("T", b"kept"))
-        target = store.commitlog if loop == "commitlog" else store.consume_queues
+        target = store.consume_queues
 
         def broken(*_args):
             raise RuntimeError("a bug in a flush")
@@ -309,5 +309,32 @@ def test_a_flusher_that_fails_otherwise_than_by_io_fails_the_store(tmp_path, loo
                 store.put(Message("T", b"later"))
                 time.sleep(0.01)
         del target.flush
+    with MessageStore(tmp_path / "s", cfg, read_only=True) as store:
+        assert store.get_by_offset(kept.phy_offset).body == b"kept"
+
+
+def test_a_failed_async_native_flush_fails_the_next_put(tmp_path):
+    """The ASYNC cadence runs on the native flusher: an msync it fails on its own, with no
+    caller to tell, still makes the next put raise StoreReadOnlyError (invariant 4), and the
+    store reopens with what it held."""
+    import time
+
+    from rmqstore import Message, MessageStore, StoreConfig, StoreReadOnlyError
+    from rmqstore._segment import inject_fault
+    cfg = StoreConfig(flush_mode="async", commitlog_file_size=64 << 10, consume_queue_entries=100, index_slots=64,
+                      index_entries=512, warm_mapped_file=False, flush_interval_ms=5, flush_least_pages=0)
+    with MessageStore(tmp_path / "s", cfg) as store:
+        kept = store.put(Message("T", b"kept"))
+        store.flush()
+        inject_fault("msync", 1, errno.EIO, "/commitlog/")
+        try:
+            deadline = time.monotonic() + 10
+            with pytest.raises(StoreReadOnlyError, match="msync"):
+                while time.monotonic() < deadline:
+                    store.put(Message("T", b"later"))
+                    time.sleep(0.01)
+        finally:
+            inject_fault("msync", 0, errno.EIO)
+        assert isinstance(store.flusher.error, OSError) and store.flusher.error.errno == errno.EIO
     with MessageStore(tmp_path / "s", cfg, read_only=True) as store:
         assert store.get_by_offset(kept.phy_offset).body == b"kept"

@@ -10,7 +10,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
-    from rmqstore import _append, _arrow, _columns, _cq, _gate, _index, _message, _read, _record, _verify
+    from rmqstore import _append, _arrow, _columns, _cq, _encode, _gate, _index, _message, _read, _record, _verify
     from rmqstore._segment import MappedSegment, fault_point, inject_fault
     from rmqstore.errors import StoreError
     from rmqstore.segments import SegmentQueue
@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     queue = SegmentQueue(root + "/commitlog", 1 << 16, False, 0o600, 0o700)
     seg = queue.roll(0)
     msg = _message.Message("t", b"body", tags="A")
-    _append.append_message(seg, msg, "t", {"TAGS": "A"}, 0, 0, 1, host, 2, 1 << 20)
+    _encode.append_message(seg, msg, "t", {"TAGS": "A"}, 0, 0, 1, host, 2, 1 << 20)
     segs = queue.segments
     entries = np.zeros(1, _cq.ENTRY_DTYPE)
     entries["size"] = seg.wrote_pos
@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent("""
         (_record.crc32_body, (b"x",)), (_record.java_hash, ("x",)), (_record.msg_id, (host, 0)),
         (_record.parse_msg_id, ("00" * 16,)), (_record.properties_from, (b"A\\x01B", 0, 3)),
         (_message.int_arg, ("n", 1, 0, 2)), (_message.Message, ("t", b"")),
-        (_append.append_message, (seg, msg, "t", {}, 0, 0, 1, host, 2, 1 << 20)),
+        (_encode.append_message, (seg, msg, "t", {}, 0, 0, 1, host, 2, 1 << 20)),
         (_append.Appender, (queue, host, 2, 1 << 20, 8, f, f, f)),
         (_cq.append_entry, (cq, 0, 1, 0)), (_cq.read_entries, (cq, 0, 1)), (_cq.valid_end, (cq, 0, 20)),
         (_cq.append_entries, (cq, i64, i32, i64, 0, 1)), (_cq.topic_ids, (b"t", i32, i32 + 1, {}, [])),

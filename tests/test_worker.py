@@ -4,7 +4,6 @@ import logging
 import threading
 from concurrent.futures import Future
 
-from rmqstore._segment import PREFAULT_AHEAD, MappedSegment
 from rmqstore.segments import SegmentQueue
 from rmqstore.worker import Worker
 
@@ -43,16 +42,6 @@ def test_shutdown_waits_for_the_running_job_and_cancel_drops_the_queued_ones():
     assert done == ["slow"]
 
 
-class _ProbeSegment(MappedSegment):
-    """Records, at each prefault, whether the future of its preallocation was done."""
-    made: Future | None = None
-    seen: list = []
-
-    def prefault(self, pos=0, n=-1, mode=0):
-        type(self).seen.append((self.made is not None and self.made.done(), mode))
-        return super().prefault(pos, n, mode)
-
-
 class _ProbeQueue(SegmentQueue):
     made: Future | None = None
 
@@ -60,25 +49,33 @@ class _ProbeQueue(SegmentQueue):
         self.made = made
         return super()._warm(offset, made)
 
-    def _open_new(self, offset):
-        seg = super()._open_new(offset)
-        probe = _ProbeSegment(seg.path, offset, self.file_size, readonly=False, ahead=self.reserve_ahead)
-        seg.close()
-        probe.wrote_pos = probe.flushed_pos = 0
-        probe.made = self.made
-        return probe
+
+class _ProbeToucher:
+    """Records, at each job handed to the native toucher, whether the future of the
+    segment's preallocation was done; passes the job on."""
+
+    def __init__(self, queue):
+        self.queue, self.toucher, self.seen = queue, queue.toucher, []
+
+    def submit(self, seg, start, stop, reserve=False):
+        self.seen.append(self.queue.made is not None and self.queue.made.done())
+        self.toucher.submit(seg, start, stop, reserve)
+
+    def close(self):
+        self.toucher.close()
 
 
 def test_a_preallocated_segment_is_handed_over_before_its_pages_are_faulted_in(tmp_path):
-    # The roll that takes it waits for the file only: the prefault that follows uses
-    # PREFAULT_AHEAD, which changes no byte, as the writer may be writing there already.
-    _ProbeSegment.seen = []
+    # The roll that takes it waits for the file only: the toucher (a native thread) faults
+    # its pages in after, for writing without changing a byte (MADV_POPULATE_WRITE), as
+    # the writer may be writing there already.
     q = _ProbeQueue(tmp_path / "commitlog", 1 << 20, preallocate=True, prefault_bytes=1 << 18)
+    probe = q.toucher = _ProbeToucher(q)
     try:
         q.prepare_first()
         q.roll(0)
         q.roll()                   # takes the one made ahead, and prepares the next
     finally:
         q.close()
-    assert _ProbeSegment.seen, "no preallocation ran"
-    assert all(done and mode == PREFAULT_AHEAD for done, mode in _ProbeSegment.seen)
+    assert probe.seen, "no preallocation ran"
+    assert all(probe.seen)

@@ -18,3 +18,17 @@ class Latency:
         return results[call][percentile] if call in results else float("nan")
 
     track_latency.unit = "µs"
+
+
+class SyncGroupCommit:
+    """Throughput of SYNC puts with 8 threads over that with 1: how well the native flusher
+    groups concurrent waiters into one msync (one SYNC thread waits for every msync alone)."""
+    timeout = 900
+
+    def setup_cache(self):
+        return {threads: latency.put_sync_rate(threads) for threads in (1, 8)}
+
+    def track_sync_8_over_1(self, rates):
+        return rates[8] / rates[1]
+
+    track_sync_8_over_1.unit = "ratio"
