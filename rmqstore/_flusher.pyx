@@ -8,6 +8,7 @@ the next. The ASYNC cadence (``flush_interval_ms``, ``flush_least_pages``,
 (flush.py): what a failure means, the checkpoint, when to start and stop.
 """
 import errno
+import os
 
 cimport cython
 from libc.stdint cimport int64_t
@@ -29,7 +30,7 @@ cdef class Flusher:
     After ``os.fork`` the child has no thread: a wait there flushes in the caller."""
 
     def __cinit__(self, root not None, int64_t flushed, on_fail not None):
-        cdef bytes broot = str(root).encode()
+        cdef bytes broot = os.fsencode(root)   # a path of any bytes, as the os module takes it
         rc = rmq_flusher_init(&self.f, broot, <rmq_sync_fn>sync_range, flushed)
         if rc:
             raise StoreIOError(-rc, "store directory cannot be opened for flushing", str(root))

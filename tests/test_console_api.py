@@ -277,7 +277,7 @@ def test_endpoint_pop_state_is_shown(tmp_path):
         s.commit_offset("cg_pop", "Pop", 0, 1)
     st = PopState(root)
     until = int(time.time() * 1000) + 600_000
-    st.append([["r", "cg_pop", "Pop", 0, 1, until, 2, st.next_seq(), 0], ["n", "cg_pop", "Pop", 0, 2]], durable=True)
+    st.sync(st.append([["r", "cg_pop", "Pop", 0, 1, until, 2, st.next_seq(), 0], ["n", "cg_pop", "Pop", 0, 2]]))
     with running([root]) as (url, _):
         url = url.rstrip("/")
         states = [_json(f"{url}/api/s/0/message?offset={p.phy_offset}")["endpointState"] for p in puts]
