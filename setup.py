@@ -7,7 +7,7 @@ from setuptools import Extension, setup
 
 CEXT = ["cext/rmq_mmap.c", "cext/rmq_guard.c", "cext/rmq_fault.c", "cext/rmq_crc.c"]
 KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_append", "_cq", "_index", "_verify",
-           "_arrow", "_properties", "_pack", "_consume"]
+           "_arrow", "_properties", "_pack", "_consume", "_reput"]
 
 extensions = [
     Extension(

@@ -218,17 +218,14 @@ cdef int check_geometry(MappedSegment seg, int64_t slots, int64_t entries) excep
     return 0
 
 
-def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, const int32_t[:] hashes not None,
-                const int64_t[:] phys not None, const int64_t[:] tss not None, Py_ssize_t start):
+def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, const int32_t[::1] hashes not None,
+                const int64_t[::1] phys not None, const int64_t[::1] tss not None, Py_ssize_t start):
     """RocketMQ IndexFile.putKey for keys ``start..`` until the file is full; returns the
     index of the first key not written. Entry first, then slot, then header, in that
     order (rmq_order.h), so a concurrent reader sees either the old chain or the new one."""
     cdef Py_ssize_t i = start, n = hashes.shape[0]
     cdef char *b
-    cdef char *sp
-    cdef IndexEntry *e
-    cdef int32_t count, h, sv
-    cdef int64_t diff, bts
+    cdef int32_t count
     check_geometry(seg, slots, entries)
     if seg.m.readonly:
         raise StoreReadOnlyError(f"{seg.path}: opened read-only")
@@ -239,38 +236,51 @@ def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, cons
     if count < entries:   # the header, the slots and every entry written here
         ensure(seg, HDR + slots * 4 + min(<int64_t>entries, count + max(0, n - start)) * sizeof(IndexEntry))
     with nogil:
-        while i < n and count < entries:
-            h = hashes[i]
-            if h < 0:
-                h = 0
-            sp = b + HDR + (h % slots) * 4
-            sv = rmq_ld32(sp)
-            if sv <= 0 or sv >= count:
-                sv = 0
-            bts = rmq_ld64(b)
-            diff = (tss[i] - bts) // 1000
-            if bts <= 0 or diff < 0:
-                diff = 0
-            elif diff > INT_MAX:
-                diff = INT_MAX
-            e = <IndexEntry *>(b + HDR + <int64_t>slots * 4) + count
-            rmq_st32(<char *>&e.key_hash, h)
-            rmq_st64(<char *>&e.phy_offset, phys[i])
-            rmq_st32(<char *>&e.time_diff, <int32_t>diff)
-            rmq_st32(<char *>&e.prev_index, sv)
-            rmq_release()
-            rmq_st32(sp, count)
-            rmq_release()
-            if count <= 1:
-                rmq_st64(b + 16, phys[i])
-                rmq_st64(b, tss[i])
-            if sv == 0:
-                rmq_st32(b + 32, rmq_ld32(b + 32) + 1)
-            count += 1
-            rmq_st32(b + 36, count)
-            rmq_st64(b + 24, phys[i])
-            rmq_st64(b + 8, tss[i])
-            i += 1
+        i = put_keys(b, slots, entries, &hashes[0] if n else NULL, &phys[0] if n else NULL,
+                     &tss[0] if n else NULL, i, n)
+    return i
+
+
+cdef Py_ssize_t put_keys(char *b, int32_t slots, int32_t entries, const int32_t *hashes, const int64_t *phys,
+                         const int64_t *tss, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """put_entries' loop over the file at ``b`` (geometry checked, blocks reserved by the
+    caller): keys ``i..n`` until the file is full; returns the first key not written."""
+    cdef char *sp
+    cdef IndexEntry *e
+    cdef int32_t count = max(1, rmq_ld32(b + 36)), h, sv
+    cdef int64_t diff, bts
+    while i < n and count < entries:
+        h = hashes[i]
+        if h < 0:
+            h = 0
+        sp = b + HDR + (h % slots) * 4
+        sv = rmq_ld32(sp)
+        if sv <= 0 or sv >= count:
+            sv = 0
+        bts = rmq_ld64(b)
+        diff = (tss[i] - bts) // 1000
+        if bts <= 0 or diff < 0:
+            diff = 0
+        elif diff > INT_MAX:
+            diff = INT_MAX
+        e = <IndexEntry *>(b + HDR + <int64_t>slots * 4) + count
+        rmq_st32(<char *>&e.key_hash, h)
+        rmq_st64(<char *>&e.phy_offset, phys[i])
+        rmq_st32(<char *>&e.time_diff, <int32_t>diff)
+        rmq_st32(<char *>&e.prev_index, sv)
+        rmq_release()
+        rmq_st32(sp, count)
+        rmq_release()
+        if count <= 1:
+            rmq_st64(b + 16, phys[i])
+            rmq_st64(b, tss[i])
+        if sv == 0:
+            rmq_st32(b + 32, rmq_ld32(b + 32) + 1)
+        count += 1
+        rmq_st32(b + 36, count)
+        rmq_st64(b + 24, phys[i])
+        rmq_st64(b + 8, tss[i])
+        i += 1
     return i
 
 

@@ -114,6 +114,7 @@ class IndexService:
         self.view = _index.IndexFiles([])
         self.resume_offset = None
         self.entries_dropped = 0
+        self.native = None         # the native dispatch loop, while it runs (it keeps last_ts then)
         self._last_ts = 0          # store time of the last message dispatched (dispatch thread)
         self._flush_lock = threading.Lock()
         self._closed = False
@@ -173,6 +174,16 @@ class IndexService:
                     self.entries_dropped, phy_end, ts_limit, self.resume_offset)
             return
 
+    @property
+    def last_ts(self):
+        """Newest store time of the messages dispatched to the index."""
+        n = self.native
+        return self._last_ts if n is None else max(self._last_ts, n.index_timestamp)
+
+    @last_ts.setter
+    def last_ts(self, value):
+        self._last_ts = value
+
     def _publish(self):
         self.view = _index.IndexFiles([(f.seg, f.slots, f.entries) for f in reversed(self.files)])
 
@@ -223,7 +234,7 @@ class IndexService:
             f = self.files[-1] if self.files and not self.files[-1].full else self._new_file()
             i = _index.put_entries(f.seg, f.slots, f.entries, hashes, phys, tss, i)
         if len(rows):
-            self._last_ts = max(self._last_ts, newest)
+            self.last_ts = max(self.last_ts, newest)
 
     # -- durability -----------------------------------------------------------------------
     def flush(self, least_pages=0):
@@ -232,7 +243,7 @@ class IndexService:
         if self.readonly or self._closed:
             return
         with self._flush_lock:
-            ts = self._last_ts
+            ts = self.last_ts
             files = self.files
             todo = []
             new_entries = 0
