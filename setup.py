@@ -6,7 +6,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CEXT = ["cext/rmq_mmap.c", "cext/rmq_guard.c", "cext/rmq_fault.c", "cext/rmq_crc.c"]
-KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_append", "_cq", "_index", "_verify",
+KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_append", "_cq", "_index_file", "_index", "_index_check", "_verify",
            "_arrow", "_properties", "_pack", "_consume", "_reput"]
 
 extensions = [

@@ -20,9 +20,8 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
 from rmqstore._cext cimport rmq_java_hash, rmq_ld32, rmq_ld64
 from rmqstore._cq cimport store_entry
-from rmqstore._index cimport keys_of, put_keys
-from rmqstore._layout cimport DispatchRow, REC_BLANK, REC_END, REC_OK, TRANSACTION_MASK, TRAN_ROLLBACK, \
-    gets_cq_entry_c
+from rmqstore._index_file cimport keys_of, put_keys
+from rmqstore._layout cimport DispatchRow, REC_BLANK, REC_OK, TRANSACTION_MASK, TRAN_ROLLBACK, gets_cq_entry_c
 from rmqstore._record cimport RecView, find_property, parse_record, tags_code_of
 from rmqstore._segment cimport MappedSegment, pin, unpin
 

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 import rmqstore._read as _read
-from rmqstore import _cq, _record, _reput
+import rmqstore._reput as _reput
+from rmqstore import _cq, _record
 from rmqstore._record import Status
 from rmqstore._segment import Waker
 from rmqstore.errors import CorruptRecordError, StoreIOError

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-import reference_codec as ref
 from rmqstore import Message, MessageStore, StoreConfig
+
+import reference_codec as ref
 
 TRANSACTIONS = [0, 0, 0, 0x4, 0xC, 0x8]   # NOT_TYPE, PREPARED, ROLLBACK, COMMIT
 
@@ -60,7 +61,8 @@ def _assert_built_as_expected(store, path):
     assert len(queues) > 20 and ("SCHEDULE_TOPIC_XXXX", 0) in [(t, 0) for t, _ in queues]
     for (topic, qid), want in queues.items():
         assert ref.read_cq_entries(str(path), topic, qid) == want, (topic, qid)
-    on_disk = {(t, q) for t in os.listdir(path / "consumequeue") for q in map(int, os.listdir(path / "consumequeue" / t))}
+    cq_dir = path / "consumequeue"
+    on_disk = {(t, q) for t in os.listdir(cq_dir) for q in map(int, os.listdir(cq_dir / t))}
     assert on_disk == set(queues)
     for (topic, key), phys in keys.items():
         assert store.query_offsets(topic, key, max_num=1000) == phys, (topic, key)
