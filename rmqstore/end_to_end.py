@@ -7,10 +7,11 @@ The rmqstore reader follows one consume queue as a live consumer does: it maps t
 file and the commitlog read-only, waits for the next entry to become valid (its SIZE is
 written last) and decodes the record it names, through the store's read kernels (a
 read-only MessageStore shows the store as it was when opened). Peers in the same run do the
-same through sqlite3 in WAL mode (a commit per message, the reader polling ``id > ?``) and
+same through sqlite3 in WAL mode (a commit per message, the reader polling ``id >= ?``) and
 LMDB (a transaction per message, a cursor from the next key) when ``lmdb`` is installed.
-Both sides busy-wait (the writer for each due time, the reader with a 20 µs nap after 200
-empty polls), the same for every peer. Clocks: CLOCK_MONOTONIC, one machine.
+Both sides busy-wait (the writer for each due time, after a sleep when it is more than
+200 µs away; the reader with a 20 µs nap after 200 empty polls), the same for every peer.
+Clocks: CLOCK_MONOTONIC, one machine.
 """
 import os
 import sqlite3
@@ -27,6 +28,7 @@ TOPIC = "e2e"
 HEAD = struct.Struct("<qq")   # message number, due time (monotonic ns)
 SPINS = 200                   # empty polls before the reader naps
 NAP = 20e-6
+NAP_WRITER_NS = 200_000       # a writer this far before a due time sleeps (less the timer's slack) first
 WARMUP = 0.05                 # the first 5% of messages are not counted
 PEERS = ("rmqstore", "sqlite3 WAL", "LMDB")
 
@@ -36,11 +38,14 @@ def _payload(i, due, size):
 
 
 def _paced(count, rate):
-    """(i, due) for each message; returns once each is due (busy-waiting)."""
+    """(i, due) for each message; returns once each is due (sleeping while the wait is
+    longer than NAP_WRITER, then busy-waiting)."""
     clock, period = time.monotonic_ns, 1e9 / rate
     t0 = clock() + 20_000_000
     for i in range(count):
         due = t0 + int(i * period)
+        if due - clock() > NAP_WRITER_NS:
+            time.sleep((due - clock() - NAP_WRITER_NS) / 1e9)
         while clock() < due:
             pass
         yield i, due
@@ -73,9 +78,13 @@ def write_sqlite(path, count, rate, size):
     db.close()
 
 
+def _lmdb_map_size(count, size):
+    return max(1 << 28, 4 * count * (size + 64))
+
+
 def write_lmdb(path, count, rate, size):
     import lmdb
-    env = lmdb.open(path, map_size=max(1 << 28, 4 * count * (size + 64)), sync=False, metasync=False)
+    env = lmdb.open(path, map_size=_lmdb_map_size(count, size), sync=False, metasync=False)
     for i, due in _paced(count, rate):
         with env.begin(write=True) as txn:
             txn.put(i.to_bytes(8, "big"), _payload(i, due, size))
@@ -151,7 +160,7 @@ def read_sqlite(path, count, size):
 def read_lmdb(path, count, size):
     import lmdb
     _wait_for(os.path.join(path, "data.mdb"))
-    env = lmdb.open(path, readonly=True, lock=True, max_readers=8)
+    env = lmdb.open(path, map_size=_lmdb_map_size(count, size), readonly=True, lock=True, max_readers=8)
 
     def poll(n):
         with env.begin() as txn:

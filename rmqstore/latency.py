@@ -128,12 +128,12 @@ def run(directory=None, messages=300_000, body_size=128, sync_messages=2_000, se
 
 
 def format_table(results):
-    lines = [f"{'call':<42}{'calls':>9}{'p50 µs':>10}{'p99 µs':>10}{'p99.9 µs':>10}{'p99.99 µs':>11}"
-             f"{'max µs':>11}"]
+    lines = [f"{'call':<42}{'calls':>9}{'p50 µs':>12}{'p99 µs':>12}{'p99.9 µs':>12}{'p99.99 µs':>12}"
+             f"{'max µs':>12}"]
     for name, p in results.items():
         p9999 = f"{p['p99.99']:>11.2f}" if "p99.99" in p else f"{'':>11}"
-        lines.append(f"{name:<42}{p['calls']:>9}{p['p50']:>10.2f}{p['p99']:>10.2f}{p['p99.9']:>10.2f}{p9999}"
-                     f"{p['max']:>11.1f}")
+        lines.append(f"{name:<42}{p['calls']:>9} {p['p50']:>11.2f} {p['p99']:>11.2f} {p['p99.9']:>11.2f} {p9999}"
+                     f" {p['max']:>11.1f}")
     return "\n".join(lines)
 
 
