@@ -400,13 +400,14 @@ cdef class Reput:
         return r
 
     def resume(self):
-        """Let the loop go on from ``position`` once its request is served."""
+        """Let the loop go on from ``position`` once its request is served (the GIL kept:
+        the loop holds the lock for a few instructions only, and taking the GIL back after
+        would make the thread running Python hand it over)."""
         cdef State *st = self.s
-        with nogil:
-            pthread_mutex_lock(&st.lock)
-            st.state, st.request = STATE_RUN, NONE
-            pthread_cond_broadcast(&st.changed)
-            pthread_mutex_unlock(&st.lock)
+        pthread_mutex_lock(&st.lock)
+        st.state, st.request = STATE_RUN, NONE
+        pthread_cond_broadcast(&st.changed)
+        pthread_mutex_unlock(&st.lock)
 
     def wait_position(self, int64_t target, double timeout):
         """Block (GIL released) until ``position`` >= ``target``, the loop stops, kick() is

@@ -267,10 +267,13 @@ class Dispatcher:
     def _serve(self) -> None:
         """The rmq-reput-helper thread: serve the native loop's requests (a batch the Python
         way, or the next commitlog segment), off the writer's path. OSErrors stall it as in
-        ``_loop``; anything else stops dispatch for good, the waiters woken."""
+        ``_loop``; anything else stops dispatch for good, the waiters woken. Its first
+        request (the loop starts without a segment) waits, as the Python loop does between
+        batches, until there is a record to read."""
         n = self._native
         assert n is not None
         backoff = 0.0
+        started = False
         try:
             while not self._stop:
                 req = n.wait_request()
@@ -287,8 +290,9 @@ class Dispatcher:
                             self._pull()
                             self._run_once()
                         # nothing to read yet (an empty store, the writer's next segment): idle
-                        ready = (req == _reput.Request.PYTHON or self.reput_from < self.commitlog.max_offset) \
-                            and self._push()
+                        ready = started and (req == _reput.Request.PYTHON
+                                             or self.reput_from < self.commitlog.max_offset) and self._push()
+                        started = True
                 except OSError as e:   # e.g. no room for a new CQ file: retry, skip nothing
                     if self.stalled is None:
                         log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
