@@ -22,7 +22,8 @@ from setuptools.command.sdist import sdist
 CEXT = sorted(glob.glob("cext/*.c"))
 CEXT_HEADERS = sorted(glob.glob("cext/*.h"))
 KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_encode", "_rows", "_append", "_cq",
-           "_index", "_verify", "_arrow", "_properties", "_pack", "_consume", "_flusher", "_toucher"]
+           "_index_file", "_index", "_index_check", "_verify", "_arrow", "_properties", "_pack", "_consume", "_flusher",
+           "_toucher", "_reput"]
 # -g0: no debug info in release builds (Python's CFLAGS carry -g); it doubled the objects' size
 # and cost a fifth of the compile time.
 CFLAGS = ["-O3", "-g0", "-std=gnu11", "-Wno-unused-function"]

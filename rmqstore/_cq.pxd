@@ -1,6 +1,6 @@
-# Consume-queue entries as the read kernels take them.
-from libc.stdint cimport int64_t
-from rmqstore._cext cimport rmq_ld32, rmq_ld64
+# Consume-queue entries as the read kernels take them, and as writers store them.
+from libc.stdint cimport int32_t, int64_t
+from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_release, rmq_st32, rmq_st64
 from rmqstore._layout cimport NOGIL_MIN, CqEntry
 from rmqstore._segment cimport MappedSegment, pin, unpin
 
@@ -25,3 +25,12 @@ cdef inline int read_cq_entries(MappedSegment seg, int64_t pos, int64_t count, C
     else:
         decode_entries(seg.m.base + pos, count, out)
     return unpin(seg)
+
+
+cdef inline void store_entry(char *p, int64_t phy_offset, int32_t size, int64_t tags_code) noexcept nogil:
+    """SIZE last (rmq_order.h): an entry a crash cut short reads as size 0, the end of the
+    queue, never as a valid entry with a zero offset or tags code."""
+    rmq_st64(p, phy_offset)
+    rmq_st64(p + 12, tags_code)
+    rmq_release()
+    rmq_st32(p + 8, size)

@@ -6,7 +6,7 @@ from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memcmp, memset
 import numpy as np
 cimport numpy as cnp
-from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_release, rmq_st32, rmq_st64
+from rmqstore._cext cimport rmq_ld32, rmq_ld64
 from rmqstore._layout cimport PAGE_SHIFT, CqEntry, DispatchRow, HOLE, gets_cq_entry_c
 from rmqstore._segment cimport MappedSegment, ensure, pin, unpin
 from rmqstore.errors import InvalidArgumentError, OutOfRangeError
@@ -35,15 +35,6 @@ def append_entry(MappedSegment seg not None, int64_t phy_offset, int32_t size, i
         with nogil:
             store_entry(p, phy_offset, size, tags_code)
     seg.wrote_pos = pos + 20
-
-
-cdef inline void store_entry(char *p, int64_t phy_offset, int32_t size, int64_t tags_code) noexcept nogil:
-    """SIZE last (rmq_order.h): an entry a crash cut short reads as size 0, the end of the
-    queue, never as a valid entry with a zero offset or tags code."""
-    rmq_st64(p, phy_offset)
-    rmq_st64(p + 12, tags_code)
-    rmq_release()
-    rmq_st32(p + 8, size)
 
 
 def read_entries(MappedSegment seg not None, int64_t pos, int64_t count):

@@ -1,40 +1,34 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""IndexFile kernels: key extraction from dispatched records, RocketMQ putKey into a mapped
-index file, the slot probe + chain walk of selectPhyOffset with the GIL released, and the
-read-back of the candidates (topic and real keys checked on the record before a message
-is built).
+"""IndexFile lookups: the slot probe + chain walk of selectPhyOffset with the GIL released,
+and the read-back of the candidates (topic and real keys checked on the record before a
+message is built), into message lists or columns (the hit sinks).
 
-File layout (big-endian)::
-
-    @0   beginTimestamp i64 · endTimestamp i64 · beginPhyOffset i64 · endPhyOffset i64
-    @32  hashSlotCount i32 · indexCount i32 (starts at 1: entry 0 is never used)
-    @40  slots × i32 (entry number of the newest entry of the slot, 0 = empty)
-    then entries × 20 bytes: keyHash i32 · phyOffset i64 · timeDiff i32 (s) · prevIndex i32
-
-Every value read from a file is untrusted: slot values and prevIndex are checked against
-indexCount and the file's capacity, and a chain walk only moves to strictly older entries,
-so it terminates on any input."""
+The file layout is in _index_file, which writes the files. Every value read from a file is
+untrusted: slot values and prevIndex are checked against indexCount and the file's
+capacity, and a chain walk only moves to strictly older entries, so it terminates on any
+input."""
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.ref cimport Py_INCREF
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_FromObject
-from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcmp, memcpy, memset
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcmp, memcpy
 import numpy as np
 cimport numpy as cnp
 from rmqstore._gate cimport ArgChecks, Gate
 from rmqstore._gate import MISSING, misfit
-from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_release, rmq_st32, rmq_st64, rmq_java_hash, rmq_prefetch
-from rmqstore._segment cimport MappedSegment, SegmentList, ensure, pin, unpin
-from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
+from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_prefetch
+from rmqstore._segment cimport MappedSegment, SegmentList, pin, unpin
+from rmqstore._index_file cimport HDR, build_hash, check_geometry, token_end
+from rmqstore._layout cimport IndexEntry
 from rmqstore._record cimport RecView, find_property
 from rmqstore._message cimport MessageExt, build_ext, ext_in
 from rmqstore._columns cimport Cols, cols_of, fill_at, new_columns, reserve_data, trim
 from rmqstore._read cimport Span, pin_span, prefetch_at, record_at, span_prefetch, span_record, unpin_span
-from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError, StoreReadOnlyError
+from rmqstore.errors import InvalidArgumentError, StoreClosedError
 
 cnp.import_array()
 
@@ -46,8 +40,6 @@ cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void *op)
     void PyObject_GC_Track(void *op)
 
-HEADER_SIZE = 40
-ENTRY_SIZE = sizeof(IndexEntry)
 DEFAULT_MAX_NUM = 64
 cdef extern from *:
     """
@@ -60,286 +52,8 @@ cdef extern from *:
     """
     bint rmq_sole(PyObject *o) noexcept
     void rmq_forget_hash(PyObject *o) noexcept
-
-cdef int64_t HDR = 40
-cdef int32_t INT_MAX = 0x7FFFFFFF
 cdef enum:
     AHEAD = 8               # keys ahead whose slots/entries/records a batch query prefetches
-
-
-def file_size(int64_t slots, int64_t entries):
-    """Bytes of an index file with this geometry."""
-    return HDR + slots * 4 + entries * <int64_t>sizeof(IndexEntry)
-
-
-def read_header(MappedSegment seg not None):
-    """(beginTimestamp, endTimestamp, beginPhyOffset, endPhyOffset, hashSlotCount, indexCount)."""
-    seg.check_range(0, HDR)
-    cdef const char *b = seg.m.base
-    return rmq_ld64(b), rmq_ld64(b + 8), rmq_ld64(b + 16), rmq_ld64(b + 24), rmq_ld32(b + 32), rmq_ld32(b + 36)
-
-
-def write_header(MappedSegment seg not None, int64_t begin_ts, int64_t end_ts, int64_t begin_phy, int64_t end_phy,
-                 int32_t slot_count, int32_t index_count):
-    """Write the 40-byte header, with the GIL released: its first write faults the page
-    in: about 12 ms with the GIL held, in profiles of a loaded machine (see _cq.append_entry)."""
-    seg.check_range(0, HDR)
-    ensure(seg, HDR)
-    cdef char *b = seg.m.base
-    with nogil:
-        rmq_st64(b, begin_ts)
-        rmq_st64(b + 8, end_ts)
-        rmq_st64(b + 16, begin_phy)
-        rmq_st64(b + 24, end_phy)
-        rmq_st32(b + 32, slot_count)
-        rmq_st32(b + 36, index_count)
-
-
-cdef inline int32_t index_hash(const char *s, Py_ssize_t n) noexcept nogil:
-    """abs(Java hashCode) of a UTF-8 key, 0 for Integer.MIN_VALUE (IndexFile.indexKeyHashMethod)."""
-    cdef int32_t h = rmq_java_hash(s, n)
-    if h == <int32_t>0x80000000:
-        return 0
-    return -h if h < 0 else h
-
-
-def key_hash(str key not None):
-    """The index hash of an already built ``topic#key`` string."""
-    cdef Py_ssize_t n
-    cdef const char *p = PyUnicode_AsUTF8AndSize(key, &n)
-    return index_hash(p, n)
-
-
-cdef int32_t build_hash(const char *topic, Py_ssize_t tlen, const char *key, Py_ssize_t klen,
-                        char *buf) noexcept nogil:
-    """Hash of ``topic#key`` assembled in ``buf`` (tlen + klen + 1 bytes)."""
-    memcpy(buf, topic, tlen)
-    buf[tlen] = b'#'
-    memcpy(buf + tlen + 1, key, klen)
-    return index_hash(buf, tlen + 1 + klen)
-
-
-# ---------------------------------------------------------------------------- key extraction
-
-cdef inline Py_ssize_t token_end(const char *p, Py_ssize_t i, Py_ssize_t end) noexcept nogil:
-    """End of the KEYS token starting at ``i`` (the next space, or ``end``)."""
-    while i < end and p[i] != b' ':
-        i += 1
-    return i
-
-
-cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *buf,
-                     int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
-    """Index keys of one DISPATCH_DTYPE row: UNIQ_KEY, then every non-empty space-separated
-    KEYS token, written to the outputs (``tss`` may be NULL: no timestamps). Returns how many."""
-    cdef int64_t phy = d.phy_offset
-    cdef int32_t sys_flag = d.sys_flag
-    cdef int64_t ts = d.store_timestamp
-    cdef int32_t toff = d.topic_off, tlen = d.topic_len
-    cdef int32_t poff = d.props_off, plen = d.props_len
-    cdef int32_t voff = 0, vlen = 0, i, j
-    cdef int64_t n = 0
-    if (sys_flag & TRANSACTION_MASK) == TRAN_ROLLBACK:
-        return 0
-    if toff < 0 or tlen < 0 or poff < 0 or plen < 0 or toff + tlen > nraw or poff + plen > nraw:
-        return 0
-    cdef const char *topic = raw + toff
-    cdef const char *props = raw + poff
-    if find_property(props, plen, b"UNIQ_KEY", 8, &voff, &vlen):
-        hashes[n] = build_hash(topic, tlen, props + voff, vlen, buf)
-        phys[n] = phy
-        if tss != NULL:
-            tss[n] = ts
-        n += 1
-    if find_property(props, plen, b"KEYS", 4, &voff, &vlen):
-        i = voff
-        while i < voff + vlen:
-            j = token_end(props, i, voff + vlen)
-            if j > i:
-                hashes[n] = build_hash(topic, tlen, props + i, j - i, buf)
-                phys[n] = phy
-                if tss != NULL:
-                    tss[n] = ts
-                n += 1
-            i = j + 1
-    return n
-
-
-def extract_keys(const uint8_t[:] raw not None, cnp.ndarray rows not None):
-    """(hashes i32, phy_offsets i64, store_timestamps i64, newest) of every index key of
-    ``rows`` (a contiguous _read.DISPATCH_DTYPE array over ``raw``), in dispatch order, and
-    the largest store timestamp of the rows (0 for none); ROLLBACK messages have no keys.
-    One pass over the properties: the outputs are sized for the most keys each row's
-    properties can hold (a UNIQ_KEY, and a KEYS token per 2 bytes) and cut to fit (views:
-    a copy, like numpy's max, releases the GIL and takes it back, a wait for the thread
-    that puts)."""
-    cdef int64_t nrows = rows.shape[0], i, k = 0, most, newest = 0
-    cdef int64_t nraw = raw.shape[0]
-    if rows.dtype.itemsize != sizeof(DispatchRow) or not rows.flags.c_contiguous:
-        raise InvalidArgumentError("rows must be a contiguous DISPATCH_DTYPE array")
-    cdef const char *base = NULL
-    cdef const DispatchRow *rp = <const DispatchRow *>cnp.PyArray_DATA(rows)
-    if nraw:
-        base = <const char *>&raw[0]
-    elif nrows:
-        raise InvalidArgumentError("rows without raw record bytes")
-    most = 1
-    for i in range(nrows):
-        if rp[i].props_len > 0:
-            most += rp[i].props_len // 2 + 2
-        if i == 0 or rp[i].store_timestamp > newest:
-            newest = rp[i].store_timestamp
-    hashes = np.empty(most, np.int32)
-    phys = np.empty(most, np.int64)
-    tss = np.empty(most, np.int64)
-    cdef int32_t *ho = <int32_t *>cnp.PyArray_DATA(hashes)
-    cdef int64_t *po = <int64_t *>cnp.PyArray_DATA(phys)
-    cdef int64_t *to = <int64_t *>cnp.PyArray_DATA(tss)
-    cdef char *buf = <char *>malloc(nraw + 1)
-    if buf == NULL:
-        raise MemoryError()
-    try:
-        with nogil:
-            for i in range(nrows):
-                k += keys_of(base, nraw, rp + i, buf, ho + k, po + k, to + k)
-    finally:
-        free(buf)
-    return hashes[:k], phys[:k], tss[:k], newest
-
-
-# ---------------------------------------------------------------------------- writing
-
-cdef int check_geometry(MappedSegment seg, int64_t slots, int64_t entries) except -1:
-    if slots <= 0 or entries < 2:
-        raise InvalidArgumentError(f"index geometry {slots} slots / {entries} entries")
-    seg.check_range(0, 0)
-    if seg.m.size < HDR + slots * 4 + entries * <int64_t>sizeof(IndexEntry):
-        raise CorruptStoreError(f"{seg.path}: {seg.m.size} bytes, too small for {slots} slots / {entries} entries")
-    return 0
-
-
-def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, const int32_t[:] hashes not None,
-                const int64_t[:] phys not None, const int64_t[:] tss not None, Py_ssize_t start):
-    """RocketMQ IndexFile.putKey for keys ``start..`` until the file is full; returns the
-    index of the first key not written. Entry first, then slot, then header, in that
-    order (rmq_order.h), so a concurrent reader sees either the old chain or the new one."""
-    cdef Py_ssize_t i = start, n = hashes.shape[0]
-    cdef char *b
-    cdef char *sp
-    cdef IndexEntry *e
-    cdef int32_t count, h, sv
-    cdef int64_t diff, bts
-    check_geometry(seg, slots, entries)
-    if seg.m.readonly:
-        raise StoreReadOnlyError(f"{seg.path}: opened read-only")
-    if phys.shape[0] < n or tss.shape[0] < n or start < 0:
-        raise InvalidArgumentError("hashes, phys and tss differ in length")
-    b = seg.m.base
-    count = max(1, rmq_ld32(b + 36))
-    if count < entries:   # the header, the slots and every entry written here
-        ensure(seg, HDR + slots * 4 + min(<int64_t>entries, count + max(0, n - start)) * sizeof(IndexEntry))
-    with nogil:
-        while i < n and count < entries:
-            h = hashes[i]
-            if h < 0:
-                h = 0
-            sp = b + HDR + (h % slots) * 4
-            sv = rmq_ld32(sp)
-            if sv <= 0 or sv >= count:
-                sv = 0
-            bts = rmq_ld64(b)
-            diff = (tss[i] - bts) // 1000
-            if bts <= 0 or diff < 0:
-                diff = 0
-            elif diff > INT_MAX:
-                diff = INT_MAX
-            e = <IndexEntry *>(b + HDR + <int64_t>slots * 4) + count
-            rmq_st32(<char *>&e.key_hash, h)
-            rmq_st64(<char *>&e.phy_offset, phys[i])
-            rmq_st32(<char *>&e.time_diff, <int32_t>diff)
-            rmq_st32(<char *>&e.prev_index, sv)
-            rmq_release()
-            rmq_st32(sp, count)
-            rmq_release()
-            if count <= 1:
-                rmq_st64(b + 16, phys[i])
-                rmq_st64(b, tss[i])
-            if sv == 0:
-                rmq_st32(b + 32, rmq_ld32(b + 32) + 1)
-            count += 1
-            rmq_st32(b + 36, count)
-            rmq_st64(b + 24, phys[i])
-            rmq_st64(b + 8, tss[i])
-            i += 1
-    return i
-
-
-cdef int32_t sane_prefix(const IndexEntry *ents, int32_t count, int64_t bts, int64_t phy_end,
-                         int64_t ts_limit) noexcept nogil:
-    """The end of the longest sane prefix of entries ``[1, count)`` (truncate_entries)."""
-    cdef const IndexEntry *e
-    cdef int64_t phy, prev_phy = -1
-    cdef int32_t td, prev, keep = 1
-    while keep < count:
-        e = ents + keep
-        phy = rmq_ld64(<const char *>&e.phy_offset)
-        td = rmq_ld32(<const char *>&e.time_diff)
-        prev = rmq_ld32(<const char *>&e.prev_index)
-        if rmq_ld32(<const char *>&e.key_hash) < 0 or phy < prev_phy or phy >= phy_end or td < 0 or prev < 0 \
-                or prev >= keep or bts + <int64_t>td * 1000 > ts_limit:
-            break
-        prev_phy = phy
-        keep += 1
-    return keep
-
-
-def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit):
-    """Keep the longest prefix of entries that is sane (key hash >= 0, phy offsets
-    non-decreasing and below ``phy_end``, prevIndex pointing strictly back, time <=
-    ``ts_limit``), zero the rest, point each slot at its last kept entry and rewrite the
-    header. Returns (kept, dropped). The slots are rebuilt from the kept entries, not
-    followed back through the cut ones: a crash may have left a slot pointing at an entry
-    whose page never reached the disk, and its zero link would cut the chain short. Each
-    slot is stored once, and only if it changes, for queries running meanwhile."""
-    cdef int64_t bts, i, s
-    cdef int32_t count, keep = 1, used = 0
-    cdef char *b
-    cdef IndexEntry *e
-    cdef IndexEntry *ents
-    cdef int32_t *heads
-    check_geometry(seg, slots, entries)
-    if seg.m.readonly:
-        raise StoreReadOnlyError(f"{seg.path}: opened read-only")
-    b = seg.m.base
-    count = rmq_ld32(b + 36)
-    if count < 1 or count > entries:
-        count = entries if count > entries else 1
-    ensure(seg, HDR + slots * 4 + <int64_t>count * sizeof(IndexEntry))
-    bts = rmq_ld64(b)
-    ents = <IndexEntry *>(b + HDR + <int64_t>slots * 4)
-    heads = <int32_t *>calloc(slots, sizeof(int32_t))
-    if heads == NULL:
-        raise MemoryError()
-    try:
-        with nogil:
-            keep = sane_prefix(ents, count, bts, phy_end, ts_limit)
-            for i in range(1, keep):
-                heads[rmq_ld32(<char *>&ents[i].key_hash) % slots] = <int32_t>i
-            for s in range(slots):
-                used += heads[s] != 0
-                if rmq_ld32(b + HDR + s * 4) != heads[s]:
-                    rmq_st32(b + HDR + s * 4, heads[s])
-            rmq_release()
-            memset(&ents[keep], 0, <size_t>(count - keep) * sizeof(IndexEntry))
-    finally:
-        free(heads)
-    if keep > 1:
-        e = ents + keep - 1
-        rmq_st64(b + 24, rmq_ld64(<char *>&e.phy_offset))
-        rmq_st64(b + 8, bts + <int64_t>rmq_ld32(<char *>&e.time_diff) * 1000)
-    rmq_st32(b + 32, used)
-    rmq_st32(b + 36, keep)
-    return keep, count - keep
 
 
 # ---------------------------------------------------------------------------- reading
@@ -1085,128 +799,3 @@ cdef bint has_key(const char *p, int32_t n, const char *k, Py_ssize_t klen) noex
                 return True
             i = j + 1
     return False
-
-
-# ---------------------------------------------------------------------------- verification
-
-cdef enum:
-    SHOWN = 3               # findings of each kind check_file lists (the rest are counted)
-
-
-cdef struct Findings:       # what check_file finds, by kind: how many, and the first SHOWN
-    int64_t n
-    int64_t at[SHOWN]
-
-
-cdef inline void note(Findings *f, int64_t i) noexcept nogil:
-    if f.n < SHOWN:
-        f.at[f.n] = i
-    f.n += 1
-
-
-cdef inline int64_t slot_of(int64_t h, int64_t slots) noexcept nogil:
-    """``h`` modulo ``slots``, never negative (Python's %)."""
-    h %= slots
-    return h + slots if h < 0 else h
-
-
-def check_file(MappedSegment seg not None, int32_t slots, int32_t entries, int32_t count):
-    """The structure checks verify makes on one index file of ``count`` entries (1 <=
-    count <= entries, the caller checks), GIL released, the file pinned:
-
-    - ``bad_slots``: slots holding a value outside 0..count-1; ``used``: slots not 0;
-    - ``broken``: entries (from 1) whose prevIndex is not in 0..i-1, or whose hash or timeDiff is negative;
-    - only when neither: ``wrong_heads`` (slots naming an entry of another slot),
-      ``astray`` (entries linking to an entry of another slot) and ``odd`` (entries reached
-      other than exactly once from slots and links; ``odd_refs`` how often);
-    - ``back``: the first entry whose commitlog offset is below the one before it (0: none).
-
-    Each finding kind is the first three positions (a list) and ``<kind>_count``. Returns
-    (findings dict, hashes i32, phy offsets i64) of entries 1..count-1."""
-    cdef int64_t i, h, s, p, phy, prev_phy = 0, back = 0, used = 0
-    cdef int32_t *refs = NULL
-    cdef Findings bad, broken, heads, astray, odd
-    cdef const char *b
-    cdef const char *sl
-    cdef const IndexEntry *ents
-    check_geometry(seg, slots, entries)
-    if not 1 <= count <= entries:
-        raise InvalidArgumentError(f"{seg.path}: count {count} outside 1..{entries}")
-    hashes = np.empty(count - 1, np.int32)
-    phys = np.empty(count - 1, np.int64)
-    cdef int32_t *ho = <int32_t *>cnp.PyArray_DATA(hashes)
-    cdef int64_t *po = <int64_t *>cnp.PyArray_DATA(phys)
-    bad.n = broken.n = heads.n = astray.n = odd.n = 0
-    refs = <int32_t *>PyMem_Malloc(count * sizeof(int32_t))
-    if refs == NULL:
-        raise MemoryError()
-    try:
-        pin(seg)
-        try:
-            b = seg.m.base
-            sl = b + HDR
-            ents = <const IndexEntry *>(b + HDR + <int64_t>slots * 4)
-            with nogil:
-                for s in range(slots):
-                    p = rmq_ld32(sl + s * 4)
-                    if p < 0 or p >= count:
-                        note(&bad, s)
-                    elif p:
-                        used += 1
-                for i in range(1, count):
-                    p = rmq_ld32(<const char *>&ents[i].prev_index)
-                    h = rmq_ld32(<const char *>&ents[i].key_hash)
-                    phy = rmq_ld64(<const char *>&ents[i].phy_offset)
-                    if p < 0 or p >= i or h < 0 or rmq_ld32(<const char *>&ents[i].time_diff) < 0:
-                        note(&broken, i)
-                    if i > 1 and phy < prev_phy and back == 0:
-                        back = i
-                    prev_phy = phy
-                    ho[i - 1] = <int32_t>h
-                    po[i - 1] = phy
-                if bad.n == 0 and broken.n == 0:
-                    check_chains(sl, ents, slots, count, refs, &heads, &astray, &odd)
-        finally:
-            unpin(seg)
-        found = {"used": used, "back": back}
-        listed(found, "bad_slots", &bad)
-        listed(found, "broken", &broken)
-        listed(found, "wrong_heads", &heads)
-        listed(found, "astray", &astray)
-        listed(found, "odd", &odd)
-        found["odd_refs"] = [refs[i] for i in found["odd"]]
-    finally:
-        PyMem_Free(refs)
-    return found, hashes, phys
-
-
-cdef int listed(dict found, str name, Findings *f) except -1:
-    found[name] = [f.at[i] for i in range(min(f.n, SHOWN))]
-    found[name + "_count"] = f.n
-    return 0
-
-
-cdef void check_chains(const char *sl, const IndexEntry *ents, int64_t slots, int64_t count, int32_t *refs,
-                       Findings *heads, Findings *astray, Findings *odd) noexcept nogil:
-    """check_file's chain checks, on slots and links already known to be in range: every
-    entry is the head of its hash's slot or the prevIndex of exactly one entry of that
-    slot (``refs`` gets how often each is reached). Entry 0 takes part like the others."""
-    cdef int64_t i, s, p
-    memset(refs, 0, count * sizeof(int32_t))
-    for s in range(slots):
-        p = rmq_ld32(sl + s * 4)
-        if p:
-            refs[p] += 1
-            if slot_of(rmq_ld32(<const char *>&ents[p].key_hash), slots) != s:
-                note(heads, s)
-    for i in range(count):
-        p = rmq_ld32(<const char *>&ents[i].prev_index)
-        if p <= 0 or p >= count:
-            continue
-        refs[p] += 1
-        if slot_of(rmq_ld32(<const char *>&ents[p].key_hash), slots) != \
-                slot_of(rmq_ld32(<const char *>&ents[i].key_hash), slots):
-            note(astray, i)
-    for i in range(1, count):
-        if refs[i] != 1:
-            note(odd, i)

@@ -10,7 +10,7 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp
 import numpy as np
 cimport numpy as cnp
-from rmqstore._index cimport keys_of
+from rmqstore._index_file cimport keys_of
 from rmqstore._layout cimport DispatchRow, REC_OK, gets_cq_entry_c
 from rmqstore._record cimport RecView, parse_record, tags_code_of
 from rmqstore._segment cimport MappedSegment, unpin

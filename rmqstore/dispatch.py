@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 import rmqstore._read as _read
+import rmqstore._reput as _reput
 from rmqstore import _cq, _record
 from rmqstore._record import Status
 from rmqstore._segment import Waker
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT = 1.0      # seconds an idle dispatcher waits for the writer's segment to grow, at most
 IDLE_NO_SEGMENT = 0.01   # ... where it has no segment to watch (none yet, or between two)
+WAIT_STEP = 0.05         # wait_dispatched looks for a failure or a stall this often (native loop)
 
 
 class DispatchBatch:
@@ -60,12 +63,21 @@ class Dispatcher:
     order. Runs on its own thread once started; ``catch_up()`` runs it inline (recovery).
     Without ``background`` no thread is started: ``wait_dispatched`` dispatches in the
     calling thread (a bulk load: no thread to wake per append, the batch just written still
-    in the CPU's caches)."""
+    in the CPU's caches).
+
+    The store's own dispatcher (``new_dispatcher``: consume queues, then the index, nothing
+    added) runs, once started in the background, on a native thread (rmqstore._reput) that
+    never takes the GIL: it appends the entries of known queues to their current files and
+    the keys to the current index file. What it cannot do (a new queue or file, a record
+    that is not valid, blocks to allocate) it hands to the ``rmq-reput-helper`` Python
+    thread, which dispatches one batch there as above and resumes it (docs/dispatch.md)."""
 
     def __init__(self, commitlog: CommitLog, reput_from: int = 0, batch_records: int = 4096,
                  background: bool = True) -> None:
         self.commitlog = commitlog
-        self.reput_from = reput_from
+        self._native: _reput.Reput | None = None   # the native loop, while it runs
+        self._reput_from = reput_from
+        self.native_parts: tuple[ConsumeQueueBuilder, IndexService | None] | None = None   # (new_dispatcher)
         self.batch_records = batch_records
         self.background = background
         self.consumers: list[Callable[[DispatchBatch], Any]] = []
@@ -82,6 +94,23 @@ class Dispatcher:
     def add(self, consumer: Callable[[DispatchBatch], Any]) -> None:
         """Register ``consumer(batch)``; called for every batch after those before it."""
         self.consumers.append(consumer)
+
+    @property
+    def reput_from(self) -> int:
+        """Every record before this commitlog offset is dispatched (retention keeps them)."""
+        n = self._native
+        return self._reput_from if n is None else n.position
+
+    @reput_from.setter
+    def reput_from(self, value: int) -> None:
+        self._reput_from = value
+        if self._native is not None:
+            self._native.position = value
+
+    @property
+    def native(self) -> bool:
+        """Whether the native loop dispatches (started in the background, store consumers only)."""
+        return self._native is not None
 
     @property
     def lag(self) -> int:
@@ -150,15 +179,158 @@ class Dispatcher:
         return True
 
     def catch_up(self) -> None:
+        """Dispatch everything written, in the calling thread: with the native loop (GIL
+        released) for the store's dispatcher when no thread dispatches, else batch by batch."""
+        if self._native is None and not self._stop and self._native_eligible():
+            with self._run_lock:
+                self._catch_up_native()
         while self.run_once():
             pass
 
+    def _native_eligible(self) -> bool:
+        parts = self.native_parts
+        return parts is not None and self.consumers == [parts[0]] + ([parts[1].dispatch] if parts[1] else [])
+
+    def _catch_up_native(self) -> None:
+        """catch_up's native loop: run it here, serving its requests inline, until it is
+        caught up, finds no segment, or a batch the Python way does not move."""
+        assert self.native_parts is not None
+        n = self._attach(*self.native_parts)
+        try:
+            while self.error is None:
+                req = n.run_here()
+                if req == _reput.Request.NONE:
+                    break
+                if req == _reput.Request.PYTHON:
+                    self._pull()
+                    if not self._run_once():
+                        break
+                if not self._push():
+                    break
+        finally:
+            self._detach()
+
     def start(self) -> None:
-        """Start the reput thread (none without ``background``)."""
+        """Start the reput thread (none without ``background``): the native loop and its
+        Python helper for the store's dispatcher, else a Python thread."""
         if not self.background:
             return
-        self._thread = threading.Thread(target=self._loop, name="rmq-reput", daemon=True)
+        if self.native_parts is not None and self._native_eligible():
+            n = self._attach(*self.native_parts)
+            n.set_segment(None)   # its first request: the helper hands it one once there is data
+            n.start()
+            self._thread = threading.Thread(target=self._serve, name="rmq-reput-helper", daemon=True)
+        else:
+            self._thread = threading.Thread(target=self._loop, name="rmq-reput", daemon=True)
         self._thread.start()
+
+    # -- the native loop --------------------------------------------------------------------
+    def _attach(self, builder: ConsumeQueueBuilder, index: IndexService | None) -> _reput.Reput:
+        """Make the native loop and hand it the files (without a segment it asks the
+        helper for one at once)."""
+        n = _reput.Reput(self._reput_from, index is not None, list(builder.delays))
+        self._slot_queues: list[Any] = []   # the ConsumeQueue of each of its slots
+        n.cq_timestamp = builder.last_timestamp
+        if index is not None:
+            n.index_timestamp = index.last_ts
+            index.native = n
+        builder.native = n
+        self._native = n
+        self._push()
+        return n
+
+    def _push(self) -> bool:
+        """Hand the native loop (paused) the files it writes as the Python side left them;
+        False when no commitlog segment holds its position yet."""
+        n = self._native
+        assert n is not None and self.native_parts is not None
+        builder, index = self.native_parts
+        for (topic, qid), cq in builder.table.queues.items():
+            kind = _reput.Kind.KIND_SCHEDULE if topic == SCHEDULE_TOPIC else _reput.Kind.KIND_NATIVE
+            i = n.set_queue(topic.encode(), qid, kind, cq.segments.last, cq.max_physic_offset)
+            if i == len(self._slot_queues):
+                self._slot_queues.append(cq)
+        if index is not None:
+            f = index.files[-1] if index.files else None
+            n.set_index(f and f.seg, f.slots if f else 0, f.entries if f else 0, len(index.files) > 1)
+        seg = self.commitlog.segments.find(n.position)
+        n.set_segment(seg)
+        return seg is not None
+
+    def _pull(self) -> None:
+        """The queues' ends as the native loop left them, for the Python dispatch path."""
+        n = self._native
+        assert n is not None
+        for i, cq in enumerate(self._slot_queues):
+            cq.max_physic_offset = n.slot_max_phy(i)
+
+    def _serve(self) -> None:
+        """The rmq-reput-helper thread: serve the native loop's requests (a batch the Python
+        way, or the next commitlog segment), off the writer's path. OSErrors stall it as in
+        ``_loop``; anything else stops dispatch for good, the waiters woken. Its first
+        request (the loop starts without a segment) waits, as the Python loop does between
+        batches, until there is a record to read."""
+        n = self._native
+        assert n is not None
+        backoff = 0.0
+        started = False
+        try:
+            while not self._stop:
+                req = n.wait_request()
+                if req < 0:
+                    return
+                if self.error is not None:   # stopped for good: the loop stays paused
+                    n.kick()
+                    self._wake.wait_appended(None, 0, IDLE_WAIT)
+                    self._wake.clear()
+                    continue
+                try:
+                    with self._run_lock:
+                        if req == _reput.Request.PYTHON:
+                            self._pull()
+                            self._run_once()
+                        # nothing to read yet (an empty store, the writer's next segment): idle
+                        ready = started and (req == _reput.Request.PYTHON
+                                             or self.reput_from < self.commitlog.max_offset) and self._push()
+                        started = True
+                except OSError as e:   # e.g. no room for a new CQ file: retry, skip nothing
+                    if self.stalled is None:
+                        log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
+                    self.stalled = e
+                    n.kick()
+                    backoff = min(1.0, backoff * 2 or 0.01)
+                    self._wake.wait_appended(None, 0, backoff)
+                    self._wake.clear()
+                    continue
+                if self.stalled is not None:
+                    log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
+                    self.stalled = None
+                backoff = 0.0
+                if self.error is not None:
+                    n.kick()
+                elif ready:
+                    n.resume()
+                else:
+                    self._idle()
+        except BaseException as e:   # a bug: stop rather than skip messages
+            log.exception("dispatch failed")
+            self.error = e
+            n.kick()
+
+    def _detach(self) -> None:
+        """After the native loop stopped: its state back into the Python objects, pins released."""
+        n = self._native
+        assert n is not None and self.native_parts is not None
+        builder, index = self.native_parts
+        self._pull()
+        builder.native = None
+        builder.last_timestamp = n.cq_timestamp
+        if index is not None:
+            index.native = None
+            index.last_ts = max(index.last_ts, n.index_timestamp)
+        self._reput_from = n.position
+        n.release()
+        self._native = None
 
     def _loop(self) -> None:
         """The reput thread. A consumer's OSError (a full disk) is retried with a backoff;
@@ -211,8 +383,17 @@ class Dispatcher:
         (full disk) and no timeout was given. Without ``background`` it dispatches in the
         calling thread, ``timeout`` aside (an OSError stops it as a stall does)."""
         target = self.commitlog.max_offset
+        n = self._native
         if not self.background:
             self._dispatch_here()
+        elif n is not None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not (self.reput_from >= target or self.error is not None or self._stop
+                       or (timeout is None and self.stalled is not None)):
+                left = WAIT_STEP if deadline is None else min(WAIT_STEP, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                n.wait_position(target, left)
         else:
             self._wake.set()
             with self._cond:
@@ -242,11 +423,14 @@ class Dispatcher:
         self._wake.set()
         with self._cond:
             self._cond.notify_all()
+        if self._native is not None:
+            self._native.halt()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         with self._run_lock:
-            pass
+            if self._native is not None:
+                self._detach()
 
 
 def written_rows(names: Sequence[str], topic_ids: Any, props: tuple[Any, Any] | None, fields: dict[str, Any],
@@ -293,9 +477,21 @@ class ConsumeQueueBuilder:
     def __init__(self, table: ConsumeQueueTable, delays: Sequence[int]) -> None:
         self.table = table
         self.delays = delays
-        self.last_timestamp = 0
+        self.native: _reput.Reput | None = None   # the native loop that also gives entries, while it runs
+        self._last_timestamp = 0
         self.unsafe_topics: list[int] = []     # commitlog offsets of records skipped for their topic
         self._unsafe = np.zeros(0, np.uint8)   # per topic id of the dispatcher's names: cannot be a dirname
+
+    @property
+    def last_timestamp(self) -> int:
+        n = self.native
+        return self._last_timestamp if n is None else n.cq_timestamp
+
+    @last_timestamp.setter
+    def last_timestamp(self, value: int) -> None:
+        self._last_timestamp = value
+        if self.native is not None:
+            self.native.cq_timestamp = value
 
     def __call__(self, batch: DispatchBatch) -> None:
         rows, names = batch.rows, batch.topic_names
@@ -339,6 +535,7 @@ def new_dispatcher(commitlog: CommitLog, reput_from: int, cq_builder: ConsumeQue
                    index: IndexService | None, background: bool = True) -> Dispatcher:
     """The store's dispatcher: consume queues first, then the index (when enabled)."""
     d = Dispatcher(commitlog, reput_from, background=background)
+    d.native_parts = (cq_builder, index)
     d.add(cq_builder)
     if index is not None:
         d.add(index.dispatch)

@@ -8,6 +8,7 @@ import threading
 import time
 
 import rmqstore._index as _index
+import rmqstore._index_file as _index_file
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
 from rmqstore.files import file_size, list_dir, make_dirs
@@ -38,7 +39,7 @@ def name_ms(name):
 def detect_geometry(path, size, slots, entries):
     """(slots, entries) of an index file: the configured ones when the size fits them,
     else RocketMQ's 1:4 slots-to-entries ratio when the size fits that."""
-    if size == _index.file_size(slots, entries):
+    if size == _index_file.file_size(slots, entries):
         return slots, entries
     if size > 40 and (size - 40) % 84 == 0:
         s = (size - 40) // 84
@@ -61,7 +62,7 @@ def _being_changed(error, path, newest):
 
 
 class IndexFile:
-    """One mapped index file and its geometry (see _index for the byte layout)."""
+    """One mapped index file and its geometry (see _index_file for the byte layout)."""
 
     __slots__ = ("seg", "slots", "entries", "synced")
 
@@ -73,11 +74,11 @@ class IndexFile:
 
     @property
     def header(self):
-        return _index.read_header(self.seg)
+        return _index_file.read_header(self.seg)
 
     @property
     def count(self):
-        return _index.read_header(self.seg)[5]
+        return _index_file.read_header(self.seg)[5]
 
     @property
     def full(self):
@@ -88,7 +89,7 @@ class IndexService:
     """The ``index/`` directory: IndexFiles named by creation time, oldest first.
 
     Layout: ``index/{yyyyMMddHHmmssSSS}``, each 40 + 4·slots + 20·entries bytes (header,
-    hash slots, entries; details in _index). Keys are ``topic#UNIQ_KEY`` and
+    hash slots, entries; details in _index_file). Keys are ``topic#UNIQ_KEY`` and
     ``topic#token`` for every non-empty space-separated KEYS token; a full file rolls to a
     new one whose header continues from the last file's end.
 
@@ -114,6 +115,7 @@ class IndexService:
         self.view = _index.IndexFiles([])
         self.resume_offset = None
         self.entries_dropped = 0
+        self.native = None         # the native dispatch loop, while it runs (it keeps last_ts then)
         self._last_ts = 0          # store time of the last message dispatched (dispatch thread)
         self._flush_lock = threading.Lock()
         self._closed = False
@@ -128,7 +130,7 @@ class IndexService:
             path = os.path.join(self.directory, name)
             try:
                 slots, entries = detect_geometry(path, file_size(path), cfg.index_slots, cfg.index_entries)
-                seg = MappedSegment(path, 0, _index.file_size(slots, entries), readonly=self.readonly,
+                seg = MappedSegment(path, 0, _index_file.file_size(slots, entries), readonly=self.readonly,
                                     ahead=cfg.logics_reserve_ahead())
             except (OSError, CorruptStoreError) as e:
                 if not self.readonly and name == names[-1] and isinstance(e, CorruptStoreError) and not file_size(path):
@@ -154,10 +156,10 @@ class IndexService:
             if end_phy < phy_end and end_ts <= ts_limit and count <= f.entries and \
                     not (crashed and f is self.files[-1]):
                 continue
-            kept, dropped = _index.truncate_entries(f.seg, f.slots, f.entries, phy_end, ts_limit)
+            kept, dropped = _index_file.truncate_entries(f.seg, f.slots, f.entries, phy_end, ts_limit)
             self.entries_dropped += dropped
             if kept == 1 and i == 0:   # nothing left: back to a fresh file, re-dispatch everything
-                _index.write_header(f.seg, 0, 0, 0, 0, 0, 1)
+                _index_file.write_header(f.seg, 0, 0, 0, 0, 0, 1)
             gone = self.files[i + (kept > 1 or i == 0):]
             for g in gone:
                 self.entries_dropped += max(0, g.count - 1) if g is not f else 0
@@ -172,6 +174,16 @@ class IndexService:
                     "index: cut %d entries at commitlog offset %d / time %d; re-dispatch from %d",
                     self.entries_dropped, phy_end, ts_limit, self.resume_offset)
             return
+
+    @property
+    def last_ts(self):
+        """Newest store time of the messages dispatched to the index."""
+        n = self.native
+        return self._last_ts if n is None else max(self._last_ts, n.index_timestamp)
+
+    @last_ts.setter
+    def last_ts(self, value):
+        self._last_ts = value
 
     def _publish(self):
         self.view = _index.IndexFiles([(f.seg, f.slots, f.entries) for f in reversed(self.files)])
@@ -191,13 +203,13 @@ class IndexService:
                 break
             ms += 1
         ahead = cfg.logics_reserve_ahead()   # the header and slots now, entries as they come
-        seg = MappedSegment(path, 0, _index.file_size(slots, entries), create=True, mode=cfg.file_mode,
-                            reserve=_index.file_size(slots, 0) + ahead if ahead else -1, ahead=ahead)
+        seg = MappedSegment(path, 0, _index_file.file_size(slots, entries), create=True, mode=cfg.file_mode,
+                            reserve=_index_file.file_size(slots, 0) + ahead if ahead else -1, ahead=ahead)
         if self.files:   # continue from the last file (RocketMQ: only positive values)
             _, end_ts, _, end_phy, _, _ = self.files[-1].header
-            _index.write_header(seg, max(end_ts, 0), max(end_ts, 0), max(end_phy, 0), max(end_phy, 0), 0, 1)
+            _index_file.write_header(seg, max(end_ts, 0), max(end_ts, 0), max(end_phy, 0), max(end_phy, 0), 0, 1)
         else:
-            _index.write_header(seg, 0, 0, 0, 0, 0, 1)
+            _index_file.write_header(seg, 0, 0, 0, 0, 0, 1)
         f = IndexFile(seg, slots, entries)
         self.files = self.files + [f]
         self._publish()
@@ -217,13 +229,13 @@ class IndexService:
             # bisect, not np.searchsorted: that copies the strided column, handing the GIL off
             cut = bisect.bisect_right if indexed else bisect.bisect_left
             rows = rows[cut(rows["phy_offset"], end_phy):]
-        hashes, phys, tss, newest = _index.extract_keys(batch.raw, rows)
+        hashes, phys, tss, newest = _index_file.extract_keys(batch.raw, rows)
         i, n = 0, len(hashes)
         while i < n:
             f = self.files[-1] if self.files and not self.files[-1].full else self._new_file()
-            i = _index.put_entries(f.seg, f.slots, f.entries, hashes, phys, tss, i)
+            i = _index_file.put_entries(f.seg, f.slots, f.entries, hashes, phys, tss, i)
         if len(rows):
-            self._last_ts = max(self._last_ts, newest)
+            self.last_ts = max(self.last_ts, newest)
 
     # -- durability -----------------------------------------------------------------------
     def flush(self, least_pages=0):
@@ -232,7 +244,7 @@ class IndexService:
         if self.readonly or self._closed:
             return
         with self._flush_lock:
-            ts = self._last_ts
+            ts = self.last_ts
             files = self.files
             todo = []
             new_entries = 0

@@ -6,9 +6,12 @@ Throughput hides the tail an embedding application feels. This times every call 
 - ``put``, async flush, one thread, and what the puts that rolled to a new segment cost;
 - ``put``, SYNC flush, with 1 and 8 threads (group commit: a call returns once durable),
   with their throughput and its ratio 8 threads / 1 thread;
-- ``get_messages`` of one message at a random queue offset.
+- ``get_messages`` of one message at a random queue offset;
+- ``end to end, <rate>, <size>``: a writer process putting at a fixed rate, a reader process
+  following the store, each message timed from when it was due to its receipt (see
+  rmqstore.end_to_end), beside sqlite3 WAL and LMDB doing the same.
 
-``python -m rmqstore.latency [--dir D] [--messages N] [--body-size B]``
+``python -m rmqstore.latency [--dir D] [--messages N] [--body-size B] [--end-to-end-seconds S] [--long]``
 """
 import argparse
 import os
@@ -20,7 +23,7 @@ import time
 
 import numpy as np
 
-from rmqstore import Message, MessageStore, StoreConfig
+from rmqstore import Message, MessageStore, StoreConfig, end_to_end
 from rmqstore.errors import InvalidArgumentError
 
 TOPIC = "latency"
@@ -113,11 +116,11 @@ def get_one(directory, reads, seed=0):
     return percentiles(times)
 
 
-def run(directory=None, messages=300_000, body_size=128, sync_messages=2_000, segment=SEGMENT):
+def run(directory=None, messages=300_000, body_size=128, sync_messages=2_000, segment=SEGMENT, e2e_seconds=0.0):
     """Every measurement above, its stores in a new directory inside ``directory`` (kept)
     or in the system's temporary directory (removed); returns {name: percentiles}.
     InvalidArgumentError, before anything is made, for counts that leave a queue empty or
-    make no call."""
+    make no call. ``e2e_seconds``: how long each end-to-end row runs (0: none)."""
     if messages < QUEUES or sync_messages < 1 or body_size < 0:
         raise InvalidArgumentError(f"latency needs at least {QUEUES} messages (one a queue), a SYNC message and a "
                                    f"body size >= 0, not {messages}, {sync_messages}, {body_size}")
@@ -131,6 +134,8 @@ def run(directory=None, messages=300_000, body_size=128, sync_messages=2_000, se
         for threads in (1, 8):
             results[f"put SYNC, {threads} thread(s)"] = put_sync(
                 os.path.join(work, f"sync{threads}"), sync_messages, body, threads)
+        if e2e_seconds:
+            results.update(end_to_end.run(work, seconds=e2e_seconds))
         return results
     finally:
         if directory is None:
@@ -144,11 +149,13 @@ def sync_scaling(results):
 
 
 def format_table(results):
-    lines = [f"{'call':<26}{'calls':>9}{'p50 µs':>10}{'p99 µs':>10}{'p99.9 µs':>10}{'max µs':>11}{'msg/s':>10}"]
+    lines = [f"{'call':<42}{'calls':>9}{'p50 µs':>12}{'p99 µs':>12}{'p99.9 µs':>12}{'p99.99 µs':>12}"
+             f"{'max µs':>12}{'msg/s':>10}"]
     for name, p in results.items():
+        p9999 = f"{p['p99.99']:>11.2f}" if "p99.99" in p else f"{'':>11}"
         rate = f"{p['msg/s']:>10.0f}" if "msg/s" in p else ""
-        lines.append(f"{name:<26}{p['calls']:>9}{p['p50']:>10.2f}{p['p99']:>10.2f}{p['p99.9']:>10.2f}"
-                     f"{p['max']:>11.1f}{rate}")
+        lines.append(f"{name:<42}{p['calls']:>9} {p['p50']:>11.2f} {p['p99']:>11.2f} {p['p99.9']:>11.2f} {p9999}"
+                     f" {p['max']:>11.1f}{rate}")
     ratio = sync_scaling(results)
     if ratio is not None:
         lines.append(f"put SYNC throughput, 8 threads / 1 thread: {ratio:.2f}x")
@@ -162,9 +169,13 @@ def main(argv=None):
     p.add_argument("--messages", type=int, default=300_000, help="async puts (300000)")
     p.add_argument("--sync-messages", type=int, default=2_000, help="SYNC puts per thread count (2000)")
     p.add_argument("--body-size", type=int, default=128, help="bytes per body (128)")
+    p.add_argument("--end-to-end-seconds", type=float, default=None, metavar="S",
+                   help="seconds each end-to-end row runs (1; 10 with --long; 0: none)")
+    p.add_argument("--long", action="store_true", help="the quiet-machine run: end-to-end rows of 10 s")
     a = p.parse_args(argv)
+    e2e = a.end_to_end_seconds if a.end_to_end_seconds is not None else 10.0 if a.long else 1.0
     try:
-        print(format_table(run(a.dir, a.messages, a.body_size, a.sync_messages)))
+        print(format_table(run(a.dir, a.messages, a.body_size, a.sync_messages, e2e_seconds=e2e)))
     except InvalidArgumentError as e:
         p.error(str(e))
 

@@ -109,6 +109,18 @@ def test_latency_run_times_every_call(tmp_path):
         f"put SYNC throughput, 8 threads / 1 thread: {eight / one:.2f}x"
 
 
+@pytest.mark.parametrize("peer", ["rmqstore", "sqlite3 WAL"])
+def test_end_to_end_row_times_every_message_in_order(tmp_path, peer):
+    """A writer process at 2000 msg/s for 0.25 s, a reader process following: every message
+    arrives, in order (the reader raises otherwise), each timed from its due time; the first
+    5% are warm-up."""
+    from rmqstore import end_to_end, latency
+    p = end_to_end.run_one(peer, str(tmp_path), 2000, 60, 0.25)
+    assert p["calls"] == 500 - 25
+    assert 0 < p["p50"] <= p["p99"] <= p["p99.9"] <= p["p99.99"] <= p["max"]
+    assert "p99.99 µs" in latency.format_table({"end to end, 2k/s, 60 B": p}).splitlines()[0]
+
+
 def test_work_directories_leave_what_is_there_alone(tmp_path, capsys):
     """--dir names where the bench, latency and demo work, not what they may remove or write
     into: the bench removed DIR/rmqstore, DIR/lmdb... (a checkout named rmqstore, say), the

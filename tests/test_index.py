@@ -476,13 +476,13 @@ def test_extract_keys_gives_the_newest_store_time_of_the_rows():
     not, whatever their order (a clock set back): extract_keys returns it beside the keys."""
     import numpy as np
 
-    from rmqstore import _index
+    from rmqstore import _index_file
     from rmqstore._read import DISPATCH_DTYPE
     rows = np.zeros(3, DISPATCH_DTYPE)
     rows["store_timestamp"] = [5_000, 9_000, 3_000]   # no properties: no keys
-    hashes, phys, tss, newest = _index.extract_keys(b"x", rows)
+    hashes, phys, tss, newest = _index_file.extract_keys(b"x", rows)
     assert (len(hashes), len(phys), len(tss), newest) == (0, 0, 0, 9_000)
-    assert _index.extract_keys(b"", rows[:0])[3] == 0
+    assert _index_file.extract_keys(b"", rows[:0])[3] == 0
 
 
 def test_query_keys_reuses_copies_only_once_no_message_holds_them(tmp_path):

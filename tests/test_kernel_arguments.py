@@ -10,7 +10,8 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
-    from rmqstore import _append, _arrow, _columns, _cq, _encode, _gate, _index, _message, _read, _record, _verify
+    from rmqstore import (_append, _arrow, _columns, _cq, _encode, _gate, _index, _index_file, _message, _read, _record,
+                          _verify)
     from rmqstore._segment import MappedSegment, fault_point, inject_fault
     from rmqstore.errors import StoreError
     from rmqstore.segments import SegmentQueue
@@ -26,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     entries["size"] = seg.wrote_pos
     cq = MappedSegment(root + "/cq", 0, 200, create=True)
     _cq.append_entry(cq, 0, seg.wrote_pos, 0)
-    idx = MappedSegment(root + "/index", 0, _index.file_size(8, 8), create=True)
+    idx = MappedSegment(root + "/index", 0, _index_file.file_size(8, 8), create=True)
     rows, raw, _, _ = _read.scan_dispatch(seg, 0, seg.wrote_pos)
     i64, i32 = np.zeros(1, np.int64), np.zeros(1, np.int32)
     cols = _columns.decode_batch(seg, 0, seg.wrote_pos)
@@ -49,8 +50,9 @@ SCRIPT = textwrap.dedent("""
         (_cq.append_entries, (cq, i64, i32, i64, 0, 1)), (_cq.topic_ids, (b"t", i32, i32 + 1, {}, [])),
         (_cq.group_entries, (rows, np.zeros(len(rows), np.int32), np.zeros(1, np.uint8))),
         (_cq.append_runs, ([cq], i64, i64, i32, i64, i64, np.array([0, 1]))),
-        (_index.read_header, (idx,)), (_index.key_hash, ("k",)), (_index.extract_keys, (raw, rows)),
-        (_index.put_entries, (idx, 8, 8, i32, i64, i64, 0)), (_index.truncate_entries, (idx, 8, 8, 1 << 20, 1 << 62)),
+        (_index_file.read_header, (idx,)), (_index_file.key_hash, ("k",)), (_index_file.extract_keys, (raw, rows)),
+        (_index_file.put_entries, (idx, 8, 8, i32, i64, i64, 0)),
+        (_index_file.truncate_entries, (idx, 8, 8, 1 << 20, 1 << 62)),
         (_index.IndexFiles, ([(idx, 8, 8)],)), (_index.IndexFiles([]).query_messages, (segs, "t", "k")),
         (_arrow.decode, (seg, 0, seg.wrote_pos, False, "s"), {4}), (_arrow.from_columns, (cols, "s"), {1}),
         (seg.write, (seg.wrote_pos, b"")), (inject_fault, ("open", 0, 5)), (fault_point, (0, "p")),

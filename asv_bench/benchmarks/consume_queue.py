@@ -1,11 +1,17 @@
-"""Consumers: dispatch keeps up with put; whole queues read with get_messages(32), as a
+"""Consumers: dispatch keeps up with put, and catches up with a backlog (the native loop and
+the Python batch path in one run); whole queues read with get_messages(32), as a
 numpy consume-queue range, as columns through the CQ (read_queue_columns) and by batch
 decode of the whole log; sqlite3 paging and LMDB cursors as peers."""
+import shutil
+import tempfile
+import time
+
 import numpy as np
 
-from rmqstore import _columns
+from rmqstore import MessageStore, _columns
+from rmqstore.bench import workload
 
-from .peers import QUEUES, TOPIC, Lmdb, PeerCase, Sqlite, StoreCase
+from .peers import CONFIG, COUNTS, QUEUES, TOPIC, Lmdb, PeerCase, Sqlite, StoreCase, messages
 
 
 class Dispatch(StoreCase):
@@ -28,6 +34,40 @@ class Dispatch(StoreCase):
             put_batch(msgs[i:i + 1024])
         return self.store.dispatch_lag
     track_lag_at_last_put.unit = "bytes"
+
+
+class CatchUp:
+    """Dispatch of a backlog (a store reopened with undispatched records, a rebuild):
+    ``catch_up`` over the whole workload put without dispatch, by the native loop or, with
+    the store's dispatcher made an ordinary one, batch by batch in Python."""
+    params = [[128], ["native", "python"]]
+    param_names = ["body_size", "loop"]
+    number = 1
+    repeat = 3
+    warmup_time = 0
+    timeout = 300
+
+    def setup(self, body_size, loop):
+        self.dir = tempfile.mkdtemp(prefix="rmq-asv-")
+        self.store = MessageStore(self.dir, CONFIG.with_(background_dispatch=False))
+        msgs = messages(workload(COUNTS[body_size], body_size))
+        for i in range(0, len(msgs), 1024):
+            self.store.put_batch(msgs[i:i + 1024])
+        if loop == "python":
+            self.store.dispatcher.native_parts = None
+
+    def teardown(self, *params):
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def time_catch_up(self, body_size, loop):
+        self.store.dispatcher.catch_up()
+
+    def track_messages_per_second(self, body_size, loop):
+        t = time.perf_counter()
+        self.store.dispatcher.catch_up()
+        return COUNTS[body_size] / (time.perf_counter() - t)
+    track_messages_per_second.unit = "msg/s"
 
 
 class ReadQueues(StoreCase):

@@ -141,6 +141,8 @@ def dispatch_all(commitlog: CommitLog, table: ConsumeQueueTable, d: Dispatcher,
     stopped it); ``progress(nbytes)`` follows. Should ``progress`` raise, the dispatch is
     still finished before the error propagates, so no queue is left half built."""
     done = d.reput_from
+    if progress is None:
+        d.catch_up()
     try:
         while d.run_once():
             if progress is not None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 import rmqstore._cq as _cq
-import rmqstore._index as _index
+import rmqstore._index_check as _index_check
 import rmqstore._read as _read
 import rmqstore._verify as _verify
 from rmqstore import _record
@@ -370,7 +370,7 @@ class _Verifier:
             self.problem("index", path, 0, f"{path}: header times {begin_ts}..{end_ts} or offsets "
                          f"{begin_phy}..{end_phy} run backwards")
         ent_at = 40 + 4 * f.slots
-        found, hashes, phy = _index.check_file(f.seg, f.slots, f.entries, count)   # GIL released
+        found, hashes, phy = _index_check.check_file(f.seg, f.slots, f.entries, count)   # GIL released
         for s in found["bad_slots"]:
             self.problem("index", path, 40 + 4 * s, f"{path}: slot {s} holds {_slot(f, s)}, outside 0..{count - 1}")
         if used != found["used"] and not found["bad_slots"]:
