@@ -220,8 +220,10 @@ cdef int check_geometry(MappedSegment seg, int64_t slots, int64_t entries) excep
 
 def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, const int32_t[:] hashes not None,
                 const int64_t[:] phys not None, const int64_t[:] tss not None, Py_ssize_t start):
-    """RocketMQ IndexFile.putKey for keys ``start..`` until the file is full; returns the
-    index of the first key not written. Entry first, then slot, then header, in that
+    """RocketMQ IndexFile.putKey for keys ``start..`` until the file is full, or up to a
+    key stored before the file's beginTimestamp (RocketMQ writes it with timeDiff 0, a
+    time it was not stored at; the caller starts a new file, whose times begin there);
+    returns the index of the first key not written. Entry first, then slot, then header, in that
     order (rmq_order.h), so a concurrent reader sees either the old chain or the new one."""
     cdef Py_ssize_t i = start, n = hashes.shape[0]
     cdef char *b
@@ -248,6 +250,8 @@ def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, cons
             if sv <= 0 or sv >= count:
                 sv = 0
             bts = rmq_ld64(b)
+            if count > 1 and bts > 0 and tss[i] < bts:
+                break   # stored before the file began (a clock stepped back): the caller starts a new file
             diff = (tss[i] - bts) // 1000
             if bts <= 0 or diff < 0:
                 diff = 0
@@ -293,14 +297,16 @@ cdef int32_t sane_prefix(const IndexEntry *ents, int32_t count, int64_t bts, int
     return keep
 
 
-def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit):
+def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit,
+                     bint dry_run=False):
     """Keep the longest prefix of entries that is sane (key hash >= 0, phy offsets
     non-decreasing and below ``phy_end``, prevIndex pointing strictly back, time <=
     ``ts_limit``), zero the rest, point each slot at its last kept entry and rewrite the
     header. Returns (kept, dropped). The slots are rebuilt from the kept entries, not
     followed back through the cut ones: a crash may have left a slot pointing at an entry
     whose page never reached the disk, and its zero link would cut the chain short. Each
-    slot is stored once, and only if it changes, for queries running meanwhile."""
+    slot is stored once, and only if it changes, for queries running meanwhile. With
+    ``dry_run`` nothing is written (read-only segments too): what it would keep and drop."""
     cdef int64_t bts, i, s
     cdef int32_t count, keep = 1, used = 0
     cdef char *b
@@ -308,15 +314,23 @@ def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries,
     cdef IndexEntry *ents
     cdef int32_t *heads
     check_geometry(seg, slots, entries)
-    if seg.m.readonly:
+    if seg.m.readonly and not dry_run:
         raise StoreReadOnlyError(f"{seg.path}: opened read-only")
     b = seg.m.base
     count = rmq_ld32(b + 36)
     if count < 1 or count > entries:
         count = entries if count > entries else 1
-    ensure(seg, HDR + slots * 4 + <int64_t>count * sizeof(IndexEntry))
     bts = rmq_ld64(b)
     ents = <IndexEntry *>(b + HDR + <int64_t>slots * 4)
+    if dry_run:
+        seg.pin_range(0, HDR + slots * 4 + <int64_t>count * sizeof(IndexEntry))
+        try:
+            with nogil:
+                keep = sane_prefix(ents, count, bts, phy_end, ts_limit)
+        finally:
+            unpin(seg)
+        return keep, count - keep
+    ensure(seg, HDR + slots * 4 + <int64_t>count * sizeof(IndexEntry))
     heads = <int32_t *>calloc(slots, sizeof(int32_t))
     if heads == NULL:
         raise MemoryError()
@@ -356,9 +370,12 @@ cdef inline bint time_matched(int64_t begin, int64_t end, int64_t bts, int64_t e
 
 
 cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
-                            int64_t *out, Py_ssize_t n) noexcept nogil:
+                            int64_t *out, Py_ssize_t n, bint exact) noexcept nogil:
     """IndexFile.selectPhyOffset: walk the slot's chain, newest first, appending to
-    ``out[n:]`` the offsets whose hash matches and whose time is in [begin, end]."""
+    ``out[n:]`` the offsets whose hash matches and whose time is in [begin, end]. With
+    ``exact`` (the caller then checks each record's own store time), every entry whose
+    time could be in range (timeDiff is whole seconds, floored), and the chain is walked
+    to its end: after a clock step back its times are not in order."""
     cdef const char *b = f.base
     cdef int32_t count = rmq_ld32(b + 36), idx, prev, kh, td
     cdef int64_t bts = rmq_ld64(b), t
@@ -377,10 +394,10 @@ cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, 
         if td < 0:
             break
         t = bts + <int64_t>td * 1000
-        if kh == h and begin <= t <= end:
+        if kh == h and ((t + 999 >= begin and t <= end) if exact else begin <= t <= end):
             out[n] = rmq_ld64(<const char *>&e.phy_offset)
             n += 1
-        if prev <= 0 or prev >= idx or t < begin:   # chains only point back: always terminates
+        if prev <= 0 or prev >= idx or (t < begin and not exact):   # chains only point back: always terminates
             break
         idx = prev
     return n
@@ -459,17 +476,18 @@ cdef class IndexFiles:
                                    + idx)
 
     cdef Py_ssize_t walk(self, bint *pinned, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
-                         int64_t *out) noexcept nogil:
-        """IndexService.queryOffset over all files, newest first."""
+                         int64_t *out, bint exact) noexcept nogil:
+        """IndexService.queryOffset over all files, newest first; ``exact``: see
+        select_file (no file is passed over by its header's times either)."""
         cdef Py_ssize_t i, n = 0
         cdef int64_t bts
         for i in range(self.n):
             if not pinned[i]:
                 continue
             bts = rmq_ld64(self.views[i].base)
-            if time_matched(begin, end, bts, rmq_ld64(self.views[i].base + 8)):
-                n = select_file(&self.views[i], h, begin, end, max_num, out, n)
-            if bts < begin or n >= max_num:
+            if exact or time_matched(begin, end, bts, rmq_ld64(self.views[i].base + 8)):
+                n = select_file(&self.views[i], h, begin, end, max_num, out, n, exact)
+            if (bts < begin and not exact) or n >= max_num:
                 break
         return n
 
@@ -505,12 +523,12 @@ cdef class IndexFiles:
             h = build_hash(t, tlen, k, klen, buf)
             self.pin_all(pinned)
             try:       # with the GIL: a few cache misses, less than dropping and taking it back
-                n = self.walk(pinned, h, b, e, mn, out)
+                n = self.walk(pinned, h, b, e, mn, out, log is not None)
                 sort_i64(out, n)
             finally:
                 self.unpin_all(pinned)
             if log is not None:
-                return keyed_messages(log, topic, k, klen, out, n)
+                return keyed_messages(log, topic, k, klen, out, n, b, e)
             return [out[i] for i in range(n)]
         finally:
             if buf != small:
@@ -572,14 +590,14 @@ cdef class IndexFiles:
                 with nogil:
                     for i in range(nk):
                         hs[i] = build_hash(t, tlen, ks.p[i], ks.n[i], buf)
-                    walk_keys(self, pinned, hs, nk, b, e, mn, out, bd)
+                    walk_keys(self, pinned, hs, nk, b, e, mn, out, bd, log is not None)
             finally:
                 self.unpin_all(pinned)
             if log is None:
                 return offsets[:bd[nk]], bounds
             if columns:
-                return keyed_columns(log, topic, &ks, nk, out, bd)
-            return keyed_batch(log, topic, &ks, nk, out, bd, self.spares)
+                return keyed_columns(log, topic, &ks, nk, out, bd, b, e)
+            return keyed_batch(log, topic, &ks, nk, out, bd, self.spares, b, e)
         finally:
             PyMem_Free(buf)
             PyMem_Free(pinned)
@@ -590,7 +608,7 @@ cdef class IndexFiles:
 
 
 cdef void walk_keys(IndexFiles f, bint *pinned, const int32_t *hs, Py_ssize_t nk, int64_t b, int64_t e,
-                    Py_ssize_t mn, int64_t *out, int64_t *bd) noexcept nogil:
+                    Py_ssize_t mn, int64_t *out, int64_t *bd, bint exact) noexcept nogil:
     """The chain walks of query_many: the offsets of the key of hash ``hs[i]``, sorted,
     to ``out[bd[i]:bd[i+1]]``; slots and chain heads are loaded AHEAD keys in advance."""
     cdef Py_ssize_t i, n
@@ -600,7 +618,7 @@ cdef void walk_keys(IndexFiles f, bint *pinned, const int32_t *hs, Py_ssize_t nk
             f.prefetch_chain(pinned, hs[i + 2 * AHEAD], False)
         if i + AHEAD < nk:
             f.prefetch_chain(pinned, hs[i + AHEAD], True)
-        n = f.walk(pinned, hs[i], b, e, mn, out + bd[i])
+        n = f.walk(pinned, hs[i], b, e, mn, out + bd[i], exact)
         sort_i64(out + bd[i], n)
         bd[i + 1] = bd[i] + n
 
@@ -749,7 +767,7 @@ cdef class HitSink:
 
 
 cdef int keyed_hits(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd,
-                    HitSink sink) except -1:
+                    HitSink sink, int64_t b, int64_t e) except -1:
     """For each key i, the records at ``offs[bd[i]:bd[i+1]]`` (ascending), newest first,
     that really are ``topic``'s and hold the key: hash collisions, other topics, records
     gone (retention, past a recovered end) or invalid are skipped, and an offset listed
@@ -791,6 +809,7 @@ cdef int keyed_hits(list log, str topic, const Keys *ks, Py_ssize_t nk, const in
                     nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
                 if loose:
                     nh = drop_unsure(hits, nh, topic)
+                nh = drop_outside(hits, nh, b, e)
                 sink.take(hits, nh, i0, i1)
                 i0 = i1
         finally:
@@ -822,10 +841,10 @@ cdef class MessageLists(HitSink):
 
 
 cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd,
-                      list spares):
+                      list spares, int64_t b, int64_t e):
     """keyed_hits' messages, a list a key (MessageLists)."""
     cdef MessageLists lists = MessageLists(nk, spares)
-    keyed_hits(log, topic, ks, nk, offs, bd, lists)
+    keyed_hits(log, topic, ks, nk, offs, bd, lists, b, e)
     PyObject_GC_Track(<void *>lists.result)
     return lists.result
 
@@ -876,10 +895,11 @@ cdef class MessageColumns(HitSink):
         return self.out
 
 
-cdef dict keyed_columns(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd):
+cdef dict keyed_columns(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd,
+                        int64_t b, int64_t e):
     """keyed_hits' records as columns (MessageColumns), rows key by key, each key's newest first."""
     cdef MessageColumns cols = MessageColumns(bd[nk])
-    keyed_hits(log, topic, ks, nk, offs, bd, cols)
+    keyed_hits(log, topic, ks, nk, offs, bd, cols, b, e)
     return cols.finish()
 
 
@@ -952,10 +972,11 @@ cdef inline Match key_match(const char *p, const RecView *r, const char *t, Py_s
     return TOPIC_UNSURE if unsure else MATCH
 
 
-cdef list keyed_messages(list log, str topic, const char *k, Py_ssize_t klen, const int64_t *offs, Py_ssize_t n):
+cdef list keyed_messages(list log, str topic, const char *k, Py_ssize_t klen, const int64_t *offs, Py_ssize_t n,
+                         int64_t b, int64_t e):
     """keyed_batch for one key's few offsets, with the GIL held (releasing it would cost
-    more than the work): each record is checked in place under a pin of its own, then
-    copied into its message."""
+    more than the work): each record is checked in place under a pin of its own (its
+    store time too: in [b, e]), then copied into its message."""
     cdef Py_ssize_t i, tlen
     cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
     cdef const char *p = NULL
@@ -976,11 +997,21 @@ cdef list keyed_messages(list log, str topic, const char *k, Py_ssize_t klen, co
             match = key_match(p, &r, t, tlen, True, k, klen)
             if match == TOPIC_UNSURE and PyUnicode_DecodeUTF8(p + r.topic_off, r.topic_len, "replace") != topic:
                 continue
-            if match != NO_MATCH:
+            if match != NO_MATCH and b <= r.store_ts <= e:
                 out.append(build_ext(p, &r, offs[i]))
         finally:
             unpin(seg)
     return out
+
+
+cdef Py_ssize_t drop_outside(Hit *hits, Py_ssize_t n, int64_t b, int64_t e) noexcept:
+    """Keep the hits whose record's store time is in [b, e]; returns how many remain, in order."""
+    cdef Py_ssize_t i, k = 0
+    for i in range(n):
+        if b <= hits[i].r.store_ts <= e:
+            hits[k] = hits[i]
+            k += 1
+    return k
 
 
 cdef Py_ssize_t drop_unsure(Hit *hits, Py_ssize_t n, str topic):

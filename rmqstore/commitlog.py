@@ -1,5 +1,7 @@
 """CommitLog: every message of every topic, appended to one run of segments."""
 
+import logging
+
 import rmqstore._append as _append
 import rmqstore._read as _read
 from rmqstore import _record
@@ -10,6 +12,7 @@ from rmqstore.errors import (
     InvalidArgumentError,
     MessageNotFoundError,
     StoreClosedError,
+    StoreError,
     StoreReadOnlyError,
 )
 from rmqstore.index import UniqKeyGenerator
@@ -20,6 +23,7 @@ from rmqstore.worker import Worker
 # scan reads records in runs of at most this many / this many bytes, copied into one buffer
 # that their messages share (a message kept alive keeps its run's buffer alive)
 SCAN_BATCH = 128
+log = logging.getLogger(__name__)
 SCAN_BATCH_BYTES = 256 << 10
 
 
@@ -164,6 +168,18 @@ class CommitLog:
         except (MessageNotFoundError, CorruptRecordError):
             return -1
 
+    def queue_offset_at(self, offset):
+        """QUEUEOFFSET of the message record at ``offset``, or None where none can be read
+        (deleted, past the written end, not a message)."""
+        try:
+            head = self.read(offset, 28)
+        except MessageNotFoundError:
+            return None
+        magic = int.from_bytes(head[4:8], "big", signed=True)
+        if magic not in (_record.MAGIC_V1, _record.MAGIC_V2):
+            return None
+        return int.from_bytes(head[20:28], "big", signed=True)
+
     def next_segment_offset(self, offset):
         return offset + self.segments.file_size - offset % self.segments.file_size
 
@@ -226,5 +242,10 @@ class CommitLog:
 def _reserve_and_prefault(seg, start, stop):
     """The warmer's job: allocate the blocks of ``[0, stop)`` of ``seg``, then fault
     ``[start, stop)`` in. A full disk fails here unseen; the writer's own reserve then
-    raises DiskFullError before its write."""
-    seg.prefault(start, min(stop, seg.reserve(stop)) - start, PREFAULT_AHEAD)
+    raises DiskFullError before its write, once, on the call that met it. So does a page
+    that cannot be faulted in (EFAULT where a full tmpfs has no page to give): warming is
+    a hint, its failure is no error of its own (logged at debug level, no traceback)."""
+    try:
+        seg.prefault(start, min(stop, seg.reserve(stop)) - start, PREFAULT_AHEAD)
+    except (OSError, StoreError) as e:
+        log.debug("%s: warming [%d, %d) skipped: %s", seg.path, start, stop, e)

@@ -114,8 +114,8 @@ class FlushService:
         except OSError as e:
             self._fail(e)
             raise StoreReadOnlyError(f"flush failed: {e}") from e
-        if ts and cl.flushed_offset >= end:
-            self.checkpoint.physic_msg_timestamp = max(self.checkpoint.physic_msg_timestamp, ts)
+        if cl.flushed_offset >= end:
+            self.checkpoint.note_flushed(ts, end)
         return cl.flushed_offset
 
     def wait_flushed(self, offset):

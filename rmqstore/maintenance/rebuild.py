@@ -63,7 +63,7 @@ def keep_index_geometry(root: str, config: StoreConfig) -> StoreConfig:
     for name in names:
         path = os.path.join(directory, name)
         try:
-            slots, entries = detect_geometry(path, file_size(path), config.index_slots, config.index_entries)
+            slots, entries = detect_geometry(path, file_size(path), config.index_slots, config.index_entries, True)
         except (OSError, CorruptStoreError):
             continue
         return config.with_(index_slots=slots, index_entries=entries)
