@@ -180,6 +180,14 @@ class CommitLog:
             return None
         return int.from_bytes(head[20:28], "big", signed=True)
 
+    def let_go(self, start, end):
+        """Drop the pages of commitlog ``[start, end)`` from the resident set (read once by
+        a scan, such as a recovery's dispatch; the data stays, see MappedSegment.let_go)."""
+        for seg in self.segments.segments:
+            lo, hi = max(start, seg.base_offset), min(end, seg.base_offset + seg.size)
+            if lo < hi:
+                seg.let_go(lo - seg.base_offset, hi - lo)
+
     def next_segment_offset(self, offset):
         return offset + self.segments.file_size - offset % self.segments.file_size
 
