@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 MAX_QUEUE_ID = (1 << 31) - 1
 ENTRY = _cq.ENTRY_SIZE
 MAX_LOGIC_OFFSET = (1 << 63) - 1   # of a consume queue's bytes (queue offset x 20)
-MIN_RECORD = 102   # bytes of the smallest v1 record: fixed fields, IPv4 hosts, a 1-byte topic
+MIN_RECORD = 92   # bytes of the smallest record: v1 fixed fields, IPv4 hosts, a 1-byte topic, no body
 HOLE_SIZE = 0x7FFFFFFF   # RocketMQ fillPreBlank entries: (0, Integer.MAX_VALUE, 0)
 
 

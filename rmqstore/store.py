@@ -325,10 +325,15 @@ class MessageStore:
         if self._gate.closing:
             raise StoreClosedError(f"{self.path}: store closed during the operation")
 
+    def _reentrant(self) -> bool:
+        """Whether this thread is inside rebuild (its progress callback) or holds the write
+        lock (put_batch's iterable)."""
+        return self._maintenance.exclusive_here or self.commitlog.appender.held_here
+
     def _refuse_reentry(self, what: str) -> None:
         """ReentrantCallError when this thread is inside rebuild (its progress callback) or
         holds the write lock (put_batch's iterable), which hold what ``what`` needs."""
-        if self._maintenance.exclusive_here or self.commitlog.appender.held_here:
+        if self._reentrant():
             raise ReentrantCallError(f"{self.path}: {what} called from within rebuild or a write (its callback "
                                      "or iterable) would wait for it forever, or pull the store from under it")
 
@@ -871,7 +876,8 @@ class MessageStore:
             self._check_open()
             # a writer dispatches what is written before deleting (below); a read-only view
             # predicts a writer's run, which dispatches everything first
-            dispatched = self.commitlog.max_offset if self.read_only else self._dispatch_before_retention()
+            dispatched = self.commitlog.max_offset if self.read_only else self.dispatcher.reput_from \
+                if self._reentrant() else self._dispatch_before_retention()
             return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index,
                                  dispatched, now, True)
         self._check_writable()
