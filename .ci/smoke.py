@@ -11,8 +11,8 @@ from rmqstore import Message, MessageStore, StoreConfig
 assert "site-packages" in rmqstore.__file__, rmqstore.__file__
 package = os.path.dirname(rmqstore.__file__)
 assert all(os.path.isfile(os.path.join(package, f)) for f in ("py.typed", "_message.pyi")), "type information missing"
-assert all(os.path.isfile(os.path.join(package, f)) for f in ("console/templates/base.html", "console/static/console.js",
-                                                              "spark/log4j2.properties")), "package data missing"
+DATA = ("console/templates/base.html", "console/static/console.js", "spark/log4j2.properties")
+assert all(os.path.isfile(os.path.join(package, f)) for f in DATA), "package data missing"
 with tempfile.TemporaryDirectory() as d:
     cfg = StoreConfig(commitlog_file_size=1 << 16, consume_queue_entries=100, index_slots=1000,
                       index_entries=4000, flush_mode="sync")

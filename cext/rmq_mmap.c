@@ -141,6 +141,20 @@ static int page_range(rmq_map_t *m, int64_t off, int64_t len, char **start, size
     return 0;
 }
 
+int rmq_map_let_go(rmq_map_t *m, int64_t off, int64_t len) {
+    /* Pages read once (a scan) leave the process's resident set: for a MAP_SHARED file
+     * mapping MADV_DONTNEED only drops the page-table entries; the page cache (and any
+     * dirty page, whose dirty bit the kernel moves to the page) stays, and the next read
+     * maps it again. Only whole pages inside the range go. */
+    int64_t ps = rmq_page_size();
+    if (off < 0 || len < 0 || m->base == NULL) return -EINVAL;
+    if (off > m->size) off = m->size;
+    if (len > m->size - off) len = m->size - off;
+    int64_t a = (off + ps - 1) / ps * ps, b = (off + len) / ps * ps;
+    if (b <= a) return 0;
+    return madvise(m->base + a, (size_t)(b - a), MADV_DONTNEED) ? -errno : 0;
+}
+
 int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len) {
     char *s; size_t n;
     if (m->readonly) return 0;

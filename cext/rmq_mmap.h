@@ -45,6 +45,8 @@ int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t len);
  * what was written there is gone, so nothing may be reported durable. rmq_map_reserve,
  * rmq_map_discard and rmq_map_prefault refuse such a mapping the same way (the zeros a
  * reader saw there are no end of data to cut at). */
+/* Drop the whole pages of [off, off+len) from the resident set (MADV_DONTNEED; data kept). */
+int rmq_map_let_go(rmq_map_t *m, int64_t off, int64_t len);
 int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t len);
 /* Write `len` bytes at file offset `off` with pwrite instead of through the mapping, which
  * sees them (one page cache). A page of a hole or of preallocated blocks written through

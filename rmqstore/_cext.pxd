@@ -34,6 +34,7 @@ cdef extern from "rmq_mmap.h" nogil:
     int rmq_map_reserve(rmq_map_t *m, int64_t off, int64_t length)
     int rmq_map_discard(rmq_map_t *m, int64_t off, int64_t length)
     int rmq_map_sync(rmq_map_t *m, int64_t off, int64_t length)
+    int rmq_map_let_go(rmq_map_t *m, int64_t off, int64_t length)
     int rmq_map_write(rmq_map_t *m, int64_t off, const char *buf, int64_t length)
     int rmq_map_prefault(rmq_map_t *m, int64_t off, int64_t length, int write)
     int rmq_map_close(rmq_map_t *m)

@@ -70,9 +70,12 @@ cdef inline bint time_matched(int64_t begin, int64_t end, int64_t bts, int64_t e
 
 
 cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
-                            int64_t *out, Py_ssize_t n) noexcept nogil:
+                            int64_t *out, Py_ssize_t n, bint exact) noexcept nogil:
     """IndexFile.selectPhyOffset: walk the slot's chain, newest first, appending to
-    ``out[n:]`` the offsets whose hash matches and whose time is in [begin, end]."""
+    ``out[n:]`` the offsets whose hash matches and whose time is in [begin, end]. With
+    ``exact`` (the caller then checks each record's own store time), every entry whose
+    time could be in range (timeDiff is whole seconds, floored), and the chain is walked
+    to its end: after a clock step back its times are not in order."""
     cdef const char *b = f.base
     cdef int32_t count = rmq_ld32(b + 36), idx, prev, kh, td
     cdef int64_t bts = rmq_ld64(b), t
@@ -91,10 +94,10 @@ cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, 
         if td < 0:
             break
         t = bts + <int64_t>td * 1000
-        if kh == h and begin <= t <= end:
+        if kh == h and ((t + 999 >= begin and t <= end) if exact else begin <= t <= end):
             out[n] = rmq_ld64(<const char *>&e.phy_offset)
             n += 1
-        if prev <= 0 or prev >= idx or t < begin:   # chains only point back: always terminates
+        if prev <= 0 or prev >= idx or (t < begin and not exact):   # chains only point back: always terminates
             break
         idx = prev
     return n
@@ -173,17 +176,18 @@ cdef class IndexFiles:
                                    + idx)
 
     cdef Py_ssize_t walk(self, bint *pinned, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
-                         int64_t *out) noexcept nogil:
-        """IndexService.queryOffset over all files, newest first."""
+                         int64_t *out, bint exact) noexcept nogil:
+        """IndexService.queryOffset over all files, newest first; ``exact``: see
+        select_file (no file is passed over by its header's times either)."""
         cdef Py_ssize_t i, n = 0
         cdef int64_t bts
         for i in range(self.n):
             if not pinned[i]:
                 continue
             bts = rmq_ld64(self.views[i].base)
-            if time_matched(begin, end, bts, rmq_ld64(self.views[i].base + 8)):
-                n = select_file(&self.views[i], h, begin, end, max_num, out, n)
-            if bts < begin or n >= max_num:
+            if exact or time_matched(begin, end, bts, rmq_ld64(self.views[i].base + 8)):
+                n = select_file(&self.views[i], h, begin, end, max_num, out, n, exact)
+            if (bts < begin and not exact) or n >= max_num:
                 break
         return n
 
@@ -219,12 +223,12 @@ cdef class IndexFiles:
             h = build_hash(t, tlen, k, klen, buf)
             self.pin_all(pinned)
             try:       # with the GIL: a few cache misses, less than dropping and taking it back
-                n = self.walk(pinned, h, b, e, mn, out)
+                n = self.walk(pinned, h, b, e, mn, out, log is not None)
                 sort_i64(out, n)
             finally:
                 self.unpin_all(pinned)
             if log is not None:
-                return keyed_messages(log, topic, k, klen, out, n)
+                return keyed_messages(log, topic, k, klen, out, n, b, e)
             return [out[i] for i in range(n)]
         finally:
             if buf != small:
@@ -286,14 +290,14 @@ cdef class IndexFiles:
                 with nogil:
                     for i in range(nk):
                         hs[i] = build_hash(t, tlen, ks.p[i], ks.n[i], buf)
-                    walk_keys(self, pinned, hs, nk, b, e, mn, out, bd)
+                    walk_keys(self, pinned, hs, nk, b, e, mn, out, bd, log is not None)
             finally:
                 self.unpin_all(pinned)
             if log is None:
                 return offsets[:bd[nk]], bounds
             if columns:
-                return keyed_columns(log, topic, &ks, nk, out, bd)
-            return keyed_batch(log, topic, &ks, nk, out, bd, self.spares)
+                return keyed_columns(log, topic, &ks, nk, out, bd, b, e)
+            return keyed_batch(log, topic, &ks, nk, out, bd, self.spares, b, e)
         finally:
             PyMem_Free(buf)
             PyMem_Free(pinned)
@@ -304,7 +308,7 @@ cdef class IndexFiles:
 
 
 cdef void walk_keys(IndexFiles f, bint *pinned, const int32_t *hs, Py_ssize_t nk, int64_t b, int64_t e,
-                    Py_ssize_t mn, int64_t *out, int64_t *bd) noexcept nogil:
+                    Py_ssize_t mn, int64_t *out, int64_t *bd, bint exact) noexcept nogil:
     """The chain walks of query_many: the offsets of the key of hash ``hs[i]``, sorted,
     to ``out[bd[i]:bd[i+1]]``; slots and chain heads are loaded AHEAD keys in advance."""
     cdef Py_ssize_t i, n
@@ -314,7 +318,7 @@ cdef void walk_keys(IndexFiles f, bint *pinned, const int32_t *hs, Py_ssize_t nk
             f.prefetch_chain(pinned, hs[i + 2 * AHEAD], False)
         if i + AHEAD < nk:
             f.prefetch_chain(pinned, hs[i + AHEAD], True)
-        n = f.walk(pinned, hs[i], b, e, mn, out + bd[i])
+        n = f.walk(pinned, hs[i], b, e, mn, out + bd[i], exact)
         sort_i64(out + bd[i], n)
         bd[i + 1] = bd[i] + n
 
@@ -463,7 +467,7 @@ cdef class HitSink:
 
 
 cdef int keyed_hits(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd,
-                    HitSink sink) except -1:
+                    HitSink sink, int64_t b, int64_t e) except -1:
     """For each key i, the records at ``offs[bd[i]:bd[i+1]]`` (ascending), newest first,
     that really are ``topic``'s and hold the key: hash collisions, other topics, records
     gone (retention, past a recovered end) or invalid are skipped, and an offset listed
@@ -505,6 +509,7 @@ cdef int keyed_hits(list log, str topic, const Keys *ks, Py_ssize_t nk, const in
                     nh = find_hits(&span, t, tlen, loose, &block, i1 - i0, offs, bd + i0, hits)
                 if loose:
                     nh = drop_unsure(hits, nh, topic)
+                nh = drop_outside(hits, nh, b, e)
                 sink.take(hits, nh, i0, i1)
                 i0 = i1
         finally:
@@ -536,10 +541,10 @@ cdef class MessageLists(HitSink):
 
 
 cdef list keyed_batch(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd,
-                      list spares):
+                      list spares, int64_t b, int64_t e):
     """keyed_hits' messages, a list a key (MessageLists)."""
     cdef MessageLists lists = MessageLists(nk, spares)
-    keyed_hits(log, topic, ks, nk, offs, bd, lists)
+    keyed_hits(log, topic, ks, nk, offs, bd, lists, b, e)
     PyObject_GC_Track(<void *>lists.result)
     return lists.result
 
@@ -590,10 +595,11 @@ cdef class MessageColumns(HitSink):
         return self.out
 
 
-cdef dict keyed_columns(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd):
+cdef dict keyed_columns(list log, str topic, const Keys *ks, Py_ssize_t nk, const int64_t *offs, const int64_t *bd,
+                        int64_t b, int64_t e):
     """keyed_hits' records as columns (MessageColumns), rows key by key, each key's newest first."""
     cdef MessageColumns cols = MessageColumns(bd[nk])
-    keyed_hits(log, topic, ks, nk, offs, bd, cols)
+    keyed_hits(log, topic, ks, nk, offs, bd, cols, b, e)
     return cols.finish()
 
 
@@ -666,10 +672,11 @@ cdef inline Match key_match(const char *p, const RecView *r, const char *t, Py_s
     return TOPIC_UNSURE if unsure else MATCH
 
 
-cdef list keyed_messages(list log, str topic, const char *k, Py_ssize_t klen, const int64_t *offs, Py_ssize_t n):
+cdef list keyed_messages(list log, str topic, const char *k, Py_ssize_t klen, const int64_t *offs, Py_ssize_t n,
+                         int64_t b, int64_t e):
     """keyed_batch for one key's few offsets, with the GIL held (releasing it would cost
-    more than the work): each record is checked in place under a pin of its own, then
-    copied into its message."""
+    more than the work): each record is checked in place under a pin of its own (its
+    store time too: in [b, e]), then copied into its message."""
     cdef Py_ssize_t i, tlen
     cdef const char *t = PyUnicode_AsUTF8AndSize(topic, &tlen)
     cdef const char *p = NULL
@@ -690,11 +697,21 @@ cdef list keyed_messages(list log, str topic, const char *k, Py_ssize_t klen, co
             match = key_match(p, &r, t, tlen, True, k, klen)
             if match == TOPIC_UNSURE and PyUnicode_DecodeUTF8(p + r.topic_off, r.topic_len, "replace") != topic:
                 continue
-            if match != NO_MATCH:
+            if match != NO_MATCH and b <= r.store_ts <= e:
                 out.append(build_ext(p, &r, offs[i]))
         finally:
             unpin(seg)
     return out
+
+
+cdef Py_ssize_t drop_outside(Hit *hits, Py_ssize_t n, int64_t b, int64_t e) noexcept:
+    """Keep the hits whose record's store time is in [b, e]; returns how many remain, in order."""
+    cdef Py_ssize_t i, k = 0
+    for i in range(n):
+        if b <= hits[i].r.store_ts <= e:
+            hits[k] = hits[i]
+            k += 1
+    return k
 
 
 cdef Py_ssize_t drop_unsure(Hit *hits, Py_ssize_t n, str topic):

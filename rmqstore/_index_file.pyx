@@ -17,7 +17,7 @@ from libc.string cimport memcpy, memset
 import numpy as np
 cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_release, rmq_st32, rmq_st64
-from rmqstore._segment cimport MappedSegment, ensure
+from rmqstore._segment cimport MappedSegment, ensure, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
 from rmqstore._record cimport find_property
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreReadOnlyError
@@ -170,8 +170,9 @@ cdef int check_geometry(MappedSegment seg, int64_t slots, int64_t entries) excep
 
 def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, const int32_t[::1] hashes not None,
                 const int64_t[::1] phys not None, const int64_t[::1] tss not None, Py_ssize_t start):
-    """RocketMQ IndexFile.putKey for keys ``start..`` until the file is full; returns the
-    index of the first key not written. Entry first, then slot, then header, in that
+    """RocketMQ IndexFile.putKey for keys ``start..`` until the file is full or a key was
+    stored before the file began (put_keys); returns the index of the first key not
+    written. Entry first, then slot, then header, in that
     order (rmq_order.h), so a concurrent reader sees either the old chain or the new one."""
     cdef Py_ssize_t i = start, n = hashes.shape[0]
     cdef char *b
@@ -194,12 +195,17 @@ def put_entries(MappedSegment seg not None, int32_t slots, int32_t entries, cons
 cdef Py_ssize_t put_keys(char *b, int32_t slots, int32_t entries, const int32_t *hashes, const int64_t *phys,
                          const int64_t *tss, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
     """put_entries' loop over the file at ``b`` (geometry checked, blocks reserved by the
-    caller): keys ``i..n`` until the file is full; returns the first key not written."""
+    caller): keys ``i..n`` until the file is full, or up to a key stored before the file's
+    beginTimestamp (RocketMQ writes it with timeDiff 0, a time it was not stored at; the
+    caller starts a new file, whose times begin there); returns the first key not written."""
     cdef char *sp
     cdef IndexEntry *e
     cdef int32_t count = max(1, rmq_ld32(b + 36)), h, sv
     cdef int64_t diff, bts
     while i < n and count < entries:
+        bts = rmq_ld64(b)
+        if count > 1 and bts > 0 and tss[i] < bts:
+            break   # stored before the file began (a clock stepped back): the caller starts a new file
         h = hashes[i]
         if h < 0:
             h = 0
@@ -207,7 +213,6 @@ cdef Py_ssize_t put_keys(char *b, int32_t slots, int32_t entries, const int32_t 
         sv = rmq_ld32(sp)
         if sv <= 0 or sv >= count:
             sv = 0
-        bts = rmq_ld64(b)
         diff = (tss[i] - bts) // 1000
         if bts <= 0 or diff < 0:
             diff = 0
@@ -253,14 +258,16 @@ cdef int32_t sane_prefix(const IndexEntry *ents, int32_t count, int64_t bts, int
     return keep
 
 
-def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit):
+def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries, int64_t phy_end, int64_t ts_limit,
+                     bint dry_run=False):
     """Keep the longest prefix of entries that is sane (key hash >= 0, phy offsets
     non-decreasing and below ``phy_end``, prevIndex pointing strictly back, time <=
     ``ts_limit``), zero the rest, point each slot at its last kept entry and rewrite the
     header. Returns (kept, dropped). The slots are rebuilt from the kept entries, not
     followed back through the cut ones: a crash may have left a slot pointing at an entry
     whose page never reached the disk, and its zero link would cut the chain short. Each
-    slot is stored once, and only if it changes, for queries running meanwhile."""
+    slot is stored once, and only if it changes, for queries running meanwhile. With
+    ``dry_run`` nothing is written (read-only segments too): what it would keep and drop."""
     cdef int64_t bts, i, s
     cdef int32_t count, keep = 1, used = 0
     cdef char *b
@@ -268,15 +275,23 @@ def truncate_entries(MappedSegment seg not None, int32_t slots, int32_t entries,
     cdef IndexEntry *ents
     cdef int32_t *heads
     check_geometry(seg, slots, entries)
-    if seg.m.readonly:
+    if seg.m.readonly and not dry_run:
         raise StoreReadOnlyError(f"{seg.path}: opened read-only")
     b = seg.m.base
     count = rmq_ld32(b + 36)
     if count < 1 or count > entries:
         count = entries if count > entries else 1
-    ensure(seg, HDR + slots * 4 + <int64_t>count * sizeof(IndexEntry))
     bts = rmq_ld64(b)
     ents = <IndexEntry *>(b + HDR + <int64_t>slots * 4)
+    if dry_run:
+        seg.pin_range(0, HDR + slots * 4 + <int64_t>count * sizeof(IndexEntry))
+        try:
+            with nogil:
+                keep = sane_prefix(ents, count, bts, phy_end, ts_limit)
+        finally:
+            unpin(seg)
+        return keep, count - keep
+    ensure(seg, HDR + slots * 4 + <int64_t>count * sizeof(IndexEntry))
     heads = <int32_t *>calloc(slots, sizeof(int32_t))
     if heads == NULL:
         raise MemoryError()

@@ -16,7 +16,7 @@ from rmqstore._record cimport RecView, parse_record, parse_at, at_offset, find_p
     status_text, raise_status, prefetch_bytes
 from rmqstore._message cimport build_ext, ext_in
 from rmqstore._cq cimport read_cq_entries
-from rmqstore._segment cimport MappedSegment, pin, unpin
+from rmqstore._segment cimport MappedSegment, let_go_behind, pin, unpin
 from rmqstore._gate cimport Gate
 from rmqstore.errors import (CorruptRecordError, InvalidArgumentError, InvalidArgumentTypeError,
                              MessageNotFoundError, StoreClosedError)
@@ -464,16 +464,19 @@ cdef class Flatten:
         return self.batch[self.i - 1]
 
 
-def scan_segment(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_crc, bint check_place=False):
+def scan_segment(MappedSegment seg not None, int64_t pos, int64_t limit, bint check_crc, bint check_place=False,
+                 bint let_go=False):
     """Walk records from ``pos`` with the GIL released. Returns (end_pos, count, status,
     last_ts) where status (a _record.Status) is END (zero TOTALSIZE / limit), BLANK (BLANK
-    record: end_pos is the file end) or why the record at end_pos is invalid, and last_ts
-    is the store time of the last valid record passed (0: none). ``check_place`` also
+    record: end_pos is the file end) or why the record at end_pos is invalid, and newest_ts
+    is the newest store time of the valid records passed (0: none; the newest, not the
+    last: store times need not grow along the log, the clock may step back). ``check_place`` also
     stops at a record whose PHYSICALOFFSET field is not where it lies (verify; recovery,
-    like RocketMQ's, does not look at that field)."""
+    like RocketMQ's, does not look at that field). ``let_go``: the pages read leave the
+    resident set behind the scan (verify, recovery: memory follows a window, not the file)."""
     cdef RecView r
     cdef int code = REC_END
-    cdef int64_t count = 0, last_ts = 0, base_offset = seg.base_offset
+    cdef int64_t count = 0, last_ts = 0, base_offset = seg.base_offset, held = pos
     cdef const char *base
     limit = seg.pin_range(pos, limit)
     base = seg.m.base
@@ -488,7 +491,12 @@ def scan_segment(MappedSegment seg not None, int64_t pos, int64_t limit, bint ch
                     break
                 pos += r.total
                 count += 1
-                last_ts = r.store_ts
+                if r.store_ts > last_ts:
+                    last_ts = r.store_ts
+                if let_go:
+                    held = let_go_behind(seg, held, pos, False)
+            if let_go:
+                let_go_behind(seg, held, pos, True)
             if pos >= limit and code == REC_OK:
                 code = REC_END
     finally:

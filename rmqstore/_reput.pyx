@@ -576,8 +576,9 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
             nkeys = keys_of(p, rv.total, &row, st.buf, st.hashes, st.phys, st.tss)
             used = max(1, count) + nkeys
             if nkeys and (st.ix_base == NULL or used > st.ix_entries
-                          or 40 + <int64_t>st.ix_slots * 4 + used * 20 > st.ix_reserved[0]):
-                return PYTHON   # a new file, or blocks to allocate
+                          or 40 + <int64_t>st.ix_slots * 4 + used * 20 > st.ix_reserved[0]
+                          or (count > 1 and ts < rmq_ld64(st.ix_base))):
+                return PYTHON   # a new file (also for a key stored before this one began), or blocks to allocate
     if cq:
         if not skip_cq:
             store_entry(sl.base + sl.wrote[0], phy, rv.total, tags)

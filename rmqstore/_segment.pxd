@@ -1,5 +1,5 @@
 from libc.stdint cimport int64_t
-from rmqstore._cext cimport rmq_map_t
+from rmqstore._cext cimport rmq_map_t, rmq_map_let_go
 
 cdef class MappedSegment:
     cdef rmq_map_t m
@@ -61,3 +61,17 @@ cdef class SegmentList:
 
 cpdef int64_t queue_end(SegmentList queue) except -1
 cpdef MappedSegment queue_find(SegmentList queue, int64_t offset)
+
+
+cdef enum:
+    LET_GO_WINDOW = 16 << 20   # bytes a scan reads before the pages behind it leave the resident set
+
+
+cdef inline int64_t let_go_behind(MappedSegment seg, int64_t start, int64_t pos, bint done) noexcept nogil:
+    """A scan that reads each page once, at ``pos``, lets go of ``[start, pos)`` (see
+    MappedSegment.let_go) once it spans LET_GO_WINDOW, or when ``done``; returns where
+    the pages still held begin."""
+    if pos - start < LET_GO_WINDOW and not (done and pos > start):
+        return start
+    rmq_map_let_go(&seg.m, start, pos - start)
+    return pos

@@ -169,6 +169,20 @@ cdef class MappedSegment:
         if pos < self.m.reserved and not self.m.dense:   # [0, reserved) must stay allocated
             self.m.reserved = pos - pos % rmq_page_size()
 
+    def let_go(self, int64_t pos, int64_t n):
+        """Drop the whole pages of ``[pos, pos+n)`` from the process's resident set
+        (madvise MADV_DONTNEED on the shared file mapping): the data stays in the file and
+        the page cache, and a later read maps it again. For scans that read a page once."""
+        cdef int rc
+        self.check_range(pos, n)
+        pin(self)
+        try:
+            with nogil:
+                rc = rmq_map_let_go(&self.m, pos, n)
+        finally:
+            unpin(self)
+        check(rc, self.path, "let go")
+
     def data_ranges(self, int64_t pos, int64_t end):
         """The parts of ``[pos, end)`` (``end`` clamped to the file) the file system holds data
         for, as [(start, stop)], found with lseek SEEK_DATA / SEEK_HOLE: the rest are holes,

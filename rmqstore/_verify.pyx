@@ -13,7 +13,7 @@ cimport numpy as cnp
 from rmqstore._index_file cimport keys_of
 from rmqstore._layout cimport DispatchRow, REC_OK, gets_cq_entry_c
 from rmqstore._record cimport RecView, parse_record, tags_code_of
-from rmqstore._segment cimport MappedSegment, unpin
+from rmqstore._segment cimport MappedSegment, let_go_behind, unpin
 
 cnp.import_array()
 
@@ -140,7 +140,7 @@ def _grow(dict cols, spec, Py_ssize_t used, Py_ssize_t cap):
 
 
 def segment_columns(MappedSegment seg not None, int64_t end, Py_ssize_t count, dict numbers not None,
-                    list names not None, bint with_keys):
+                    list names not None, bint with_keys, bint let_go=False):
     """The messages of ``seg`` in ``[0, end)`` (about ``count`` of them: room is made for
     more), up to the first record that does not parse (BLANK, end of data), as columns:
     ``phy`` (commitlog offset), ``size``, ``queue_id``, ``queue_offset``, ``tags`` (tags
@@ -148,11 +148,12 @@ def segment_columns(MappedSegment seg not None, int64_t end, Py_ssize_t count, d
     appended and numbered in ``numbers``, its bytes -> number), ``cq`` (gets a consume-queue
     entry: not PREPARED or ROLLBACK) and, ``with_keys``, every index key's ``key_hash`` /
     ``key_phy`` in dispatch order. Body CRCs are not checked. Returns (dict of arrays,
-    newest store timestamp or 0)."""
+    newest store timestamp or 0). ``let_go``: the pages read leave the resident set behind
+    the scan (see MappedSegment.let_go)."""
     cdef Columns c
     cdef Topics seen
     cdef RecView r
-    cdef int64_t pos = 0, limit, phy
+    cdef int64_t pos = 0, limit, phy, held = 0
     cdef int32_t topic
     cdef char *buf = NULL
     cdef char *grown
@@ -194,6 +195,10 @@ def segment_columns(MappedSegment seg not None, int64_t end, Py_ssize_t count, d
                         c.keys += put_keys(&c, p, &r, phy, buf)
                     put_row(&c, p, &r, phy, topic)
                     pos += r.total
+                    if let_go:
+                        held = let_go_behind(seg, held, pos, False)
+                if let_go:
+                    held = let_go_behind(seg, held, pos, True)
             if oom:
                 raise MemoryError()
             if more:

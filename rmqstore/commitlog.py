@@ -1,5 +1,7 @@
 """CommitLog: every message of every topic, appended to one run of segments."""
 
+import logging
+
 import rmqstore._append as _append
 import rmqstore._read as _read
 from rmqstore import _record
@@ -18,6 +20,7 @@ from rmqstore.topics import SCHEDULE_TOPIC, validate_topic
 # scan reads records in runs of at most this many / this many bytes, copied into one buffer
 # that their messages share (a message kept alive keeps its run's buffer alive)
 SCAN_BATCH = 128
+log = logging.getLogger(__name__)
 SCAN_BATCH_BYTES = 256 << 10
 
 
@@ -172,6 +175,26 @@ class CommitLog:
             return self.get(offset).store_timestamp
         except (MessageNotFoundError, CorruptRecordError):
             return -1
+
+    def queue_offset_at(self, offset):
+        """QUEUEOFFSET of the message record at ``offset``, or None where none can be read
+        (deleted, past the written end, not a message)."""
+        try:
+            head = self.read(offset, 28)
+        except MessageNotFoundError:
+            return None
+        magic = int.from_bytes(head[4:8], "big", signed=True)
+        if magic not in (_record.MAGIC_V1, _record.MAGIC_V2):
+            return None
+        return int.from_bytes(head[20:28], "big", signed=True)
+
+    def let_go(self, start, end):
+        """Drop the pages of commitlog ``[start, end)`` from the resident set (read once by
+        a scan, such as a recovery's dispatch; the data stays, see MappedSegment.let_go)."""
+        for seg in self.segments.segments:
+            lo, hi = max(start, seg.base_offset), min(end, seg.base_offset + seg.size)
+            if lo < hi:
+                seg.let_go(lo - seg.base_offset, hi - lo)
 
     def next_segment_offset(self, offset):
         return offset + self.segments.file_size - offset % self.segments.file_size

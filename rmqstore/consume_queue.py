@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 MAX_QUEUE_ID = (1 << 31) - 1
 ENTRY = _cq.ENTRY_SIZE
 MAX_LOGIC_OFFSET = (1 << 63) - 1   # of a consume queue's bytes (queue offset x 20)
+MIN_RECORD = 92   # bytes of the smallest record: v1 fixed fields, IPv4 hosts, a 1-byte topic, no body
 HOLE_SIZE = 0x7FFFFFFF   # RocketMQ fillPreBlank entries: (0, Integer.MAX_VALUE, 0)
 
 
@@ -114,14 +115,60 @@ class ConsumeQueue:
         if lo * ENTRY >= end:
             return 0, False
         first = self.entry(lo)
-        cut = self.segments.truncate(lo * ENTRY)
-        self.max_physic_offset = -1
-        for i in range(lo - 1, max(self.min_logic_offset // ENTRY, lo - 64) - 1, -1):
+        return self._cut_at(lo), first is not None and first[0] < phy_offset
+
+    def _cut_at(self, index: int) -> int:
+        """Remove entries from queue offset ``index`` on; returns the bytes cut."""
+        end = self._end_before(index)
+        cut = self.segments.truncate(index * ENTRY)
+        self.max_physic_offset = end
+        return cut
+
+    def _end_before(self, index: int) -> int:
+        """Where the message of the last entry before ``index`` ends (of the 64 before it;
+        -1 for none but blank ones)."""
+        for i in range(index - 1, max(self.min_logic_offset // ENTRY, index - 64) - 1, -1):
             e = self.entry(i)
             if e is not None and e[1] != HOLE_SIZE:
-                self.max_physic_offset = e[0] + e[1]
-                break
-        return cut, first is not None and first[0] < phy_offset
+                return e[0] + e[1]
+        return -1
+
+    def cut_shifted(self, queue_offset_at: Callable[[int], int | None]) -> int:
+        """Recovery: remove the entries from the first one whose message's QUEUEOFFSET is
+        ahead of the entry's own queue offset (``queue_offset_at(phy)``: a record's
+        QUEUEOFFSET, None when it cannot be read), where dispatch would put it at its own
+        offset (``put``: the commitlog bytes before it could hold the records missing;
+        else the field is corrupt and the entry stays). Dispatch then puts them back where
+        they belong. The newest entry is checked first and, when it is ahead, the first
+        one ahead is found by binary search (a shift moves every later entry), so a sound
+        queue costs one record read. Returns the bytes cut."""
+        def ahead(i: int) -> bool | None:   # None: a blank entry or an unreadable record
+            e = self.entry(i)
+            if e is None or e[1] == HOLE_SIZE:
+                return None
+            q = queue_offset_at(e[0])
+            return None if q is None else q > i
+        lo, hi = self.min_offset, self.max_offset
+        last = next((i for i in range(hi - 1, max(lo, hi - 64) - 1, -1) if ahead(i) is not None), None)
+        if last is None or not ahead(last):
+            return 0
+        good, bad = lo - 1, last   # entries <= good are not ahead (or cannot tell), bad is
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            k = next((j for j in range(mid, bad) if ahead(j) is not None), bad)
+            if k < bad and not ahead(k):
+                good = k
+            else:
+                bad = mid if k == bad else k
+        e = self.entry(bad)
+        if e is None or e[1] == HOLE_SIZE:
+            return 0
+        q = queue_offset_at(e[0])
+        if q is None or (q - bad) * MIN_RECORD > e[0] - self._end_before(bad):   # a corrupt QUEUEOFFSET: kept
+            return 0
+        log.error("%s: consume-queue entry %d points at the message of queue offset %d (entries shifted); cut "
+                  "from there and dispatched again", self.directory, bad, q)
+        return self._cut_at(bad)
 
     # -- positions ------------------------------------------------------------------------
     @property
@@ -143,7 +190,9 @@ class ConsumeQueue:
         """Append the entry for ``queue_offset``; an entry already present is skipped
         (re-dispatch after recovery): one for a message that ends at or before the last
         entry's, or, as RocketMQ's putMessagePositionInfo, one for ``queue_offset``. A gap
-        is filled with RocketMQ's blank entries. A first offset whose file would end past
+        is filled with RocketMQ's blank entries (as far as the commitlog bytes skipped could
+        hold the records missing; past that, a corrupt QUEUEOFFSET, it is appended where the
+        queue is). A first offset whose file would end past
         int64 (a corrupt QUEUEOFFSET) starts at 0."""
         expect = queue_offset * ENTRY
         cur = self.segments.max_offset
@@ -160,12 +209,17 @@ class ConsumeQueue:
             cur = seg.base_offset
             if expect > cur:
                 log.warning("%s: first queue offset %d; filling the file before it", self.directory, queue_offset)
-        elif expect > cur:
+        elif expect > cur and not self._gap_fits(cur, expect, phy_offset):
             # RocketMQ putMessagePositionInfo: "logic queue order maybe wrong", appends where
-            # it is; filling the gap would let one corrupt QUEUEOFFSET create files without end
-            log.error("%s: queue offset %d skips from %d; appending at %d", self.directory, queue_offset,
-                      cur // ENTRY, cur // ENTRY)
+            # it is; filling a gap more records than the commitlog bytes between could hold
+            # would let one corrupt QUEUEOFFSET create files without end
+            log.error("%s: queue offset %d skips from %d, more records than commitlog offsets %d..%d can "
+                      "hold (a corrupt QUEUEOFFSET); appending at %d", self.directory, queue_offset,
+                      cur // ENTRY, self.max_physic_offset, phy_offset, cur // ENTRY)
             expect = cur
+        elif expect > cur:   # its predecessors are gone (deleted before dispatch): offsets never shift
+            log.error("%s: queue offsets %d..%d have no records left; blank entries keep queue offset %d at "
+                      "its message", self.directory, cur // ENTRY, queue_offset - 1, queue_offset)
         while True:
             if seg.wrote_pos >= seg.size:
                 seg = self.segments.roll()
@@ -175,6 +229,12 @@ class ConsumeQueue:
         _cq.append_entry(seg, phy_offset, size, tags_code)
         self.max_physic_offset = phy_offset + size
         return True
+
+    def _gap_fits(self, cur: int, expect: int, phy_offset: int) -> bool:
+        """Whether the queue offsets missing between byte ``cur`` and ``expect`` could be
+        records in the commitlog between the last entry's message and ``phy_offset``."""
+        missing = (expect - cur) // ENTRY
+        return 0 <= self.max_physic_offset and missing * MIN_RECORD <= phy_offset - self.max_physic_offset
 
     def put_run(self, phy: np.ndarray, size: np.ndarray, tags: np.ndarray, queue_offsets: np.ndarray) -> None:
         """Append many entries (numpy arrays, commitlog order): ``begin_run``, then

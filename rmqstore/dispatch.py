@@ -125,7 +125,9 @@ class Dispatcher:
         cl = self.commitlog
         if self.error is not None or self.reput_from >= cl.max_offset:
             return False
-        if self.reput_from < cl.min_offset:
+        if self.reput_from < cl.min_offset:   # not by retention (it keeps what is not dispatched): files removed
+            log.error("dispatch: commitlog offsets %d..%d were removed before they were dispatched; their "
+                      "queue offsets stay blank", self.reput_from, cl.min_offset)
             self.reput_from = cl.min_offset
         start = self.reput_from
         seg = cl.segments.find(start)

@@ -108,9 +108,10 @@ class FlushService:
             raise StoreReadOnlyError(f"flush failed: {e}") from e
 
     def _note_flushed(self):
+        """Tell the checkpoint what the native flusher made durable: the offset, read after
+        the store time, covers the message of that time (invariant 3)."""
         ts = self.native.flushed_timestamp
-        if ts > self.checkpoint.physic_msg_timestamp:
-            self.checkpoint.physic_msg_timestamp = ts
+        self.checkpoint.note_flushed(ts, self.native.flushed)
 
     def flush_commitlog(self, least_pages=0):
         """msync the commitlog now, in this thread (one flusher at a time); returns the

@@ -4,14 +4,17 @@ import errno
 import itertools
 import logging
 import os
+import struct
 import threading
 import time
+
+import numpy as np
 
 import rmqstore._index as _index
 import rmqstore._index_file as _index_file
 from rmqstore._segment import MappedSegment
 from rmqstore.errors import CorruptStoreError, StoreClosedError
-from rmqstore.files import file_size, list_dir, make_dirs
+from rmqstore.files import file_size, list_dir, make_dirs, open_reader
 
 log = logging.getLogger(__name__)
 LONG_MAX = (1 << 63) - 1
@@ -36,18 +39,77 @@ def name_ms(name):
     return max([t for t in times if file_name(t) == name] or [0])
 
 
-def detect_geometry(path, size, slots, entries):
-    """(slots, entries) of an index file: the configured ones when the size fits them,
-    else RocketMQ's 1:4 slots-to-entries ratio when the size fits that."""
+GEOMETRY_SAMPLE = 4096   # slot heads checked against their entries when a geometry is inferred
+
+
+def detect_geometry(path, size, slots, entries, unconfirmed_ok=False):
+    """(slots, entries) of an index file. The file does not record its geometry (the
+    header's hashSlotCount counts used slots), and every size fits many: the configured
+    one is taken when the size fits it (the caller's word, RocketMQ's defaults unless told
+    otherwise). Else RocketMQ's 1:4 slots-to-entries ratio is taken only when the file's
+    contents confirm it: its entries read at that geometry must be what the slots say (each
+    head's key hash in its slot, links back in range). Nothing is guessed: where the
+    contents cannot tell (no entries yet) or deny it, CorruptStoreError (a DerivedFileError
+    once the open adds how to rebuild) names the reading that fits and the options that
+    choose one (97 slots / 4,000 entries is as long as 957 / 3,828, and reading one as the
+    other loses keys). ``unconfirmed_ok``: a file with no
+    entries may take the 1:4 reading (a rebuild, which writes every file anew, keeps the
+    shape of one emptied)."""
     if size == _index_file.file_size(slots, entries):
         return slots, entries
     if size > 40 and (size - 40) % 84 == 0:
         s = (size - 40) // 84
-        return s, 4 * s
+        why = _contents_deny(path, s, 4 * s)
+        if why is None or (unconfirmed_ok and why is NO_ENTRIES):
+            return s, 4 * s
+        raise CorruptStoreError(f"{path}: {size} bytes is not the configured {slots} slots / {entries} entries; "
+                               f"it fits {s} slots / {4 * s} entries (RocketMQ's 1:4), but {why}. Pass the "
+                               "geometry the store was made with: StoreConfig(index_slots=..., index_entries=...), "
+                               "or rmqstore --index-slots N --index-entries N (any N, M with "
+                               f"40 + 4*N + 20*M = {size})")
     raise CorruptStoreError(f"{path}: {size} bytes fits neither {slots} slots / {entries} entries "
-                            "nor a 1:4 slots-to-entries geometry (a store made with other index_slots / "
-                            "index_entries needs them given: StoreConfig, or rmqstore --index-slots N "
-                            "--index-entries N)")
+                           "nor a 1:4 slots-to-entries geometry (a store made with other index_slots / "
+                           "index_entries needs them given: StoreConfig, or rmqstore --index-slots N "
+                           "--index-entries N)")
+
+
+NO_ENTRIES = "it holds no entry that could confirm it"
+
+
+def _contents_deny(path, slots, entries):
+    """Why index file ``path`` does not read as ``slots`` / ``entries`` (None when its
+    entries agree with its slots: of up to GEOMETRY_SAMPLE slot heads, most must point at
+    an entry whose key hash belongs to that slot, with its link back in range; a few that
+    do not are damage, which verify reports, not another geometry)."""
+    try:
+        with open_reader(path) as f:
+            head = f.read(40)
+            count = int.from_bytes(head[36:40], "big", signed=True) if len(head) == 40 else 0
+            if count <= 1:
+                return NO_ENTRIES
+            f.seek(40)
+            heads = np.frombuffer(f.read(4 * slots), ">i4")
+            used = np.flatnonzero(heads)
+            if not len(used):
+                return NO_ENTRIES
+            sample = used[np.linspace(0, len(used) - 1, min(len(used), GEOMETRY_SAMPLE)).astype(np.int64)].tolist()
+            bad, first = 0, None
+            for s in sample:
+                i = int(heads[s])
+                ok = 0 < i < min(count, entries)
+                if ok:
+                    f.seek(40 + 4 * slots + 20 * i)
+                    key_hash, _, _, prev = struct.unpack(">iqii", f.read(20))
+                    ok = key_hash >= 0 and key_hash % slots == s and 0 <= prev < i
+                if not ok:
+                    bad += 1
+                    first = first if first is not None else (s, i)
+            if 2 * bad > len(sample):
+                return f"{bad} of {len(sample)} slots checked then point at entries of other slots (slot " \
+                       f"{first[0]} at entry {first[1]})"
+    except OSError:
+        return None   # opening it names the error
+    return None
 
 
 def _being_changed(error, path, newest):
@@ -140,29 +202,31 @@ class IndexService:
                     continue   # a live writer's retention removed it, or it is creating it
                 raise
             self.files.append(IndexFile(seg, slots, entries))
-        if not self.readonly:
-            ts_limit = LONG_MAX if clean_shutdown else self.checkpoint.index_msg_timestamp - 1000
-            self._cut(commitlog_end, ts_limit, not clean_shutdown)
+        ts_limit = LONG_MAX if clean_shutdown else self.checkpoint.index_msg_timestamp - 1000
+        self._cut(commitlog_end, ts_limit, not clean_shutdown, dry_run=self.readonly)
         self._publish()
         return self
 
-    def _cut(self, phy_end, ts_limit, crashed):
+    def _cut(self, phy_end, ts_limit, crashed, dry_run=False):
         """Truncate the first file with entries past ``phy_end`` or ``ts_limit``, delete the
         files after it; after a crash (``crashed``) the newest file at least, whose header a
         kill may have left behind its slots (a slot pointing at the entry not yet counted,
-        the last entry's offset not yet in the header)."""
+        the last entry's offset not yet in the header). ``dry_run`` (a read-only open)
+        changes nothing and only counts ``entries_dropped``, as a writer's open would."""
         for i, f in enumerate(self.files):
             _, end_ts, _, end_phy, _, count = f.header
             if end_phy < phy_end and end_ts <= ts_limit and count <= f.entries and \
                     not (crashed and f is self.files[-1]):
                 continue
-            kept, dropped = _index_file.truncate_entries(f.seg, f.slots, f.entries, phy_end, ts_limit)
+            kept, dropped = _index_file.truncate_entries(f.seg, f.slots, f.entries, phy_end, ts_limit, dry_run)
             self.entries_dropped += dropped
+            gone = self.files[i + (kept > 1 or i == 0):]
+            self.entries_dropped += sum(max(0, g.count - 1) for g in gone if g is not f)
+            if dry_run:
+                return
             if kept == 1 and i == 0:   # nothing left: back to a fresh file, re-dispatch everything
                 _index_file.write_header(f.seg, 0, 0, 0, 0, 0, 1)
-            gone = self.files[i + (kept > 1 or i == 0):]
             for g in gone:
-                self.entries_dropped += max(0, g.count - 1) if g is not f else 0
                 g.seg.close()
                 os.unlink(g.seg.path)
             self.files = self.files[:len(self.files) - len(gone)]
@@ -170,9 +234,11 @@ class IndexService:
                 g.seg.sync_all()
             last = self.files[-1].header if self.files else None
             self.resume_offset = last[3] if last else 0
+            since = "any store time (the checkpoint counts none flushed)" if ts_limit < 0 else \
+                "no store time" if ts_limit == LONG_MAX else f"store time {ts_limit} ms"
             log.log(logging.WARNING if self.entries_dropped else logging.INFO,
-                    "index: cut %d entries at commitlog offset %d / time %d; re-dispatch from %d",
-                    self.entries_dropped, phy_end, ts_limit, self.resume_offset)
+                    "index: cut %d entries at commitlog offset %d or after %s; re-dispatch from %d",
+                    self.entries_dropped, phy_end, since, self.resume_offset)
             return
 
     @property
@@ -230,10 +296,11 @@ class IndexService:
             cut = bisect.bisect_right if indexed else bisect.bisect_left
             rows = rows[cut(rows["phy_offset"], end_phy):]
         hashes, phys, tss, newest = _index_file.extract_keys(batch.raw, rows)
-        i, n = 0, len(hashes)
+        i, n, stepped_back = 0, len(hashes), False
         while i < n:
-            f = self.files[-1] if self.files and not self.files[-1].full else self._new_file()
+            f = self.files[-1] if self.files and not self.files[-1].full and not stepped_back else self._new_file()
             i = _index_file.put_entries(f.seg, f.slots, f.entries, hashes, phys, tss, i)
+            stepped_back = i < n and not f.full   # a key stored before the file began: a new file begins at it
         if len(rows):
             self.last_ts = max(self.last_ts, newest)
 

@@ -13,24 +13,34 @@ import atexit
 import os
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from rmqstore.errors import ForeignProcessError, StoreError
 
-if TYPE_CHECKING:
-    from rmqstore.store import MessageStore
 
-_writers: weakref.WeakSet[MessageStore] = weakref.WeakSet()
+class StoreHandle(Protocol):
+    """What ownership needs of a store handle (rmqstore.store.MessageStore): this module
+    sits below the store, so it names no store class (imports go one way)."""
+    path: str
+    read_only: bool
+    _owner_pid: int
+    _closed: bool
+    _gate: Any
+
+    def close(self) -> None: ...
 
 
-def bind(store: MessageStore) -> None:
+_writers: weakref.WeakSet[StoreHandle] = weakref.WeakSet()
+
+
+def bind(store: StoreHandle) -> None:
     """Record the opening process of ``store``; a writer is disowned in forked children."""
     store._owner_pid = os.getpid()
     if not store.read_only:
         _writers.add(store)
 
 
-def check_owner(store: MessageStore) -> None:
+def check_owner(store: StoreHandle) -> None:
     """Raise ForeignProcessError when writer ``store`` is used outside the process that
     opened it."""
     if not store.read_only and store._owner_pid != os.getpid():

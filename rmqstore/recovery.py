@@ -11,11 +11,16 @@ Durability invariants (what recovery may assume, see flush.py, and what it resto
 3. Unclean shutdown (``abort`` present): verification starts at the newest segment whose
    first record was stored no later than the checkpoint's minimum time (physic, logics
    and, with the index, index times, less 3 s), since everything before it was flushed
-   everywhere (RocketMQ recoverAbnormally).
+   everywhere (RocketMQ recoverAbnormally), and never after the segment holding the
+   checkpoint's flushed offset (ours; RocketMQ has none): no durability decision rests on
+   store times growing, since a clock may step back.
 4. Consume-queue entries and index entries pointing at or past the recovered end are cut;
    dispatch then starts at the furthest consume-queue entry (or, after an unclean
    shutdown, at the verified segment) and re-creates whatever is missing. Re-dispatching
-   an entry that already exists is a no-op.
+   an entry that already exists is a no-op. An entry whose message's QUEUEOFFSET is not
+   the entry's own queue offset (a queue shifted by records lost before dispatch) is cut
+   with every entry after it, and dispatch puts them back at their own queue offsets,
+   blank entries standing for messages that are gone: a queue's offsets never shift.
 5. The whole tail of the segment holding the recovered end is checked for stale bytes
    (pages of a torn write may reach the disk out of order; a page of zeros may hide data
    after it), not just the first page after it, and zero-filled when any are found.
@@ -25,7 +30,9 @@ Durability invariants (what recovery may assume, see flush.py, and what it resto
    Data after the cut point that was already durable (anything after a clean shutdown,
    also messages the consume queues of a clean shutdown point at where only zeros are
    left; after an unclean one, records stored up to the checkpoint's physicMsgTimestamp)
-   means the log is damaged, not torn: a writer open then raises CorruptRecordError and
+   means the log is damaged, not torn (after an unclean shutdown: data before the
+   checkpoint's flushed offset; in a RocketMQ store, whose checkpoint has no offset, no
+   record kept as new as its physicMsgTimestamp): a writer open then raises CorruptRecordError and
    changes nothing, unless asked to cut (``CUT_ANY``: ``rmqstore recover --yes``).
    RocketMQ cuts either way.
 """
@@ -34,11 +41,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 import rmqstore._read as _read
 from rmqstore import _message
 from rmqstore.errors import CorruptRecordError, StoreIOError
+from rmqstore.segments import first_nonzero
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +60,7 @@ class RecoveryReport:
     commitlog_bytes_truncated: int = 0
     consume_queue_bytes_truncated: int = 0
     index_entries_dropped: int = 0
-    records_redispatched: int = 0
+    commitlog_bytes_redispatched: int = 0   # bytes of commitlog dispatched again (a dry run: would be)
     stop_reason: str = "end"
     cuts_durable_data: bool = False   # invariant 7: a plain writer open refuses this cut
     seconds: float = 0.0
@@ -75,14 +81,20 @@ def _first_store_timestamp(seg):
 
 
 def _start_index(segments, clean, checkpoint, index_enabled):
+    """The segment verification starts at (invariants 2, 3): by the checkpoint's times as
+    RocketMQ's isMappedFileMatchedRecover, and never after the segment holding the
+    checkpoint's flushed offset (a clock stepped back gives a later segment an older
+    first record, which the times alone take as flushed)."""
     if clean or not checkpoint.existed:
         return max(0, len(segments) - 3) if clean else 0
     limit = checkpoint.min_timestamp_index if index_enabled else checkpoint.min_timestamp
-    for i in range(len(segments) - 1, -1, -1):
-        ts = _first_store_timestamp(segments[i])
-        if ts and ts <= limit:
-            return i
-    return 0
+    by_time = next((i for i in range(len(segments) - 1, -1, -1)
+                    if 0 < _first_store_timestamp(segments[i]) <= limit), 0)
+    flushed = checkpoint.flushed_offset
+    if flushed is None:
+        return by_time
+    by_offset = max((i for i, seg in enumerate(segments) if seg.base_offset <= flushed), default=0)
+    return min(by_time, by_offset)
 
 
 CUT_NONE, CUT_TORN, CUT_ANY = "none", "torn", "any"   # what a writer's recovery may cut (invariant 7)
@@ -108,8 +120,8 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     next_log = t0 + _PROGRESS_SECONDS
     last_ts = 0
     for seg in segs[i:]:
-        pos, count, status, ts = _read.scan_segment(seg, 0, seg.size, check_crc)
-        last_ts = ts or last_ts
+        pos, count, status, ts = _read.scan_segment(seg, 0, seg.size, check_crc, False, True)
+        last_ts = max(last_ts, ts)
         if seg.faulted:   # the zeros it read are a file changed under it, not the end of data: cut nothing
             raise StoreIOError(errno.EIO, "recovery: the file changed under its mapping (truncated by another "
                                           "process, or a page could not be read back)", seg.path)
@@ -130,12 +142,18 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
         break
     rep.end_offset = end
     after = _data_after(segs, end)
-    flushed = checkpoint.physic_msg_timestamp if checkpoint.existed else 0
-    # invariant 7: store times grow along the log, so a last valid record older than the
-    # last flush has flushed records after it
+    # invariant 7, by the checkpoint's flushed offset; in a store whose checkpoint has none
+    # (RocketMQ's), by its time: the last flush reached a record of that store time, so
+    # if no record kept is as new, flushed records lie past the cut (the newest kept, not
+    # the last: a clock stepped back makes later records older)
     if (after or referenced > end) and not last_ts and i:   # none before the cut in the segments scanned
-        last_ts = _read.scan_segment(segs[i - 1], 0, segs[i - 1].size, False)[3]
-    rep.cuts_durable_data = (after and (clean or last_ts < flushed)) or referenced > end
+        last_ts = _read.scan_segment(segs[i - 1], 0, segs[i - 1].size, False, False, True)[3]
+    flushed_offset = checkpoint.flushed_offset
+    if flushed_offset is not None:
+        flushed_past = end < flushed_offset
+    else:
+        flushed_past = last_ts < (checkpoint.physic_msg_timestamp if checkpoint.existed else 0)
+    rep.cuts_durable_data = (after and (clean or flushed_past)) or referenced > end
     if after or rep.cuts_durable_data:
         why = ("a clean shutdown had flushed" if clean else "the checkpoint counts as flushed"
                ) if rep.cuts_durable_data else "a crash left unflushed (a torn tail)"
@@ -153,7 +171,7 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
             log.warning("recovery: %s (%s); truncating", rep.stop_reason, why)
     if not commitlog.readonly:
         if after or rep.cuts_durable_data:   # before: a kill in the cut leaves no time counting what it removed
-            _forget_cut(checkpoint, last_ts)
+            _forget_cut(checkpoint, end, last_ts)
         rep.commitlog_bytes_truncated = commitlog.segments.truncate(end)
         if after:   # the probe truncate() makes misses data past a page of zeros
             rep.commitlog_bytes_truncated += _zero_stale_tail(commitlog.segments.find(end), end)
@@ -168,14 +186,12 @@ def recover_commitlog(commitlog, clean, checkpoint, check_crc, index_enabled, pr
     return rep
 
 
-def _forget_cut(checkpoint, newest):
-    """Before a cut, lower every checkpoint time past ``newest``, the store time of the last
-    message kept: else the checkpoint counts as flushed messages that are gone, and verify
-    reports the repaired store as damaged. A lower time only makes recovery start earlier."""
-    names = ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp")
-    if any(getattr(checkpoint, n) > newest for n in names):
-        for n in names:
-            setattr(checkpoint, n, min(getattr(checkpoint, n), newest))
+def _forget_cut(checkpoint, end, newest):
+    """Before a cut at ``end``, lower every checkpoint time past ``newest``, the newest
+    store time kept, and the flushed offset past ``end``: else the checkpoint counts as
+    flushed messages that are gone, and verify reports the repaired store as damaged. A
+    lower time only makes recovery start earlier."""
+    if checkpoint.forget_cut(end, newest):
         checkpoint.flush()
 
 
@@ -199,18 +215,5 @@ def _zero_stale_tail(seg, end):
 
 
 def _stale(seg, pos):
-    """Whether anything but zeros lies in ``[pos, segment end)``. Only the parts the file
-    holds data for are read: holes are zeros (a 1 GiB segment with little written is
-    checked in milliseconds, not seconds)."""
-    with memoryview(seg) as mv:
-        b = np.frombuffer(mv, np.uint8)
-        dirty = any(_nonzero(b, lo, hi) for lo, hi in seg.data_ranges(pos, seg.size))
-        del b
-    return dirty
-
-
-def _nonzero(b, pos, end):
-    """Whether ``b[pos:end]`` holds a non-zero byte (the 8-aligned middle compared as words)."""
-    lo = min(end, -(-pos // 8) * 8)
-    hi = lo + (end - lo) // 8 * 8
-    return bool(b[pos:lo].any() or b[lo:hi].view(np.uint64).any() or b[hi:end].any())
+    """Whether anything but zeros lies in ``[pos, segment end)`` (holes are not read)."""
+    return first_nonzero(seg, pos, seg.size) >= 0

@@ -5,6 +5,8 @@ import os
 import threading
 from concurrent.futures import Future
 
+import numpy as np
+
 from rmqstore._segment import MappedSegment, SegmentList, queue_end, queue_find
 from rmqstore._toucher import Toucher
 from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreError
@@ -390,6 +392,39 @@ def _made_or_none(future):
         return None
     seg.wrote_pos = seg.flushed_pos = 0
     return seg
+
+
+SCAN_WINDOW = 16 << 20   # bytes first_nonzero compares before letting go of their pages
+
+
+def first_nonzero(seg, pos, end):
+    """Offset (in ``seg``) of the first byte but zero in ``[pos, end)``, -1 when none. Only
+    the parts the file holds data for are read (holes are zeros: a 1 GiB segment with
+    little written costs milliseconds and no memory), a window at a time, each window's
+    pages let go of once compared, so memory stays a window whatever the file's size."""
+    with memoryview(seg) as mv:
+        b = np.frombuffer(mv, np.uint8)
+        try:
+            for lo, hi in seg.data_ranges(pos, end):
+                for w in range(lo, hi, SCAN_WINDOW):
+                    chunk = b[w:min(hi, w + SCAN_WINDOW)]
+                    nz = _first_nonzero(chunk, w)
+                    seg.let_go(w, len(chunk))
+                    if nz >= 0:
+                        return nz
+        finally:
+            del b
+    return -1
+
+
+def _first_nonzero(chunk, at):
+    """``at`` plus the index of the first non-zero byte of ``chunk`` (aligned words
+    compared first), -1 for none."""
+    head = -at % 8
+    words = chunk[head:head + (len(chunk) - head) // 8 * 8].view(np.uint64)
+    if not (chunk[:head].any() or words.any() or chunk[head + len(words) * 8:].any()):
+        return -1
+    return at + int(np.flatnonzero(chunk)[0])
 
 
 def _has_data(seg, pos, probe=4096):

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int], object]
 QueueId = int   # a queue id: 0..2^31-1, checked as such (arguments.ARG_CHECKS)
 F = TypeVar("F", bound=Callable[..., Any])
+RETENTION_DISPATCH_WAIT = 30.0   # seconds clean_expired waits for dispatch before deleting
 
 
 def _gated(method: F) -> F:
@@ -132,7 +133,8 @@ class MessageStore:
 
         Raises:
             InvalidArgumentError: a bad argument. StoreNotFoundError: no directory
-            (read-only), or no commitlog/ in it to rebuild from (``rebuild=True``).
+            (read-only), no commitlog/ in it to rebuild from (``rebuild=True``), or a
+            store file that vanished during the open (its path named).
             StoreLockedError: another writer holds it. CorruptRecordError: damage
             recovery would cut only with ``repair``. CorruptStoreError,
             StoreIOError: files it cannot use. DerivedFileError: a consume-queue or index
@@ -152,15 +154,22 @@ class MessageStore:
         if rebuild and not os.path.isdir(os.path.join(self.path, "commitlog")):   # before anything is made
             raise StoreNotFoundError(errno.ENOENT, "not a store to rebuild (no commitlog/ directory); its "
                                      "consumequeue/ and index/ were left alone", self.path)
-        store_dir(self.path, not read_only, cfg.dir_mode)
-        raise_open_file_limit()
-        if not read_only:
-            self._acquire_lock(cfg)
         try:
-            self._open(cfg, progress, rebuild, repair)
-        except BaseException:
-            self._release_lock()
-            raise
+            store_dir(self.path, not read_only, cfg.dir_mode)
+            raise_open_file_limit()
+            if not read_only:
+                self._acquire_lock(cfg)
+            try:
+                self._open(cfg, progress, rebuild, repair)
+            except BaseException:
+                self._release_lock()
+                raise
+        except FileNotFoundError as e:
+            if isinstance(e, StoreError):
+                raise
+            # a file the open had just seen is gone: the directory removed or emptied under it
+            raise StoreNotFoundError(errno.ENOENT, "a store file vanished while the store was being opened "
+                                     "(is another process removing the directory?)", e.filename or self.path) from e
         ownership.bind(self)
         self._closed = False
 
@@ -262,6 +271,7 @@ class MessageStore:
         for key, cq in self.consume_queues.queues.items():   # read-only: positions only, files untouched
             cut = cq.recover(valid[key])
             tail, inside = cq.truncate_dirty(end)
+            cut += cq.cut_shifted(self.commitlog.queue_offset_at)   # entries at other messages' queue offsets
             rep.consume_queue_bytes_truncated += cut + tail
             cq.correct_min_offset(self.commitlog.min_offset)
             if cut or inside or cq.segments.dropped:   # entries lost to damage (or a torn write)
@@ -285,11 +295,13 @@ class MessageStore:
         self._cq_builder = ConsumeQueueBuilder(self.consume_queues, cfg.delay_levels_ms())
         self.dispatcher = new_dispatcher(self.commitlog, reput, self._cq_builder, self.index,
                                          cfg.background_dispatch)
-        if not self.read_only:
+        if self.read_only:   # a dry run: what a writer's open would dispatch
+            rep.commitlog_bytes_redispatched = max(0, self.commitlog.max_offset - self.dispatcher.reput_from)
+        else:
             d = self.dispatcher
             before = d.reput_from
             dispatch_all(self.commitlog, self.consume_queues, d, progress if rebuild else None)
-            rep.records_redispatched = d.reput_from - before
+            rep.commitlog_bytes_redispatched = d.reput_from - before
             if rebuild and d.error is not None:
                 raise CorruptRecordError(f"{self.path}: rebuild stopped: {d.error}") from d.error
         self.commitlog.queue_offsets = {k: cq.max_offset for k, cq in self.consume_queues.queues.items()}
@@ -323,10 +335,15 @@ class MessageStore:
         if self._gate.closing:
             raise StoreClosedError(f"{self.path}: store closed during the operation")
 
+    def _reentrant(self) -> bool:
+        """Whether this thread is inside rebuild (its progress callback) or holds the write
+        lock (put_batch's iterable)."""
+        return self._maintenance.exclusive_here or self.commitlog.appender.held_here
+
     def _refuse_reentry(self, what: str) -> None:
         """ReentrantCallError when this thread is inside rebuild (its progress callback) or
         holds the write lock (put_batch's iterable), which hold what ``what`` needs."""
-        if self._maintenance.exclusive_here or self.commitlog.appender.held_here:
+        if self._reentrant():
             raise ReentrantCallError(f"{self.path}: {what} called from within rebuild or a write (its callback "
                                      "or iterable) would wait for it forever, or pull the store from under it")
 
@@ -351,14 +368,12 @@ class MessageStore:
             try:
                 if not self.read_only and self.commitlog.failed is None:
                     self.dispatcher.stop()
-                    self.dispatcher.catch_up()
+                    self._close_dispatch()
                     self.flusher.stop()
-                    self.flusher.flush_commitlog(0)
-                    self.flusher.flush_logics_now(0)
-                    try:
-                        os.unlink(self.abort_path)
-                    except FileNotFoundError:
-                        pass   # removed by someone else: what close() wanted, no error
+                    self.flusher.flush_commitlog(0)   # raises only if acknowledged data may not be durable
+                    if self._close_logics():
+                        with contextlib.suppress(FileNotFoundError):   # removed by someone else: no error
+                            os.unlink(self.abort_path)
             finally:
                 self._teardown()
 
@@ -378,6 +393,33 @@ class MessageStore:
             os.close(fd)
             raise
         return fd
+
+    def _close_dispatch(self) -> None:
+        """close(): dispatch what is left. A full disk (no room for a consume-queue or index
+        file) is said once and is no error: the messages are in the commitlog, and the
+        next open dispatches them."""
+        try:
+            self.dispatcher.catch_up()
+        except OSError as e:
+            log.warning("%s: closed with commitlog offsets %d..%d not yet in consume queues and index (%s); "
+                        "the next open dispatches them", self.path, self.dispatcher.reput_from,
+                        self.commitlog.max_offset, e.strerror or e)
+
+    def _close_logics(self) -> bool:
+        """close(): flush consume queues, index, consumer offsets and checkpoint; returns
+        whether they were. On a full disk (no room for the checkpoint's new page) that is
+        said once and ``abort`` stays: the next open recovers as after a crash, and loses
+        nothing flushed to the commitlog."""
+        try:
+            self.flusher.flush_logics_now(0)
+        except StoreReadOnlyError as e:
+            cause = e.__cause__
+            if not isinstance(cause, OSError) or cause.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("%s: closed without writing the checkpoint and consumer offsets (%s): the commitlog is "
+                        "flushed; the next open recovers from it as after a crash", self.path, cause.strerror or cause)
+            return False
+        return True
 
     def _teardown(self) -> None:
         if getattr(self, "dispatcher", None) is not None:
@@ -874,12 +916,27 @@ class MessageStore:
         verifies (which read the files it deletes)."""
         if dry_run:
             self._check_open()
-            return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now, True)
+            # a writer dispatches what is written before deleting (below); a read-only view
+            # predicts a writer's run, which dispatches everything first
+            dispatched = self.commitlog.max_offset if self.read_only else self.dispatcher.reput_from \
+                if self._reentrant() else self._dispatch_before_retention()
+            return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index,
+                                 dispatched, now, True)
         self._check_writable()
         self._refuse_reentry("clean_expired()")   # before the maintenance lock: the write lock is taken after it
+        self._dispatch_before_retention()
         # not under a verify reading the files, nor under the flusher flushing them (_logics_lock)
         with self._maintenance.exclusive(), self.commitlog.lock, self._logics_lock, self._closing_files():
-            return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index, now)
+            return clean_expired(self.config, self.commitlog.segments, self.consume_queues, self.index,
+                                 self.dispatcher.reput_from, now)
+
+    def _dispatch_before_retention(self) -> int:
+        """Dispatch what is written (waiting up to RETENTION_DISPATCH_WAIT seconds) so that
+        retention can delete it; returns how far dispatch got. A stopped or stalled
+        dispatcher is no error here: retention then keeps what it has not dispatched."""
+        with contextlib.suppress(Exception):   # what stopped dispatch is logged (and raised) by it
+            self.dispatcher.wait_dispatched(RETENTION_DISPATCH_WAIT)
+        return self.dispatcher.reput_from
 
     @contextlib.contextmanager
     def _closing_files(self) -> Iterator[None]:

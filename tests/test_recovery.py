@@ -300,7 +300,7 @@ def test_lost_consume_queue_is_redispatched(tmp_path):
     os.unlink(qdir / files[-1])
     _crash_marker(tmp_path)
     with MessageStore(tmp_path, cfg) as s:
-        assert s.recovery.records_redispatched > 0
+        assert s.recovery.commitlog_bytes_redispatched > 0
         _check_prefix(s, res, bodies, 50, cfg)
 
 
@@ -378,7 +378,7 @@ def test_a_consume_queue_entry_running_past_the_log_is_cut(tmp_path):
         f.seek(last * 20 + 8)
         f.write(struct.pack(">i", 1 << 30))
     with MessageStore(tmp_path, cfg) as s:
-        assert s.recovery.records_redispatched > 0
+        assert s.recovery.commitlog_bytes_redispatched > 0
         _check_prefix(s, res, bodies, 60, cfg)
         r = s.put(Message(TOPIC, b"after"), queue_id=0)
         s.wait_dispatched()
@@ -423,7 +423,7 @@ def test_damaged_consume_queue_of_a_clean_store_is_redispatched(tmp_path, damage
         else:
             f.write(os.urandom(64) if damage == "garbage" else b"\xff" * size)
     with MessageStore(tmp_path, cfg) as s:
-        assert s.clean_shutdown and s.recovery.records_redispatched > 0
+        assert s.clean_shutdown and s.recovery.commitlog_bytes_redispatched > 0
         _check_prefix(s, res, bodies, 60, cfg)
         assert s.verify().ok
 

@@ -196,8 +196,7 @@ def test_problems_are_capped(own):
         seg = path / "commitlog" / f"{r.phy_offset - r.phy_offset % 8192:020d}"
         _patch(seg, b"\xff", r.phy_offset % 8192 + BODY_AT)
     with MessageStore(path, _cfg(), read_only=True) as s:
-        from rmqstore.maintenance.verify import verify_store
-        rep = verify_store(s, max_problems=5)
+        rep = s.verify(max_problems=5)
     assert len(rep.problems) == 5 and rep.problems_omitted == 15
     assert [p.offset for p in rep.problems] == [r.phy_offset for r in res[:5]]
 

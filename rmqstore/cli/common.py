@@ -2,9 +2,11 @@
 (JSON documents and lines, tables, progress bars)."""
 import argparse
 import base64
+import difflib
 import json
 import os
 import re
+import stat
 import sys
 import unicodedata
 from datetime import datetime
@@ -140,14 +142,36 @@ def store_config(args):
     return StoreConfig(**changes)
 
 
+def warn_unknown_topics(s, topics):
+    """Say on stderr which of ``topics`` store ``s`` holds no consume queue for, naming the
+    nearest topics it does hold; the answer itself stays RocketMQ's (no messages)."""
+    held = s.topics()
+    for topic in topics:
+        if topic not in held:
+            near = difflib.get_close_matches(topic, held, n=3, cutoff=0.5)
+            hint = f"; nearest: {', '.join(near)}" if near else f"; it holds {len(held)} topic(s)"
+            print(f"rmqstore: the store has no topic {topic!r}{hint}", file=sys.stderr)
+
+
 def require_store(path):
-    """Refuse a path that is not an existing store directory (before anything opens it)."""
-    if not os.path.exists(path):
-        raise CommandError(f"{path}: no such store directory")
-    if not os.path.isdir(path):
-        raise CommandError(f"{path}: not a directory")
-    if not os.path.isdir(os.path.join(path, "commitlog")):
-        raise CommandError(f"{path}: not a RocketMQ store (no commitlog/ directory)")
+    """Refuse a path that is not an existing store directory (before anything opens it),
+    naming the cause: missing, not a directory, no permission to look, no commitlog/."""
+    for where in (path, os.path.join(path, "commitlog")):
+        try:
+            st = os.stat(where)
+        except PermissionError:
+            raise CommandError(f"{where}: permission denied (the store cannot be read by this user)") from None
+        except FileNotFoundError:
+            if where == path:
+                raise CommandError(f"{path}: no such store directory") from None
+            raise CommandError(f"{path}: not a RocketMQ store (no commitlog/ directory)") from None
+        except OSError as e:
+            raise CommandError(f"{where}: {e.strerror or e}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise CommandError(f"{where}: not a directory" if where == path else
+                               f"{path}: not a RocketMQ store (commitlog is not a directory)")
+    if not os.access(path, os.R_OK | os.X_OK) or not os.access(os.path.join(path, "commitlog"), os.R_OK | os.X_OK):
+        raise CommandError(f"{path}: permission denied (the store cannot be read by this user)")
 
 
 def segment_files(store):

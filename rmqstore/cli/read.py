@@ -21,6 +21,7 @@ from rmqstore.cli.common import (
     print_table,
     progress,
     queue_id,
+    warn_unknown_topics,
 )
 from rmqstore.errors import StoreError
 
@@ -84,6 +85,7 @@ def _print_message(args, m):
 def cmd_get(args):
     with open_store(args) as s:
         r = s.get_messages(args.topic, args.queue, args.offset, args.count, args.tags)
+        warn_unknown_topics(s, [args.topic])
         out = {"status": r.status.value, "nextBeginOffset": r.next_offset, "minOffset": r.min_offset,
                "maxOffset": r.max_offset, "messages": [message_dict(m, args.body) for m in r.messages],
                "problems": [{"queueOffset": o, "commitLogOffset": p, "size": n} for o, p, n in r.problems]}
@@ -116,6 +118,7 @@ def cmd_query(args):
             msgs = [s.get_by_offset(o) for o in s.query_offsets(args.topic, args.key, args.max, args.begin, args.end)]
         else:
             msgs = s.query_by_key(args.topic, args.key, args.max, args.begin, args.end)
+        warn_unknown_topics(s, [args.topic])
         out = [message_dict(m, args.body) for m in msgs]
     if args.json:
         return print_json(out)
@@ -128,6 +131,9 @@ def cmd_query(args):
 def _scan(s, args, start):
     """Messages from commitlog ``start`` (up to ``--to``) on the selected topics."""
     topics = set(args.topic or ())
+    if not getattr(args, "warned", False):   # once: tail reopens the store
+        warn_unknown_topics(s, sorted(topics))
+        args.warned = True
     for m in s.scan(start, getattr(args, "to", None)):
         if not topics or m.topic in topics:
             yield m

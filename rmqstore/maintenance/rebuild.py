@@ -23,11 +23,13 @@ from rmqstore.errors import (
     DerivedFileError,
     DiskFullError,
     ResourceLimitError,
+    StoreError,
     StoreIOError,
     raise_errno,
 )
 from rmqstore.files import check_replaceable, create_new, file_size, list_dir
 from rmqstore.index import IndexService, detect_geometry
+from rmqstore.segments import SCAN_WINDOW as LET_GO_WINDOW
 
 if TYPE_CHECKING:
     from rmqstore.checkpoint import Checkpoint
@@ -63,7 +65,7 @@ def keep_index_geometry(root: str, config: StoreConfig) -> StoreConfig:
     for name in names:
         path = os.path.join(directory, name)
         try:
-            slots, entries = detect_geometry(path, file_size(path), config.index_slots, config.index_entries)
+            slots, entries = detect_geometry(path, file_size(path), config.index_slots, config.index_entries, True)
         except (OSError, CorruptStoreError):
             continue
         return config.with_(index_slots=slots, index_entries=entries)
@@ -139,16 +141,20 @@ def dispatch_all(commitlog: CommitLog, table: ConsumeQueueTable, d: Dispatcher,
                  progress: Callable[[int], object] | None = None) -> None:
     """Dispatch the whole commitlog with ``d`` (its ``error`` says where a bad record
     stopped it); ``progress(nbytes)`` follows. Should ``progress`` raise, the dispatch is
-    still finished before the error propagates, so no queue is left half built."""
-    done = d.reput_from
-    if progress is None:
-        d.catch_up()
+    still finished before the error propagates, so no queue is left half built. The pages
+    read are let go of behind it, a window at a time: memory does not grow with the log."""
+    done = held = d.reput_from
     try:
         while d.run_once():
             if progress is not None:
                 progress(d.reput_from - done)
             done = d.reput_from
+            if done - held >= LET_GO_WINDOW:
+                commitlog.let_go(held, done)
+                held = done
     finally:
         while d.run_once():
             pass
+        with contextlib.suppress(StoreError):   # (a segment closed meanwhile: nothing held there)
+            commitlog.let_go(held, d.reput_from)
         commitlog.queue_offsets = {k: cq.max_offset for k, cq in table.queues.items()}

@@ -8,6 +8,13 @@ hour and they are older than ``file_reserved_time`` hours, or at once (whatever 
 while disk use is at or above ``disk_max_used_space_ratio`` percent. Disk use is counted
 as ``df`` counts it, so blocks reserved for root make no disk look fuller than it is.
 A dry run (``dry_run=True``) works out the same plan and deletes nothing.
+
+Retention never outruns dispatch: a segment holding a record the dispatcher has not yet
+handed to the consume queues and the index (at or past ``dispatched``) is kept, however
+old, and the report says how many were kept for it (``segments_kept_undispatched``).
+Deleting it would lose the message from its queue, and the dispatcher would have to jump
+over it. The store dispatches what is written before it applies the rules, so this only
+holds segments back while dispatch is stalled or stopped.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ class RetentionReport:
     dry_run: bool = False
     segments: list[str] = field(default_factory=list)     # paths of the segments deleted
     segments_deleted: int = 0
+    segments_kept_undispatched: int = 0   # expired, but holding records not dispatched yet
     bytes_freed: int = 0
     consume_queue_files_deleted: int = 0
     index_files_deleted: int = 0
@@ -56,11 +64,13 @@ def disk_used_ratio(path: str) -> float:
 
 
 def clean_expired(config: StoreConfig, commitlog: SegmentQueue, consume_queues: ConsumeQueueTable,
-                  index: IndexService | None, now: float | None = None, dry_run: bool = False) -> RetentionReport:
+                  index: IndexService | None, dispatched: int, now: float | None = None,
+                  dry_run: bool = False) -> RetentionReport:
     """Apply the rules once to a store's commitlog segments, consume queues and index (the
-    caller holds the write lock); returns a RetentionReport. With ``dry_run`` nothing is
-    deleted: the report names the segments that would go (and the consume-queue and index
-    files below the new minimum offset would follow them)."""
+    caller holds the write lock); returns a RetentionReport. ``dispatched``: the commitlog
+    offset before which every record is dispatched; no segment ending after it goes. With
+    ``dry_run`` nothing is deleted: the report names the segments that would go (and the
+    consume-queue and index files below the new minimum offset would follow them)."""
     now = time.time() if now is None else now
     rep = RetentionReport(dry_run=dry_run, disk_used_ratio=disk_used_ratio(commitlog.directory))
     if rep.disk_used_ratio >= config.disk_max_used_space_ratio:
@@ -72,7 +82,13 @@ def clean_expired(config: StoreConfig, commitlog: SegmentQueue, consume_queues: 
         for seg in commitlog.segments[:-1][:BATCH]:
             if rep.reason == "time" and os.path.getmtime(seg.path) + config.file_reserved_time * 3600 > now:
                 break
-            doomed.append(seg)
+            if seg.base_offset + seg.size > dispatched:
+                rep.segments_kept_undispatched += 1
+            elif not rep.segments_kept_undispatched:
+                doomed.append(seg)
+    if rep.segments_kept_undispatched:
+        log.warning("retention: %d expired commitlog segments kept: they hold records not dispatched yet "
+                    "(dispatch is at commitlog offset %d)", rep.segments_kept_undispatched, dispatched)
     rep.segments = [s.path for s in doomed]
     rep.segments_deleted = len(doomed)
     rep.bytes_freed = sum(s.size for s in doomed)

@@ -5,8 +5,10 @@ What is checked (``verify``, given a store's components; ``MessageStore.verify``
 1. Commitlog, segment by segment: every record's structure and body CRC (the scan kernel,
    GIL released). A CRC mismatch is reported and the scan goes on after the record (its
    structure still gives its length); a structural error ends that segment's scan. A
-   segment other than the last must end with a BLANK record that reaches the file end;
-   nothing but zeros may follow the end of data.
+   segment before the last one holding data must end with a BLANK record that reaches the
+   file end (the empty segments a writer makes ahead of its need are no data); nothing
+   but zeros may follow the end of data. Pages are read once and let go of behind the
+   scan, holes are not read: memory stays a few windows whatever the store's size.
 2. Consume queues: every entry below the commitlog end must point at a record start, with
    the record's size, topic, queue id, queue offset (the entry's own) and tags code (the
    delivery time for SCHEDULE_TOPIC_XXXX); every message that gets a consume-queue entry
@@ -15,7 +17,8 @@ What is checked (``verify``, given a store's components; ``MessageStore.verify``
 3. Index files: header sanity, slots and ``prevIndex`` links in range and strictly backwards
    (so every chain walk terminates), each entry reached exactly once from its hash's slot,
    and the entries equal, in order, the keys dispatch derives from the commitlog.
-4. Checkpoint: no time in the future or past the newest stored message.
+4. Checkpoint: no time past the newest stored message, nor in the future (a time a stored
+   message has is no future: the clock stepped back since, which is no damage).
 
 On a read-only open the commitlog files are scanned to their ends, so what recovery would
 cut is reported; consume-queue and index checks stop at the (recovered) commitlog end. On a
@@ -39,6 +42,7 @@ import rmqstore._verify as _verify
 from rmqstore import _record
 from rmqstore.checkpoint import PAGE
 from rmqstore.dispatch import deliver_time
+from rmqstore.segments import first_nonzero
 from rmqstore.topics import SCHEDULE_TOPIC, is_safe_dirname
 
 if TYPE_CHECKING:
@@ -46,7 +50,6 @@ if TYPE_CHECKING:
     from rmqstore.consume_queue import ConsumeQueueTable
     from rmqstore.index import IndexService
     from rmqstore.segments import SegmentQueue
-    from rmqstore.store import MessageStore
 
 Status = _record.Status
 _STEP_OVER = (Status.CRC, Status.PLACE)     # statuses naming one bad record, which can be stepped over
@@ -113,7 +116,7 @@ class _Segment:
         records, scan status). A bad CRC or offset field is reported and stepped over."""
         seg, pos = self.seg, 0
         while True:
-            end, n, status, _ = _read.scan_segment(seg, pos, limit, True, True)
+            end, n, status, _ = _read.scan_segment(seg, pos, limit, True, True, True)
             self.records += n
             if status not in _STEP_OVER:
                 break
@@ -132,7 +135,7 @@ class _Segment:
     def _collect(self, end):
         """The columns of the records before ``end`` (one kernel pass over the mapping)."""
         self.cols, self.max_store_ts = _verify.segment_columns(self.seg, end, self.records, self.numbers,
-                                                               self.names, self.with_keys)   # GIL released
+                                                               self.names, self.with_keys, True)   # GIL released
         self._schedule_tags(end)
         self._unsafe_topics()
 
@@ -168,12 +171,9 @@ class _Segment:
             return
         if status is not Status.END or end >= limit:
             return
-        with memoryview(seg) as mv:
-            tail = np.frombuffer(mv, np.uint8)[end:limit]
-            nz = int(np.flatnonzero(tail)[0]) if tail.any() else -1
-            del tail
+        nz = first_nonzero(seg, end, limit)
         if nz >= 0:
-            off = seg.base_offset + end + nz
+            off = seg.base_offset + nz
             self.problem(off, f"non-zero bytes at commitlog offset {off}, after the end of data at "
                          f"{seg.base_offset + end}")
         elif not last:
@@ -205,6 +205,11 @@ class _Records:
         if len(self.key_phy) and self.key_phy[-1] >= end:
             keep = self.key_phy < end
             self.key_hash, self.key_phy = self.key_hash[keep], self.key_phy[keep]
+
+
+def _starts_with_data(seg: Any) -> bool:
+    """Whether a record (or anything but zeros) begins segment ``seg``."""
+    return seg.size >= 4 and seg.read(0, 4) != b"\0\0\0\0"
 
 
 def _joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -251,7 +256,10 @@ class _Verifier:
     def commitlog(self, end, progress):
         """Step 1 over every segment (``_checked``), results in order."""
         segs = self.segments.segments
-        jobs = [(seg, seg.size if self.read_only else min(seg.size, end - seg.base_offset), k == len(segs) - 1)
+        # the last segment holding data ends without a BLANK record: so may the writer's
+        # pre-made next one (and any after it), which hold nothing
+        last = next((k for k in range(len(segs) - 1, -1, -1) if _starts_with_data(segs[k])), 0)
+        jobs = [(seg, seg.size if self.read_only else min(seg.size, end - seg.base_offset), k >= last)
                 for k, seg in enumerate(segs)]
         done = []
         for (seg, limit, _), sg in zip(jobs, self._checked(jobs), strict=True):
@@ -366,9 +374,8 @@ class _Verifier:
         if not 1 <= count <= f.entries:
             self.problem("index", path, 36, f"{path}: indexCount {count} outside 1..{f.entries}")
             return empty
-        if count > 1 and (begin_ts > end_ts or begin_phy > end_phy):
-            self.problem("index", path, 0, f"{path}: header times {begin_ts}..{end_ts} or offsets "
-                         f"{begin_phy}..{end_phy} run backwards")
+        if count > 1 and begin_phy > end_phy:   # times may: endTimestamp is the last entry's, the clock steps back
+            self.problem("index", path, 0, f"{path}: header commitlog offsets {begin_phy}..{end_phy} run backwards")
         ent_at = 40 + 4 * f.slots
         found, hashes, phy = _index_check.check_file(f.seg, f.slots, f.entries, count)   # GIL released
         for s in found["bad_slots"]:
@@ -440,7 +447,7 @@ class _Verifier:
             ts = cp.as_dict()[name] or cp.rejected.get(name, 0)   # loading read an out-of-range time as 0
             if ts < 0:
                 self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is negative")
-            elif ts > now_ms:
+            elif ts > now_ms and ts > newest:   # a stored message has that time: the clock stepped back since
                 self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is in the future (now {now_ms})")
             elif newest and ts > newest:
                 self.problem("checkpoint", cp.path, pos, f"{cp.path}: {name} {ts} is after the newest stored "
@@ -464,9 +471,3 @@ def verify(commitlog: SegmentQueue, consume_queues: ConsumeQueueTable, index: In
     v.checkpoint(time.time_ns() // 1_000_000)
     v.rep.seconds = time.monotonic() - t0
     return v.rep
-
-
-def verify_store(store: MessageStore, progress: Callable[[int], object] | None = None,
-                 max_problems: int = 1000) -> VerifyReport:
-    """``verify`` of an open MessageStore's components (``MessageStore.verify``)."""
-    return store.verify(progress, max_problems)
