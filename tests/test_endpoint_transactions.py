@@ -127,6 +127,66 @@ def test_an_orphan_is_resolved_by_the_checker(tmp_path):
         assert store.committed_offset("CID_RMQ_SYS_TRANS", HALF, 0) == store.max_offset(HALF, 0)
 
 
+def _raw_half(s, body, recovery_s=None):
+    """A transactional send over the raw stub, with an orphaned-transaction recovery delay
+    when ``recovery_s`` is given (the official client sets none)."""
+    req = service_pb2.SendMessageRequest()
+    m = req.messages.add()
+    m.topic.name, m.body = "Tx", body
+    m.system_properties.message_id = "01RAW" + body.decode()
+    m.system_properties.message_type = definition_pb2.MessageType.TRANSACTION
+    if recovery_s is not None:
+        m.system_properties.orphaned_transaction_recovery_duration.seconds = recovery_s
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == Code.OK
+
+
+def test_a_half_is_not_checked_before_the_transaction_timeout(tmp_path):
+    """A client that sets no recovery delay (the official one): its half carries no
+    CHECK_IMMUNITY_TIME_IN_SECONDS, so it is immune for transaction_timeout_ms, not checked
+    at the first round while its producer may still run the local transaction. A client
+    delay, also 0, is written and used as RocketMQ 5.3's proxy and broker use it."""
+    checker = Checker(lambda body: Resolution.ROLLBACK)
+    with running(tmp_path / "s", transaction_check_interval_ms=50, transaction_timeout_ms=3_600_000) as (store, ep,
+                                                                                                        addr):
+        p = _producer(addr, checker)
+        try:
+            _send(p, b"local")
+            channel, s = stub(addr)
+            with channel:
+                _raw_half(s, b"unset")
+                _raw_half(s, b"hour", 3600)
+                _raw_half(s, b"zero", 0)
+            assert _wait(lambda: len(ep.transactions.open) == 3)     # the zero-delay one checked and rolled back
+            for _ in range(3):
+                ep.transactions.check()                              # rounds run now: still immune
+        finally:
+            p.shutdown()
+        assert checker.asked == [b"zero"]
+        store.wait_dispatched(10)
+        props = {h.body: h.properties for h in store.get_messages(HALF, 0, 0, 10).messages
+                 if "TRANSACTION_CHECK_TIMES" not in h.properties}
+        assert {b: pr.get("CHECK_IMMUNITY_TIME_IN_SECONDS") for b, pr in props.items()} == {
+            b"local": None, b"unset": None, b"hour": "3600", b"zero": "0"}
+
+
+def test_a_half_is_checked_once_its_transaction_timeout_passed(tmp_path):
+    """The same half without a client delay, a timeout of 300 ms: checked once it is older."""
+    checker = Checker(lambda body: Resolution.COMMIT)
+    with running(tmp_path / "s", transaction_check_interval_ms=100, transaction_timeout_ms=300) as (store, ep, addr):
+        p = _producer(addr, checker)
+        try:
+            _send(p, b"late")
+            assert _wait(lambda: not ep.transactions.open)
+        finally:
+            p.shutdown()
+        assert checker.asked == [b"late"]
+        store.wait_dispatched(10)
+        halves = store.get_messages(HALF, 0, 0, 10).messages
+        assert halves[-1].store_timestamp - halves[0].born_timestamp >= 300   # the copy put back after the timeout
+        assert _bodies(store, "Tx") == [b"late"]
+
+
 def test_unresolved_after_the_check_max_is_discarded(tmp_path):
     """A checker that never answers COMMIT or ROLLBACK: after transaction_check_max checks
     the half goes to TRANS_CHECK_MAX_TIME_TOPIC and is never delivered."""

@@ -3,8 +3,9 @@
 A transactional send stores a *half message* in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0: the
 message with its real topic and queue in the ``REAL_TOPIC`` / ``REAL_QID`` properties,
 ``TRAN_MSG=true``, ``PGROUP`` (the producer group, which RocketMQ's proxy sets to the topic)
-and ``CHECK_IMMUNITY_TIME_IN_SECONDS`` (the client's orphaned-transaction recovery delay), and
-a transaction-free sys_flag (the broker resets PREPARED so the half topic gets consume-queue
+``CHECK_IMMUNITY_TIME_IN_SECONDS`` (the client's orphaned-transaction recovery delay; only
+when the client sets one, as RocketMQ 5.3's proxy: without it the check waits
+``timeout_ms``), and a transaction-free sys_flag (the broker resets PREPARED so the half topic gets consume-queue
 entries). Consumers of the real topic never see it.
 
 ``EndTransaction`` COMMIT writes the message to its real topic and queue (REAL_* properties
@@ -191,10 +192,12 @@ class Transactions:
         self.store.commit_offset(CHECK_GROUP, HALF_TOPIC, 0, first)
 
     # -- sends and resolutions ------------------------------------------------------------
-    def put_half(self, msg: Message, queue_id: int, immunity_s: int) -> MessageExt:
-        """Store ``msg`` (bound for ``queue_id`` of its topic) as a half message; the stored half."""
-        msg.properties.update({REAL_TOPIC: msg.topic, REAL_QID: str(queue_id), TRAN_MSG: "true", PGROUP: msg.topic,
-                               IMMUNITY_S: str(immunity_s)})
+    def put_half(self, msg: Message, queue_id: int, immunity_s: int | None) -> MessageExt:
+        """Store ``msg`` (bound for ``queue_id`` of its topic) as a half message; the stored half.
+        ``immunity_s``: the client's recovery delay, None when it set none (checked after ``timeout_ms``)."""
+        msg.properties.update({REAL_TOPIC: msg.topic, REAL_QID: str(queue_id), TRAN_MSG: "true", PGROUP: msg.topic})
+        if immunity_s is not None:
+            msg.properties[IMMUNITY_S] = str(immunity_s)
         topic, msg.topic = msg.topic, HALF_TOPIC
         with self.lock:
             stored = self.store.get_by_offset(self.store.put(msg, 0).phy_offset)
