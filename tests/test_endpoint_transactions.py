@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2  # noqa: E402
 from test_endpoint_crash import _start  # noqa: E402
 
 from rmqstore import Message, MessageStore, StoreConfig  # noqa: E402
-from rmqstore.endpoint.transactions import Transactions, _final  # noqa: E402
+from rmqstore.endpoint.transactions import Transactions, _final, transaction_id  # noqa: E402
 
 from endpoint_client import client_config, consumer, endpoint_config, message, receive_all, running, stub  # noqa: E402
 
@@ -248,6 +248,72 @@ def test_a_commit_cut_before_its_op_message_is_finished_at_start(tmp_path):
         assert [a[1].body for a in asked] == [b"open"]
         tx.close()
         assert _bodies(store, "Tx") == [b"cut"]
+
+
+def _restarted(path, read):
+    """A store reopened at ``path`` whose queue reads are recorded in ``read`` (topic, offset)."""
+    store = MessageStore(path, endpoint_config())
+    get = store.get_messages
+    store.get_messages = lambda topic, q, offset, n: read.append((topic, offset)) or get(topic, q, offset, n)
+    return store
+
+
+def test_a_restart_reads_only_the_ops_past_their_progress(tmp_path):
+    """The op queue's progress (CID_RMQ_SYS_TRANS's offset of it, as RocketMQ keeps it) stays
+    at the first op naming a half at or past the check progress: ops of halves behind an open
+    one are read again at a start (still needed), ops all of whose halves are behind the
+    progress are not."""
+    path, cid = tmp_path / "s", "CID_RMQ_SYS_TRANS"
+    with MessageStore(path, endpoint_config()) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        halves = [tx.put_half(Message("Tx", b"m%d" % i, properties={"UNIQ_KEY": f"ID{i}"}), 0, None)
+                  for i in range(5)]
+        for h in halves[1:4]:                                   # op offsets 0, 1, 2 name halves 1, 2, 3
+            tx.end("Tx", h.uniq_key, transaction_id(h), False)
+        assert store.committed_offset(cid, HALF, 0) == 0 and store.committed_offset(cid, OP, 0) == 0
+        tx.close()
+    read = []
+    with _restarted(path, read) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        assert set(tx.open) == {"ID0", "ID4"}
+        assert [o for t, o in read if t == OP] == [0]           # the three ops, one read from their progress
+        tx.end("Tx", "ID0", transaction_id(halves[0]), True)     # op 3: every op now names a half below 4
+        assert store.committed_offset(cid, HALF, 0) == 4 and store.committed_offset(cid, OP, 0) == 4
+        tx.close()
+    read.clear()
+    with _restarted(path, read) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        assert set(tx.open) == {"ID4"}
+        assert [t for t, o in read if t == OP] == []            # no op read again
+        tx.end("Tx", "ID4", transaction_id(halves[4]), False)
+        store.wait_dispatched(10)
+        assert store.committed_offset(cid, OP, 0) == store.max_offset(OP, 0) == 5
+        tx.close()
+        assert _bodies(store, "Tx") == [b"m0"]
+
+
+def test_a_half_without_uniq_key_is_finished_after_a_cut_commit(tmp_path):
+    """put_half gives a message without UNIQ_KEY one; a half stored without one (keyed by its
+    msgId) whose commit was cut before its op message is found by the commit's
+    PREPAREDTRANSACTIONOFFSET at the next start, and finished once."""
+    path = tmp_path / "s"
+    with MessageStore(path, endpoint_config()) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        keyed = tx.put_half(Message("Tx", b"given"), 0, None)
+        assert keyed.uniq_key and set(tx.open) == {keyed.uniq_key}
+        put = store.put(Message(HALF, b"keyless", properties={"REAL_TOPIC": "Tx", "REAL_QID": "1", "TRAN_MSG": "true",
+                                                              "PGROUP": "Tx"}), 0)
+        keyless = store.get_by_offset(put.phy_offset)
+        assert not keyless.uniq_key
+        store.put(_final(keyless, keyless.phy_offset), 1)      # the kill comes before its op message
+        tx.close()
+    with MessageStore(path, endpoint_config()) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        assert set(tx.open) == {keyed.uniq_key}
+        store.wait_dispatched(10)
+        assert [o.body for o in store.get_messages(OP, 0, 0, 10).messages] == [str(keyless.queue_offset).encode()]
+        tx.close()
+        assert _bodies(store, "Tx") == [b"keyless"]
 
 
 def test_sigkill_between_half_and_resolution(tmp_path):
