@@ -236,6 +236,41 @@ def test_concurrent_acks_share_one_fsync_and_each_waits_for_it(tmp_path, monkeyp
         st.sync(st.append([["a", "G", "T", 0, 101]]))
 
 
+@pytest.mark.parametrize("op, match, err", [("fsync", "popState.json", "EIO"), ("fsync", "config", "EIO"),
+                                             ("fsync", "popState.log", "EIO"), ("open", "popState.log", "EMFILE")])
+def test_a_failed_compaction_fails_every_later_ack(tmp_path, monkeypatch, op, match, err):
+    """A compaction (the log past its size) whose snapshot fsync, directory fsync, new-log
+    fsync or new-log open fails: that append raises, and every later sync raises too, also
+    once the disk works again (nothing written before the failure is acknowledged). A failed
+    open leaves the old log's descriptor open: a file opened since (which could get a closed
+    descriptor's number) gets none of the log's lines."""
+    import errno
+
+    from rmqstore import StoreIOError
+    from rmqstore._segment import inject_fault
+    from rmqstore.endpoint import state as state_module
+    st = PopState(str(tmp_path))
+    st.sync(st.append([["a", "G", "T", 0, 1]]))
+    monkeypatch.setattr(state_module, "_COMPACT_BYTES", 0)          # the next append compacts
+    inject_fault(op, 1, getattr(errno, err), match)
+    try:
+        with pytest.raises(StoreIOError):
+            st.append([["a", "G", "T", 0, 2]])
+    finally:
+        inject_fault(op, 0, errno.EIO)
+    monkeypatch.setattr(state_module, "_COMPACT_BYTES", 4 << 20)
+    other = os.open(tmp_path / "segment", os.O_RDWR | os.O_CREAT, 0o600)   # gets the lowest free number
+    try:
+        with pytest.raises(StoreIOError, match="earlier fsync failed"):
+            st.sync(st.append([["a", "G", "T", 0, 3]]))
+        assert os.fstat(other).st_size == 0
+    finally:
+        os.close(other)
+    st.close()
+    again = PopState(str(tmp_path))
+    assert again.queues[("G", "T", 0)].pending == {} and again._sync_failed is None
+
+
 def test_state_files_are_left_alone_once_the_store_lets_its_lock_go(tmp_path):
     """The store closed under a running endpoint (its writer lock let go), another writer
     opens the directory, and the endpoint stops: the stop rewrote popState.json (a rename)

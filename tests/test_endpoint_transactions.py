@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2  # noqa: E402
 from test_endpoint_crash import _start  # noqa: E402
 
 from rmqstore import Message, MessageStore, StoreConfig  # noqa: E402
-from rmqstore.endpoint.transactions import Transactions, _final  # noqa: E402
+from rmqstore.endpoint.transactions import Transactions, _final, transaction_id  # noqa: E402
 
 from endpoint_client import client_config, consumer, endpoint_config, message, receive_all, running, stub  # noqa: E402
 
@@ -127,6 +127,66 @@ def test_an_orphan_is_resolved_by_the_checker(tmp_path):
         assert store.committed_offset("CID_RMQ_SYS_TRANS", HALF, 0) == store.max_offset(HALF, 0)
 
 
+def _raw_half(s, body, recovery_s=None):
+    """A transactional send over the raw stub, with an orphaned-transaction recovery delay
+    when ``recovery_s`` is given (the official client sets none)."""
+    req = service_pb2.SendMessageRequest()
+    m = req.messages.add()
+    m.topic.name, m.body = "Tx", body
+    m.system_properties.message_id = "01RAW" + body.decode()
+    m.system_properties.message_type = definition_pb2.MessageType.TRANSACTION
+    if recovery_s is not None:
+        m.system_properties.orphaned_transaction_recovery_duration.seconds = recovery_s
+    res = s.SendMessage(req, timeout=10)
+    assert res.status.code == Code.OK
+
+
+def test_a_half_is_not_checked_before_the_transaction_timeout(tmp_path):
+    """A client that sets no recovery delay (the official one): its half carries no
+    CHECK_IMMUNITY_TIME_IN_SECONDS, so it is immune for transaction_timeout_ms, not checked
+    at the first round while its producer may still run the local transaction. A client
+    delay, also 0, is written and used as RocketMQ 5.3's proxy and broker use it."""
+    checker = Checker(lambda body: Resolution.ROLLBACK)
+    with running(tmp_path / "s", transaction_check_interval_ms=50, transaction_timeout_ms=3_600_000) as (store, ep,
+                                                                                                        addr):
+        p = _producer(addr, checker)
+        try:
+            _send(p, b"local")
+            channel, s = stub(addr)
+            with channel:
+                _raw_half(s, b"unset")
+                _raw_half(s, b"hour", 3600)
+                _raw_half(s, b"zero", 0)
+            assert _wait(lambda: len(ep.transactions.open) == 3)     # the zero-delay one checked and rolled back
+            for _ in range(3):
+                ep.transactions.check()                              # rounds run now: still immune
+        finally:
+            p.shutdown()
+        assert checker.asked == [b"zero"]
+        store.wait_dispatched(10)
+        props = {h.body: h.properties for h in store.get_messages(HALF, 0, 0, 10).messages
+                 if "TRANSACTION_CHECK_TIMES" not in h.properties}
+        assert {b: pr.get("CHECK_IMMUNITY_TIME_IN_SECONDS") for b, pr in props.items()} == {
+            b"local": None, b"unset": None, b"hour": "3600", b"zero": "0"}
+
+
+def test_a_half_is_checked_once_its_transaction_timeout_passed(tmp_path):
+    """The same half without a client delay, a timeout of 300 ms: checked once it is older."""
+    checker = Checker(lambda body: Resolution.COMMIT)
+    with running(tmp_path / "s", transaction_check_interval_ms=100, transaction_timeout_ms=300) as (store, ep, addr):
+        p = _producer(addr, checker)
+        try:
+            _send(p, b"late")
+            assert _wait(lambda: not ep.transactions.open)
+        finally:
+            p.shutdown()
+        assert checker.asked == [b"late"]
+        store.wait_dispatched(10)
+        halves = store.get_messages(HALF, 0, 0, 10).messages
+        assert halves[-1].store_timestamp - halves[0].born_timestamp >= 300   # the copy put back after the timeout
+        assert _bodies(store, "Tx") == [b"late"]
+
+
 def test_unresolved_after_the_check_max_is_discarded(tmp_path):
     """A checker that never answers COMMIT or ROLLBACK: after transaction_check_max checks
     the half goes to TRANS_CHECK_MAX_TIME_TOPIC and is never delivered."""
@@ -188,6 +248,72 @@ def test_a_commit_cut_before_its_op_message_is_finished_at_start(tmp_path):
         assert [a[1].body for a in asked] == [b"open"]
         tx.close()
         assert _bodies(store, "Tx") == [b"cut"]
+
+
+def _restarted(path, read):
+    """A store reopened at ``path`` whose queue reads are recorded in ``read`` (topic, offset)."""
+    store = MessageStore(path, endpoint_config())
+    get = store.get_messages
+    store.get_messages = lambda topic, q, offset, n: read.append((topic, offset)) or get(topic, q, offset, n)
+    return store
+
+
+def test_a_restart_reads_only_the_ops_past_their_progress(tmp_path):
+    """The op queue's progress (CID_RMQ_SYS_TRANS's offset of it, as RocketMQ keeps it) stays
+    at the first op naming a half at or past the check progress: ops of halves behind an open
+    one are read again at a start (still needed), ops all of whose halves are behind the
+    progress are not."""
+    path, cid = tmp_path / "s", "CID_RMQ_SYS_TRANS"
+    with MessageStore(path, endpoint_config()) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        halves = [tx.put_half(Message("Tx", b"m%d" % i, properties={"UNIQ_KEY": f"ID{i}"}), 0, None)
+                  for i in range(5)]
+        for h in halves[1:4]:                                   # op offsets 0, 1, 2 name halves 1, 2, 3
+            tx.end("Tx", h.uniq_key, transaction_id(h), False)
+        assert store.committed_offset(cid, HALF, 0) == 0 and store.committed_offset(cid, OP, 0) == 0
+        tx.close()
+    read = []
+    with _restarted(path, read) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        assert set(tx.open) == {"ID0", "ID4"}
+        assert [o for t, o in read if t == OP] == [0]           # the three ops, one read from their progress
+        tx.end("Tx", "ID0", transaction_id(halves[0]), True)     # op 3: every op now names a half below 4
+        assert store.committed_offset(cid, HALF, 0) == 4 and store.committed_offset(cid, OP, 0) == 4
+        tx.close()
+    read.clear()
+    with _restarted(path, read) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        assert set(tx.open) == {"ID4"}
+        assert [t for t, o in read if t == OP] == []            # no op read again
+        tx.end("Tx", "ID4", transaction_id(halves[4]), False)
+        store.wait_dispatched(10)
+        assert store.committed_offset(cid, OP, 0) == store.max_offset(OP, 0) == 5
+        tx.close()
+        assert _bodies(store, "Tx") == [b"m0"]
+
+
+def test_a_half_without_uniq_key_is_finished_after_a_cut_commit(tmp_path):
+    """put_half gives a message without UNIQ_KEY one; a half stored without one (keyed by its
+    msgId) whose commit was cut before its op message is found by the commit's
+    PREPAREDTRANSACTIONOFFSET at the next start, and finished once."""
+    path = tmp_path / "s"
+    with MessageStore(path, endpoint_config()) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        keyed = tx.put_half(Message("Tx", b"given"), 0, None)
+        assert keyed.uniq_key and set(tx.open) == {keyed.uniq_key}
+        put = store.put(Message(HALF, b"keyless", properties={"REAL_TOPIC": "Tx", "REAL_QID": "1", "TRAN_MSG": "true",
+                                                              "PGROUP": "Tx"}), 0)
+        keyless = store.get_by_offset(put.phy_offset)
+        assert not keyless.uniq_key
+        store.put(_final(keyless, keyless.phy_offset), 1)      # the kill comes before its op message
+        tx.close()
+    with MessageStore(path, endpoint_config()) as store:
+        tx = Transactions(store, lambda *a: True, 60_000)
+        assert set(tx.open) == {keyed.uniq_key}
+        store.wait_dispatched(10)
+        assert [o.body for o in store.get_messages(OP, 0, 0, 10).messages] == [str(keyless.queue_offset).encode()]
+        tx.close()
+        assert _bodies(store, "Tx") == [b"keyless"]
 
 
 def test_sigkill_between_half_and_resolution(tmp_path):

@@ -271,8 +271,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         queues = self.routes.queues(_name(pb.topic))
         msg = to_store(pb, context.peer(), self.max_body)
         assert self.transactions is not None
-        half = self.transactions.put_half(msg, queues[next(self._turn) % len(queues)],
-                                          int(pb.system_properties.orphaned_transaction_recovery_duration.seconds))
+        sp = pb.system_properties   # the immunity only when the client set a recovery delay (as the proxy)
+        immunity = sp.orphaned_transaction_recovery_duration.seconds \
+            if sp.HasField("orphaned_transaction_recovery_duration") else None
+        half = self.transactions.put_half(msg, queues[next(self._turn) % len(queues)], immunity)
         res = service_pb2.SendMessageResponse()
         e = _ok(res.entries.add())
         e.message_id, e.offset = pb.system_properties.message_id, half.queue_offset

@@ -29,7 +29,8 @@ Durability rules:
    message is never handed out again, whatever kills the process afterwards. Acks of
    concurrent calls share one fsync (group commit: ``sync`` covers every record appended
    before it began), taken outside the state lock so appends go on meanwhile. Once an
-   fsync has failed, ``sync`` raises for good: nothing written before it is acknowledged.
+   fsync has failed (also one of a compaction: its snapshot, its new log), ``sync`` raises
+   for good: nothing written before it is acknowledged.
 2. Receives and ``next`` moves are appended without fsync: losing them in a crash only
    makes messages visible again (at-least-once), never loses one.
 3. Replaying the log over the snapshot is idempotent (``r`` sets, ``a`` drops, ``n`` takes
@@ -187,15 +188,26 @@ class PopState:
             self._compact_held()
 
     def _compact_held(self) -> None:
+        """A failure is sticky as a failed fsync (rule 1); the log's descriptor is replaced only
+        once the new one is open, so a failed open leaves no closed number to write to."""
         rows = [[g, t, q, qs.next, [[o, *e] for o, e in sorted(qs.pending.items())]]
                 for (g, t, q), qs in self.queues.items()]
-        write_atomic(self.snapshot_path, json.dumps({"version": 1, "seq": self._seq, "queues": rows}).encode(),
-                     self.file_mode)
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = open_file(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self.file_mode)
-        os.ftruncate(self._fd, 0)
-        fsync(self._fd, self.log_path)
+        try:
+            write_atomic(self.snapshot_path, json.dumps({"version": 1, "seq": self._seq, "queues": rows}).encode(),
+                         self.file_mode)
+            fd = open_file(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self.file_mode)
+            try:
+                os.ftruncate(fd, 0)
+                fsync(fd, self.log_path)
+            except BaseException:
+                os.close(fd)
+                raise
+        except OSError as e:
+            self._sync_failed = self._sync_failed or e
+            raise
+        old, self._fd = self._fd, fd
+        if old >= 0:
+            os.close(old)
         self._size = self._synced = 0
         self._generation += 1
 

@@ -3,8 +3,9 @@
 A transactional send stores a *half message* in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0: the
 message with its real topic and queue in the ``REAL_TOPIC`` / ``REAL_QID`` properties,
 ``TRAN_MSG=true``, ``PGROUP`` (the producer group, which RocketMQ's proxy sets to the topic)
-and ``CHECK_IMMUNITY_TIME_IN_SECONDS`` (the client's orphaned-transaction recovery delay), and
-a transaction-free sys_flag (the broker resets PREPARED so the half topic gets consume-queue
+``CHECK_IMMUNITY_TIME_IN_SECONDS`` (the client's orphaned-transaction recovery delay; only
+when the client sets one, as RocketMQ 5.3's proxy: without it the check waits
+``timeout_ms``), and a transaction-free sys_flag (the broker resets PREPARED so the half topic gets consume-queue
 entries). Consumers of the real topic never see it.
 
 ``EndTransaction`` COMMIT writes the message to its real topic and queue (REAL_* properties
@@ -20,15 +21,18 @@ RecoverOrphanedTransactionCommand naming that copy goes to a producer of the gro
 telemetry stream (its TransactionChecker answers with EndTransaction). A half already
 checked ``check_max`` times is discarded as RocketMQ discards it: copied to
 ``TRANS_CHECK_MAX_TIME_TOPIC`` and never delivered. The check progress (first half offset
-still open) is kept as the group ``CID_RMQ_SYS_TRANS``'s consumer offset of the half queue.
+still open) is kept as the group ``CID_RMQ_SYS_TRANS``'s consumer offset of the half queue,
+and as its offset of the op queue the first op message naming a half at or past that
+progress (every op before it names a half below it: not needed again).
 
 Crash safety: the half and op topics are the durable record. On start the open set is
-rebuilt: half copies from the check progress on, minus those an op message names, grouped
-by message id (a transaction's copies are one transaction); then the commitlog from the
-oldest open copy is read for what a kill may have left between two writes: a COMMIT record
-of the message (its op message never written) or a copy in ``TRANS_CHECK_MAX_TIME_TOPIC``
-(discarded). Those are finished (the op written now), so every transaction ends in
-exactly one outcome: committed once, rolled back, or discarded.
+rebuilt, both queues read as a stream from their progress on: half copies minus those an
+op message names, grouped by ``UNIQ_KEY`` (a transaction's copies are one transaction;
+``put_half`` gives a message without one a new key); then the commitlog from the oldest
+open copy is read for what a kill may have left between two writes: a COMMIT record of a
+copy (its PREPAREDTRANSACTIONOFFSET names it; its op message never written) or a copy in
+``TRANS_CHECK_MAX_TIME_TOPIC`` (discarded). Those are finished (the op written now), so
+every transaction ends in exactly one outcome: committed once, rolled back, or discarded.
 
 Thread-safety: one lock orders EndTransaction, the check round and sends of half messages.
 """
@@ -38,7 +42,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from rocketmq.grpc_protocol import definition_pb2
@@ -111,23 +116,26 @@ class Transactions:
         self.check_max = check_max
         self.lock = threading.Lock()
         self.open: dict[str, Open] = {}
+        self._ops: deque[tuple[int, int]] = deque()   # (op queue offset, latest half it names) past the progress
+        self._ops_end = 0                              # the op queue's end as written
         self._stop = threading.Event()
         self._rebuild()
         self._thread = threading.Thread(target=self._run, name="rmqstore-transaction-check", daemon=True)
         self._thread.start()
 
     # -- the durable record ---------------------------------------------------------------
-    def _read_queue(self, topic: str, start: int) -> list[MessageExt]:
-        out: list[MessageExt] = []
+    def _read_queue(self, topic: str, start: int) -> Iterator[MessageExt]:
+        """Queue 0 of ``topic`` from ``start`` (its first kept offset at least), 64 at a time."""
+        if topic not in self.store.topics():
+            return
         offset = max(start, self.store.min_offset(topic, 0))
         end = self.store.max_offset(topic, 0)
         while offset < end:
             res = self.store.get_messages(topic, 0, offset, 64)
-            out.extend(res.messages)
+            yield from res.messages
             if res.next_offset <= offset:
                 break
             offset = res.next_offset
-        return out
 
     def _rebuild(self) -> None:
         """The open transactions from the half and op topics (see the module docstring)."""
@@ -137,9 +145,12 @@ class Transactions:
         store.wait_dispatched()
         progress = max(0, store.committed_offset(CHECK_GROUP, HALF_TOPIC, 0))
         removed: set[int] = set()
-        for op in self._read_queue(OP_TOPIC, 0) if OP_TOPIC in store.topics() else ():
-            if op.tags == REMOVE_TAG:
-                removed.update(_int(t, -1) for t in op.body.decode("ascii", "replace").split(","))
+        for op in self._read_queue(OP_TOPIC, max(0, store.committed_offset(CHECK_GROUP, OP_TOPIC, 0))):
+            halves = [q for t in op.body.decode("ascii", "replace").split(",") if (q := _int(t, -1)) >= progress]
+            if op.tags == REMOVE_TAG and halves:
+                removed.update(halves)
+                self._ops.append((op.queue_offset, max(halves)))
+            self._ops_end = op.queue_offset + 1
         done: set[str] = set()
         for half in self._read_queue(HALF_TOPIC, progress):
             mid = half.uniq_key or half.msg_id
@@ -160,14 +171,14 @@ class Transactions:
 
     def _finish_interrupted(self) -> None:
         """Transactions a kill left between their final write and its op message."""
-        first = min(phy for t in self.open.values() for phy in t.copies.values())
-        for m in self.store.scan(first):
-            t = self.open.get(m.uniq_key or "")
-            if t is None:
+        by_copy = {phy: t for t in self.open.values() for phy in t.copies.values()}
+        for m in self.store.scan(min(by_copy)):
+            committed = m.sys_flag & TRAN_MASK == TRAN_COMMIT
+            t = by_copy.get(m.prepared_transaction_offset) if committed else self.open.get(m.uniq_key or "")
+            if t is None or t.message_id not in self.open:
                 continue
             mid = t.message_id
-            committed = m.topic == t.topic and m.sys_flag & TRAN_MASK == TRAN_COMMIT \
-                and m.prepared_transaction_offset in t.copies.values()
+            committed = committed and m.topic == t.topic
             if committed or m.topic == DISCARD_TOPIC:
                 log.info("transaction %s was %s before a restart; finishing it", mid,
                          "committed" if committed else "discarded")
@@ -178,9 +189,11 @@ class Transactions:
     def _write_ops(self, t: Open) -> None:
         """Op messages for every copy of ``t`` (RocketMQ's body: one half queue offset)."""
         now = int(time.time() * 1000)
-        self.store.put_batch([Message(OP_TOPIC, str(q).encode(), tags=REMOVE_TAG, born_timestamp=now,
-                                      properties={UNIQ_KEY: uuid.uuid4().hex.upper()}) for q in sorted(t.copies)],
-                             [0] * len(t.copies))
+        halves = sorted(t.copies)
+        puts = self.store.put_batch([Message(OP_TOPIC, str(q).encode(), tags=REMOVE_TAG, born_timestamp=now,
+                                             properties={UNIQ_KEY: _new_key()}) for q in halves], [0] * len(halves))
+        self._ops.extend((p.queue_offset, q) for p, q in zip(puts, halves, strict=True))
+        self._ops_end = puts[-1].queue_offset + 1
 
     def _save_progress(self) -> None:
         first = min((q for t in self.open.values() for q in t.copies), default=None)
@@ -188,13 +201,21 @@ class Transactions:
             if HALF_TOPIC not in self.store.topics():
                 return
             first = self.store.max_offset(HALF_TOPIC, 0)
-        self.store.commit_offset(CHECK_GROUP, HALF_TOPIC, 0, first)
+        self.store.commit_offset(CHECK_GROUP, HALF_TOPIC, 0, first)   # first: saved in between, the op one lags
+        while self._ops and self._ops[0][1] < first:
+            self._ops.popleft()
+        if self._ops_end:
+            self.store.commit_offset(CHECK_GROUP, OP_TOPIC, 0, self._ops[0][0] if self._ops else self._ops_end)
 
     # -- sends and resolutions ------------------------------------------------------------
-    def put_half(self, msg: Message, queue_id: int, immunity_s: int) -> MessageExt:
-        """Store ``msg`` (bound for ``queue_id`` of its topic) as a half message; the stored half."""
-        msg.properties.update({REAL_TOPIC: msg.topic, REAL_QID: str(queue_id), TRAN_MSG: "true", PGROUP: msg.topic,
-                               IMMUNITY_S: str(immunity_s)})
+    def put_half(self, msg: Message, queue_id: int, immunity_s: int | None) -> MessageExt:
+        """Store ``msg`` (bound for ``queue_id`` of its topic) as a half message; the stored half.
+        ``immunity_s``: the client's recovery delay, None when it set none (checked after ``timeout_ms``).
+        A message without ``UNIQ_KEY`` gets one (its copies are found by it)."""
+        msg.properties.setdefault(UNIQ_KEY, _new_key())
+        msg.properties.update({REAL_TOPIC: msg.topic, REAL_QID: str(queue_id), TRAN_MSG: "true", PGROUP: msg.topic})
+        if immunity_s is not None:
+            msg.properties[IMMUNITY_S] = str(immunity_s)
         topic, msg.topic = msg.topic, HALF_TOPIC
         with self.lock:
             stored = self.store.get_by_offset(self.store.put(msg, 0).phy_offset)
@@ -271,6 +292,10 @@ class Transactions:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _new_key() -> str:
+    return uuid.uuid4().hex.upper()
 
 
 def _final(half: MessageExt, phy: int) -> Message:
