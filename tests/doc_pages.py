@@ -12,11 +12,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
-# Pages other branches add (endpoint, console, trust, native services, Spark planning),
-# linked from these pages before they exist. Links to them are accepted while they are
-# absent; once merged, remove them here and uncomment them in mkdocs.yml's nav.
-PENDING = {"durability.md", "dispatch.md"}
-
 RUNNABLE = {"bash", "sh", "console", "python"}
 FENCE = re.compile(r"^(?:<!-- norun: (?P<norun>[^\n]*?) -->\n)?```(?P<lang>[^\n`]*)\n(?P<body>.*?)^```[ \t]*$",
                    re.M | re.S)
@@ -80,7 +75,7 @@ def _api_page_exists(rel: str) -> bool:
         importlib.util.find_spec(module) is not None)
 
 
-def broken_links(page: Path, pending: set[str] = PENDING) -> list[str]:
+def broken_links(page: Path) -> list[str]:
     """Every relative link of ``page`` whose file or anchor does not resolve, as
     'page:line: target (why)'. External links (a scheme or //) are left out."""
     out = []
@@ -99,8 +94,7 @@ def broken_links(page: Path, pending: set[str] = PENDING) -> list[str]:
                 out.append(f"{where} (no such API page)")
             continue
         if not dest.exists():
-            if not (rel_docs in pending and dest.parent.resolve() == DOCS.resolve()):
-                out.append(f"{where} (no such file)")
+            out.append(f"{where} (no such file)")
             continue
         if anchor and (dest.suffix != ".md" or anchor not in anchors(dest)):
             out.append(f"{where} (no such anchor)")
