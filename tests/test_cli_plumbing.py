@@ -97,14 +97,16 @@ def test_terminal_controls_in_message_data_are_escaped(tmp_path):
     """A sender's tags, keys and topic reach the operator's terminal: escape sequences (clear
     the screen), line separators and bidi overrides are shown as escapes, never sent raw."""
     store = tmp_path / "s"
-    put(store, {"topic": "T", "body": "b\x1b]0;title\x07", "tags": "\x1b[2J", "keys": ["k\u2028x", "\u202eevil"]},
+    put(store, {"topic": "T", "body": "b\x1b]0;title\x07", "tags": "\x1b[2J",
+                "keys": ["k\u2028x", "\u202eevil", "z\u200bw\u200f\u061c\ufeff"]},
         extra=("--create", "--segment-size", "4096"))
     outputs = [run(*cmd).stdout for cmd in (["get", store, "--topic", "T", "--queue", 0, "--offset", 0],
                                              ["tail", store, "--from", 0, "--max", 1], ["at", store, 0],
                                              ["query", store, "--topic", "T", "--key", "k\u2028x"])]
     for out in outputs:
-        assert not any(c in out for c in "\x1b\x07\u2028\u202e"), out
+        assert not any(c in out for c in "\x1b\x07\u2028\u202e\u200b\u200f\u061c\ufeff"), out
     assert "\\x1b[2J" in outputs[0] and "\\u202eevil" in outputs[1]
+    assert "z\\u200bw\\u200f\\u061c\\ufeff" in outputs[2]   # zero-width and bidi marks: visible too
     assert json.loads(run("at", store, 0, "--json").stdout)["tags"] == "\x1b[2J"
 
 

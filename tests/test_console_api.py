@@ -455,3 +455,176 @@ def test_cli_console_takes_a_foreign_index_geometry(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_deeply_nested_body_is_shown_as_text(tmp_path):
+    """A body of 5000 '[' makes json.loads raise RecursionError: the message page still
+    answers, with the text view and no JSON view."""
+    root = str(tmp_path / "store")
+    with MessageStore(root, CFG) as w:
+        deep = w.put(Message("Deep", b"[" * 5000))
+        fine = w.put(Message("Deep", b'{"a": [1, 2]}'))
+    with running([root]) as (url, _):
+        url = url.rstrip("/")
+        doc = _json(f"{url}/api/s/0/message?offset={deep.phy_offset}")
+        assert doc["views"]["json"] is None and doc["views"]["text"] == "[" * 5000
+        assert _get(f"{url}/s/0/message?offset={deep.phy_offset}")[0] == 200
+        assert json.loads(_json(f"{url}/api/s/0/message?offset={fine.phy_offset}")["views"]["json"]) == {"a": [1, 2]}
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_open_files_stay_bounded_on_a_live_store(tmp_path, monkeypatch):
+    """While a writer appends, every look finds the store changed and reopens: a replaced
+    handle is closed when its last request ends, so the open files stay about one handle's
+    (each holds a file per queue) instead of growing with every reopening."""
+    import threading
+
+    from rmqstore.console import stores
+    monkeypatch.setattr(stores, "RECHECK_SECONDS", 0.02)
+    root = str(tmp_path / "store")
+    queues = 40
+    with MessageStore(root, CFG) as w:
+        for q in range(queues):
+            w.put(Message("Wide", b"first"), queue_id=q)
+        w.wait_dispatched()
+        before = _open_fds()
+        with MessageStore(root, CFG, read_only=True) as extra:
+            extra.get_messages("Wide", 0, 0, 1)
+            handle_fds = _open_fds() - before
+        assert handle_fds >= queues   # a file per queue at least: a leaked handle shows
+        stop = threading.Event()
+
+        def append():
+            i = 0
+            while not stop.is_set():
+                w.put(Message("Wide", b"m%d" % i), queue_id=i % queues)
+                i += 1
+                time.sleep(0.002)
+
+        t = threading.Thread(target=append, daemon=True)
+        t.start()
+        try:
+            with running([root]) as (url, c):
+                url = url.rstrip("/")
+                start, most = _open_fds(), 0
+                ends = time.monotonic() + 4
+                while time.monotonic() < ends or (c.stores[0].generation < 10 and time.monotonic() < ends + 60):
+                    assert _get(f"{url}/api/s/0/topic?name=Wide")[0] == 200
+                    most = max(most, _open_fds())
+                reopened = c.stores[0].generation
+        finally:
+            stop.set()
+            t.join(10)
+    assert reopened >= 10   # the test did make the console reopen
+    # at any time: the current handle, a fresh one being opened and one a request still reads
+    assert most - start <= 3 * handle_fds, (most - start, handle_fds, reopened)
+
+
+def test_any_loopback_address_serves(generated):
+    """--listen 127.0.0.2 is loopback (no token) and its requests name it in Host."""
+    try:
+        cm = running([generated], "127.0.0.2:0")
+        url, _ = cm.__enter__()
+    except OSError as e:
+        pytest.skip(f"127.0.0.2 cannot be bound here: {e}")
+    try:
+        assert "token=" not in url
+        url = url.rstrip("/")
+        assert _get(f"{url}/api/s/0/overview")[0] == 200
+        assert _get(f"{url}/api/s/0/overview", {"Host": "localhost"})[0] == 200
+        assert _get(f"{url}/api/s/0/overview", {"Host": "attacker.example:80"})[0] == 421
+    finally:
+        cm.__exit__(None, None, None)
+
+
+def _first_event(url, headers=None):
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, r.readline() + r.readline() + r.readline() + r.readline()
+
+
+def test_tail_from_a_bad_position_is_refused(console):
+    url, c = console
+    s = c.stores[0].store()
+    end = s.max_phy_offset
+    for bad in (f"{url}/api/s/0/tail/events?from=7", f"{url}/api/s/0/tail/events?from={end + 1}"):
+        status, _, body = _get(bad)
+        assert status == 400 and "error" in json.loads(body), body
+    assert _get(f"{url}/api/s/0/tail/events", {"Last-Event-ID": "7"})[0] == 400
+    assert _get(f"{url}/api/s/0/tail/events", {"Last-Event-ID": "9" * 5000})[0] == 400
+    second = next(iter(s.scan(0)))
+    for start in (0, second.store_size, end):   # a record's start, or the end: the stream starts there
+        status, head = _first_event(f"{url}/api/s/0/tail/events?from={start}")
+        assert status == 200 and f"id: {start}\n".encode() in head and b"event: hello" in head
+
+
+@pytest.mark.parametrize("path", ["/api/s/{n}/overview", "/api/s/{n}/message/raw?offset=0",
+                                  "/api/s/0/message/raw?offset={n}", "/api/s/0/lookup?kind=offset&value={n}",
+                                  "/api/s/0/message?offset={n}", "/api/s/0/browse?topic=Hot&queues=0,{n}",
+                                  "/api/s/0/browse?topic=Hot&time={n}"])
+def test_huge_numbers_are_refused(console, path):
+    """Numbers of thousands of digits (int() refuses more than 4300; a 4000-digit offset
+    overflows the store's API) are a 400 naming the parameter, never a 500."""
+    url, _ = console
+    for n in ("9" * 4000, "9" * 5000):
+        status, _, body = _get(url + path.format(n=n))
+        assert status == 400, (path, len(n), body[:200])
+    status, _, body = _get(f"{url}/api/s/{'9' * 5000}/dlq/resend?offset=0", {"X-Console-CSRF": "x"}, "POST")
+    assert status == 400
+
+
+def test_a_bad_queue_id_is_named(console):
+    url, _ = console
+    status, _, body = _get(f"{url}/api/s/0/browse?topic=Hot&queues=0,x")
+    assert status == 400 and "'x'" in json.loads(body)["error"]
+    assert _json(f"{url}/api/s/0/browse?topic=Hot&queues=0,")["messages"]   # an empty item is no id
+
+
+def test_pop_state_is_read_again_only_when_its_files_change(tmp_path):
+    pytest.importorskip("grpc", reason="the endpoint extra is not installed")
+    from rmqstore.console import pop
+    from rmqstore.endpoint.state import PopState
+    root = str(tmp_path / "store")
+    with MessageStore(root, CFG) as s:
+        s.put(Message("Pop", b"m"), queue_id=0)
+    st = PopState(root)
+    st.sync(st.append([["n", "cg_pop", "Pop", 0, 1]]))
+    first = pop.read_state(root)
+    assert pop.read_state(root) is first and first.queues[("cg_pop", "Pop", 0)].next == 1
+    st.sync(st.append([["n", "cg_pop", "Pop", 0, 2]]))
+    again = pop.read_state(root)
+    st.close()
+    assert again is not first and again.queues[("cg_pop", "Pop", 0)].next == 2
+
+
+def test_key_walks_are_cached_per_handle_and_dropped_with_it(tmp_path, monkeypatch):
+    """The next page of a key lookup reuses its index walk on the same handle; once the
+    store changed and the old handle closed, no cached walk of it remains."""
+    from rmqstore.console import lookups, stores
+    monkeypatch.setattr(stores, "RECHECK_SECONDS", 0.0)
+    root = str(tmp_path / "store")
+    with MessageStore(root, CFG) as w:
+        for i in range(30):
+            w.put(Message("K", b"v%d" % i, keys="same"))
+        w.wait_dispatched()
+        with running([root]) as (url, c):
+            url = url.rstrip("/")
+            page = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=20")
+            first = (0, c.stores[0].generation)
+            assert first in lookups.cached_handles()
+            rest = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=20&cursor={page['next']}")
+            assert len(page["messages"]) + len(rest["messages"]) == 30
+            w.put(Message("K", b"new", keys="same"))
+            w.wait_dispatched()
+            for _ in range(200):
+                _json(f"{url}/api/s/0/overview")
+                if c.stores[0].generation > first[1]:
+                    break
+                time.sleep(0.02)
+            assert c.stores[0].generation > first[1]
+            _json(f"{url}/api/s/0/overview")   # the old handle's last reader has ended
+            assert first not in lookups.cached_handles()
+            assert len(_json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=50")["messages"]) == 31

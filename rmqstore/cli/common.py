@@ -273,8 +273,9 @@ def pad(text, width):
 
 # Characters a terminal acts on instead of showing: C0/C1 controls and DEL (ESC starts the
 # sequences that move the cursor, clear the screen, set the title), line and paragraph
-# separators, bidirectional overrides and isolates (they reorder what follows).
-_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# separators, bidirectional overrides, isolates and marks (they reorder what follows), and
+# zero-width characters and the byte-order mark (invisible: they make two names look alike).
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
 
 
 def shown(value):

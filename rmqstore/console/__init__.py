@@ -12,11 +12,12 @@ import threading
 import time
 from typing import Any, Iterator
 
-LOOPBACK_HOSTS = ("localhost",)
-
 
 def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_HOSTS:
+    """Whether ``host`` (a --listen host or a Host header's name, ``[v6]`` or bare) names
+    this machine's loopback: ``localhost``, 127.0.0.0/8 or ::1. The console binds without a
+    token only there, and on loopback answers only requests whose Host header passes this."""
+    if host.lower() == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback

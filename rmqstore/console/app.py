@@ -41,11 +41,11 @@ from starlette.staticfiles import StaticFiles
 import rmqstore
 from rmqstore import MessageNotFoundError, batch
 from rmqstore.cli.common import local_time, shown
-from rmqstore.console import limits, openapi, views
+from rmqstore.console import is_loopback, limits, openapi, views
 from rmqstore.console.dlq import resend_dead_letter
 from rmqstore.console.filters import FILTER_MODES, make_filter, searchable, tag_set
-from rmqstore.console.pages import BY_NAME, NAV, Params
-from rmqstore.console.stores import StoreSet
+from rmqstore.console.pages import BY_NAME, NAV, Params, parse_number
+from rmqstore.console.stores import ServedStore, StoreSet
 from rmqstore.console.tasks import KINDS, Tasks
 from rmqstore.errors import InvalidArgumentError, StoreError
 
@@ -56,7 +56,6 @@ TAIL_POLL = 0.3          # seconds between looks at the commitlog end
 TAIL_BATCH = 200         # messages an event batch holds at most
 TAIL_STREAM_SECONDS = 600  # a stream ends after this (the browser reconnects with Last-Event-ID)
 TAIL_BODY = 1024         # bytes of each body a tail event carries
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 def same(given: str, secret: str) -> bool:
@@ -88,7 +87,6 @@ def _templates() -> Environment:
     env.filters["visible"] = visible
     env.filters["when"] = lambda ms: local_time(ms) if ms else "-"
     env.filters["qs"] = lambda d: urlencode({k: v for k, v in d.items() if v not in (None, "", False)})
-    env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False)
     return env
 
 
@@ -104,7 +102,7 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "")
         hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        if self.loopback and hostname not in LOOPBACK:
+        if self.loopback and not is_loopback(hostname):
             return await PlainTextResponse("Host not allowed", 421)(scope, receive, send)
         if self.token is not None:
             query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
@@ -151,14 +149,13 @@ class Console:
                                                       version=rmqstore.__version__, **context)
         return HTMLResponse(html, status)
 
-    def served(self, request: Request) -> Any:
-        text = request.path_params["store"]
-        if not (text.isascii() and text.isdigit()):
-            raise InvalidArgumentError(f"a store is given by its number, not {text!r}")
-        return self.stores[int(text)]
+    def served(self, request: Request) -> ServedStore:
+        """The store the path's ``{store}`` number names (InvalidArgumentError else)."""
+        return self.stores[parse_number("a store (given by its number)", request.path_params["store"])]
 
     # -- pages and their API routes ---------------------------------------------------------
     async def page(self, request: Request) -> Response:
+        """A page (``/s/N/PAGE``, HTML) or its JSON answer (``/api/s/N/PAGE``)."""
         name = request.path_params["page"]
         api = request.url.path.startswith("/api/")
         try:
@@ -166,7 +163,7 @@ class Console:
             if page is None:
                 raise MessageNotFoundError(f"no page {name!r}")
             st = self.served(request)
-            data = await anyio.to_thread.run_sync(page.view, st, Params(request.query_params))
+            data = await anyio.to_thread.run_sync(_view, page, st, Params(request.query_params))
         except (InvalidArgumentError, StoreError, ValueError) as e:
             status = 404 if isinstance(e, MessageNotFoundError) else 400
             if api:
@@ -178,21 +175,25 @@ class Console:
                            args=dict(request.query_params), filter_modes=FILTER_MODES)
 
     async def home(self, request: Request) -> Response:
+        """The list of served stores (straight to the overview when there is one)."""
         if len(self.stores.stores) == 1:
             return RedirectResponse("/s/0/overview", 303)
         return self.render("home.html", title="Stores", store=None)
 
     async def store_list(self, request: Request) -> Response:
+        """``/api/stores``: number, name and path of each served store."""
         return JSONResponse([{"number": s.number, "name": s.name, "path": s.path} for s in self.stores.stores])
 
     async def openapi(self, request: Request) -> Response:
+        """``/openapi.json``: the API's OpenAPI document."""
         return JSONResponse(openapi.document(rmqstore.__version__))
 
     async def raw(self, request: Request) -> Response:
+        """A message's body as stored, as a download."""
         try:
             st = self.served(request)
             offset = Params(request.query_params).number("offset")
-            m = await anyio.to_thread.run_sync(st.store().get_by_offset, offset)
+            m = await anyio.to_thread.run_sync(_message_at, st, offset)
         except (InvalidArgumentError, StoreError) as e:
             return JSONResponse({"error": str(e)}, 404 if isinstance(e, MessageNotFoundError) else 400)
         return Response(bytes(m.body), media_type="application/octet-stream",
@@ -200,6 +201,7 @@ class Console:
 
     # -- health tasks ------------------------------------------------------------------------
     async def tasks_of_store(self, request: Request) -> Response:
+        """A store's health tasks (GET), or a new one of ``kind`` (POST, CSRF header)."""
         try:
             st = self.served(request)
             if request.method == "POST":
@@ -212,6 +214,7 @@ class Console:
         return JSONResponse([t.as_dict() for t in self.tasks.of_store(st.number)])
 
     async def task(self, request: Request) -> Response:
+        """One task's state, progress and result."""
         t = self.tasks.tasks.get(int(request.path_params["id"]))
         if t is None:
             return JSONResponse({"error": "no such task"}, 404)
@@ -234,28 +237,32 @@ class Console:
 
     # -- live tail ---------------------------------------------------------------------------
     async def tail(self, request: Request) -> Response:
+        """Server-sent events of the messages appended from ``from`` (or Last-Event-ID, or
+        the end); a start that is neither a record's start nor the end is refused (400)."""
         try:
             st = self.served(request)
             p = Params(request.query_params)
             resume = request.headers.get("last-event-id", "")
-            start = int(resume) if resume.isascii() and resume.isdigit() else p.optional_number("from")
+            start = parse_number("Last-Event-ID", resume) if resume else p.optional_number("from")
             topic, wanted = p.text("topic"), tag_set(p.text("tags"))
             content = make_filter(p.text("q"), p.choice("mode", FILTER_MODES), p.flag("icase"))
+            if start is not None:
+                await anyio.to_thread.run_sync(_check_start, st, start)
         except (InvalidArgumentError, StoreError) as e:
             return JSONResponse({"error": str(e)}, 400)
 
         def read(pos: int) -> tuple[list[dict[str, Any]], int]:
-            s = st.store()
             out, deadline = [], time.monotonic() + limits.DEADLINE
-            for m in s.scan(pos):
-                pos = m.phy_offset + m.store_size
-                if (topic is None or m.topic == topic) and (wanted is None or m.tags in wanted) and \
-                        (content is None or _matches(content, m, deadline)):
-                    row = views.summary(m)
-                    row["body"] = bytes(m.body[:TAIL_BODY]).decode("utf-8", "replace")
-                    out.append(row)
-                if len(out) >= TAIL_BATCH or time.monotonic() > deadline:
-                    break
+            with st.reading() as h:
+                for m in h.store.scan(pos):
+                    pos = m.phy_offset + m.store_size
+                    if (topic is None or m.topic == topic) and (wanted is None or m.tags in wanted) and \
+                            (content is None or _matches(content, m, deadline)):
+                        row = views.summary(m)
+                        row["body"] = bytes(m.body[:TAIL_BODY]).decode("utf-8", "replace")
+                        out.append(row)
+                    if len(out) >= TAIL_BATCH or time.monotonic() > deadline:
+                        break
             return out, pos
 
         async def events() -> Any:
@@ -266,9 +273,9 @@ class Console:
             while time.monotonic() < ends:
                 try:
                     rows, new = await anyio.to_thread.run_sync(read, pos)
-                except StoreError as e:
+                except StoreError as e:   # one problem event ends the stream (a reconnect checks its start)
                     yield f"event: problem\ndata: {json.dumps({'error': str(e)})}\n\n"
-                    rows, new = [], pos
+                    return
                 if rows or new != pos:
                     pos = new
                     yield f"id: {pos}\nevent: messages\ndata: {json.dumps(rows)}\n\n"
@@ -281,6 +288,33 @@ class Console:
                     await asyncio.sleep(TAIL_POLL)
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+
+
+def _view(page: Any, st: ServedStore, p: Params) -> dict[str, Any]:
+    """A page's answer, read from a handle held until it is made."""
+    with st.reading() as h:
+        return page.view(st, h, p)
+
+
+def _message_at(st: ServedStore, offset: int) -> Any:
+    with st.reading() as h:
+        return h.store.get_by_offset(offset)
+
+
+def _check_start(st: ServedStore, start: int) -> None:
+    """That a tail may start at commitlog offset ``start``: a message's start, or the end
+    (InvalidArgumentError or the store's error else)."""
+    with st.reading() as h:
+        s = h.store
+        end = batch.end_offset(st.path, s.max_phy_offset)
+        if start == end:
+            return
+        if not s.min_phy_offset <= start < end:
+            raise InvalidArgumentError(f"from {start} is outside the commitlog ({s.min_phy_offset}..{end})")
+        if start < s.max_phy_offset:
+            s.get_by_offset(start)
+        else:   # written after this handle opened: a record must start there
+            batch.end_offset(st.path, start)
 
 
 def _matches(content: Any, m: Any, deadline: float) -> bool:

@@ -26,6 +26,7 @@ def parse_positions(text: str) -> dict[int, int]:
 
 
 def format_positions(pos: dict[int, int]) -> str:
+    """A page's positions as its links carry them, ``queue:offset`` joined by ``,`` (parse_positions reads them)."""
     return ",".join(f"{q}:{o}" for q, o in sorted(pos.items()))
 
 

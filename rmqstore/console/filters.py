@@ -73,4 +73,5 @@ def searchable(message: Any) -> list[str]:
 
 
 def make_filter(text: str | None, mode: str = "substring", ignore_case: bool = False) -> ContentFilter | None:
+    """The content filter a page's ``q``, ``mode`` and ``icase`` give; None without ``q``."""
     return ContentFilter(text, mode, ignore_case) if text else None

@@ -18,6 +18,8 @@ def _param(name: str, kind: str, text: str) -> dict[str, Any]:
 
 
 def document(version: str) -> dict[str, Any]:
+    """The OpenAPI document of the console of rmqstore ``version``: the fixed routes and
+    each page's API route with its parameters."""
     paths: dict[str, Any] = {
         "/api/stores": {"get": {"summary": "the served stores (number, name, path)",
                                 "responses": {"200": {"description": "a list of stores"}}}},

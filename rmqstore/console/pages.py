@@ -9,11 +9,20 @@ from datetime import datetime
 from typing import Any, Callable
 
 from rmqstore.console import browser, dlq, filters, limits, lookups, views
-from rmqstore.console.stores import ServedStore
+from rmqstore.console.stores import Handle, ServedStore
 from rmqstore.errors import InvalidArgumentError
 
 I64_MAX = (1 << 63) - 1
 TEXT_LIMIT = 4096   # characters a text parameter may have
+
+
+def parse_number(name: str, text: str, lo: int = 0, hi: int = I64_MAX) -> int:
+    """``text`` as an integer in ``lo..hi`` (ASCII digits only, at most 19 of them, so no
+    request makes int() parse a huge number); InvalidArgumentError naming ``name`` else."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 19) or not lo <= int(text) <= hi:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise InvalidArgumentError(f"{name} must be an integer in {lo}..{hi}, not {shown!r}")
+    return int(text)
 
 
 class Params:
@@ -42,11 +51,7 @@ class Params:
 
     def optional_number(self, name: str, lo: int = 0, hi: int = I64_MAX) -> int | None:
         v = self.text(name)
-        if v is None:
-            return None
-        if not (v.isascii() and v.isdigit()) or not lo <= int(v) <= hi:
-            raise InvalidArgumentError(f"parameter {name} must be an integer in {lo}..{hi}, not {v!r}")
-        return int(v)
+        return None if v is None else parse_number(f"parameter {name}", v, lo, hi)
 
     def choice(self, name: str, choices: tuple[str, ...]) -> str:
         v = self.text(name, choices[0])
@@ -60,27 +65,28 @@ class Params:
 
 @dataclass(frozen=True)
 class Page:
+    """One page: its name in the URL, its title, its view and its query parameters."""
     name: str
     title: str
-    view: Callable[[ServedStore, Params], dict[str, Any]]
+    view: Callable[[ServedStore, Handle, Params], dict[str, Any]]   # (store, handle read, parameters)
     params: tuple[tuple[str, str, str], ...]   # (name, schema type, description)
 
 
-def _overview(st: ServedStore, p: Params) -> dict[str, Any]:
-    return views.overview(st.store(), st.number, st.name)
+def _overview(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
+    return views.overview(h.store, st.number, st.name)
 
 
-def _topics(st: ServedStore, p: Params) -> dict[str, Any]:
-    return views.topics(st.store(), p.text("match", "") or "",
+def _topics(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
+    return views.topics(h.store, p.text("match", "") or "",
                         p.choice("sort", ("topic", "messages", "queues", "last", "rate")), p.flag("desc"))
 
 
-def _topic(st: ServedStore, p: Params) -> dict[str, Any]:
-    return views.topic(st.store(), p.required("name"))
+def _topic(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
+    return views.topic(h.store, p.required("name"))
 
 
-def _browse(st: ServedStore, p: Params) -> dict[str, Any]:
-    s = st.store()
+def _browse(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
+    s = h.store
     topic = p.required("topic")
     forward = p.choice("order", ("oldest", "newest")) == "oldest"
     known = s.queue_ids(topic)
@@ -93,7 +99,8 @@ def _browse(st: ServedStore, p: Params) -> dict[str, Any]:
             raise InvalidArgumentError(f"queues {sorted(set(positions) - set(known))} are not queues of {topic!r}")
     else:
         queues = p.text("queues")
-        chosen = sorted({int(q) for q in queues.split(",") if q.strip().isascii() and q.strip().isdigit()}) \
+        chosen = sorted({parse_number("a queue id in queues", q.strip(), 0, 65_535)
+                         for q in queues.split(",") if q.strip()}) \
             if queues else known
         if not set(chosen) <= set(known):
             raise InvalidArgumentError(f"queues {sorted(set(chosen) - set(known))} are not queues of {topic!r}")
@@ -111,7 +118,7 @@ def _when(text: str | None) -> int | None:
     if text is None:
         return None
     if text.isascii() and text.isdigit():
-        return int(text)
+        return parse_number("time", text)
     try:
         return int(datetime.fromisoformat(text).timestamp() * 1000)
     except ValueError:
@@ -121,8 +128,8 @@ def _when(text: str | None) -> int | None:
 LOOKUP_KINDS = ("msgid", "key", "uniq", "offset")
 
 
-def _lookup(st: ServedStore, p: Params) -> dict[str, Any]:
-    s = st.store()
+def _lookup(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
+    s = h.store
     kind = p.choice("kind", LOOKUP_KINDS)
     value = p.text("value")
     out: dict[str, Any] = {"kind": kind, "value": value, "topic": p.text("topic"), "messages": [], "next": None,
@@ -132,33 +139,31 @@ def _lookup(st: ServedStore, p: Params) -> dict[str, Any]:
     if kind == "msgid":
         out["messages"] = [views.summary(lookups.by_msg_id(s, value))]
     elif kind == "offset":
-        if not (value.isascii() and value.isdigit()):
-            raise InvalidArgumentError(f"a commitlog offset is a non-negative integer, not {value!r}")
-        out["messages"] = [views.summary(s.get_by_offset(int(value)))]
+        out["messages"] = [views.summary(s.get_by_offset(parse_number("a commitlog offset", value)))]
     else:
         page = lookups.by_key(s, p.required("topic"), value, kind == "uniq", p.text("cursor"),
                             p.number("size", limits.DEFAULT_PAGE, 1, limits.MAX_PAGE), p.number("begin"),
-                            p.optional_number("end"))
+                            p.optional_number("end"), h.key)
         out.update(messages=page["messages"], next=page["next"], read=page["read"])
     return out
 
 
-def _message(st: ServedStore, p: Params) -> dict[str, Any]:
-    out = views.message(st.store(), p.number("offset"))
+def _message(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
+    out = views.message(h.store, p.number("offset"))
     out["view"] = p.choice("view", ("text", "json", "hex", "base64"))
     return out
 
 
-def _groups(st: ServedStore, p: Params) -> dict[str, Any]:
-    return views.groups(st.store())
+def _groups(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
+    return views.groups(h.store)
 
 
-def _dead_letters(st: ServedStore, p: Params) -> dict[str, Any]:
-    return dlq.dlq(st.store(), p.number("size", 20, 1, limits.MAX_PAGE))
+def _dead_letters(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
+    return dlq.dlq(h.store, p.number("size", 20, 1, limits.MAX_PAGE))
 
 
-def _path_only(st: ServedStore, p: Params) -> dict[str, Any]:
-    s = st.store()
+def _path_only(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
+    s = h.store
     return {"topics": s.topics(), "maxPhyOffset": s.max_phy_offset, "cleanShutdown": s.clean_shutdown}
 
 

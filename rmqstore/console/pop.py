@@ -6,24 +6,50 @@ served, and only where the endpoint extra is installed."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
 from rmqstore import MessageExt, MessageStore
 from rmqstore.errors import StoreError
 
+FILES = ("popState.json", "popState.log")
+_read: dict[str, tuple[Any, Any]] = {}   # store path -> (the files' stamp, the PopState read at it)
+_read_lock = threading.Lock()
+
+
+def _files_stamp(root: str) -> tuple[tuple[int, int] | None, ...]:
+    """(mtime ns, size) of the snapshot and the log (None for a missing one): a write to
+    either changes it."""
+    out: list[tuple[int, int] | None] = []
+    for f in FILES:
+        try:
+            st = os.stat(os.path.join(root, "config", f))
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
 
 def read_state(root: str) -> Any:
     """The endpoint's PopState of the store at ``root`` (read-only), or None when no
-    endpoint served it (or the endpoint extra is missing)."""
-    config = os.path.join(root, "config")
-    if not any(os.path.exists(os.path.join(config, f)) for f in ("popState.json", "popState.log")):
+    endpoint served it (or the endpoint extra is missing). Read again only when the
+    snapshot or the log changed since the last read."""
+    stamp = _files_stamp(root)
+    if stamp == (None, None):
         return None
+    with _read_lock:
+        cached = _read.get(root)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
     try:
         from rmqstore.endpoint.state import PopState
     except ImportError:
         return None
-    return PopState(root, read_only=True)
+    state = PopState(root, read_only=True)
+    with _read_lock:
+        _read[root] = (stamp, state)
+    return state
 
 
 def message_state(s: MessageStore, m: MessageExt) -> list[dict[str, Any]]:

@@ -1,28 +1,33 @@
 """The stores a console serves: found once at start (a store directory, or a parent whose
 subdirectories are stores, as the Spark source takes them), chosen by their number in that
 list only, so no request parameter ever names a path. Each is open read-only; a read-only
-handle does not see later appends, so a handle is replaced by a fresh one when the store's
-commitlog end or consumer offsets file changed (looked at once a second, and opened on a
-background thread, so no request waits for the open's recovery scan)."""
+handle does not see later appends, so when a request arrives, at least RECHECK_SECONDS
+after the last look, the console looks whether the store's commitlog end or consumer
+offsets file changed and, if so, opens a fresh handle on a background thread (no request
+waits for the open's recovery scan). Requests hold the handle they read (``reading``); a
+replaced handle is closed as soon as the last request reading it ends, so a live store
+costs one handle plus those of the requests in flight."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
+from typing import Iterator
 
 from rmqstore import MessageStore, NotRecordStartError, StoreConfig, StoreNotFoundError, batch
+from rmqstore.console import lookups
 from rmqstore.errors import InvalidArgumentError, StoreError
 
 log = logging.getLogger(__name__)
+RECHECK_SECONDS = 1.0   # least time between two looks whether a store changed
 
 
 def console_config(base: StoreConfig | None = None) -> StoreConfig:
     """``base`` (a foreign store's index geometry, say) as the console opens stores: every
     hash match of a key in one index walk (the store's limit; RocketMQ's is 64)."""
     return (base or StoreConfig()).with_(max_msgs_num_batch=65_535)
-RECHECK_SECONDS = 1.0
-OLD_HANDLE_SECONDS = 60.0   # a replaced handle is closed this long after, when no request still reads it
 
 
 def find_stores(paths: list[str]) -> list[str]:
@@ -57,8 +62,18 @@ def _stamp(path: str, hint: int = 0) -> tuple[int, int]:
     return end, offsets
 
 
+class Handle:
+    """One read-only MessageStore of a served store, with the number of requests reading it
+    (plus one while it is the current handle). ``key`` (store number, generation) names it
+    for caches: a later handle of the same store has a higher generation."""
+
+    def __init__(self, store: MessageStore, number: int, generation: int):
+        self.store, self.key = store, (number, generation)
+        self.refs = 1
+
+
 class ServedStore:
-    """One served store: its number, path, display name and a current read-only handle."""
+    """One served store: its number, path, display name and its current read-only handle."""
 
     def __init__(self, number: int, path: str, config: StoreConfig):
         self.number, self.path, self.config = number, path, config
@@ -66,59 +81,73 @@ class ServedStore:
         # a broker's store directory is often just "store": name it with its parent
         self.name = f"{os.path.basename(parent)}/{base}" if base == "store" and parent else base or path
         self._lock = threading.Lock()
-        self._handle = MessageStore(path, config, read_only=True)
+        self.generation = 0   # counts reopenings: the current handle's key is (number, generation)
+        self._handle = Handle(MessageStore(path, config, read_only=True), number, 0)
         self._stamp = _stamp(path)
         self._checked = time.monotonic()
         self._refreshing = self._closed = False
-        self._retired: list[tuple[float, MessageStore]] = []
-        self.generation = 0   # counts reopenings: cached answers keyed by it go stale with the handle
 
     def store(self) -> MessageStore:
-        """The current handle. At most once a second a background thread looks whether the
-        store changed and, if so, opens a fresh handle (recovery's scan of a big store takes
-        a while) that later requests get; until then they read the current one."""
+        """The current handle, not held: only for a store no writer changes (a replaced
+        handle is closed when its last reader ends). Requests use ``reading``."""
+        return self._handle.store
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Handle]:
+        """The current handle, held open until the block ends. A request arriving at least
+        RECHECK_SECONDS after the last look starts a look on a background thread: a fresh
+        handle, when the store changed, serves the requests after it."""
         now = time.monotonic()
-        if now - self._checked >= RECHECK_SECONDS:
-            with self._lock:
-                if now - self._checked >= RECHECK_SECONDS and not self._refreshing:
-                    self._checked, self._refreshing = now, True
-                    threading.Thread(target=self._refresh, name="console-reopen", daemon=True).start()
-        return self._handle
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"{self.path}: the console is shutting down")
+            if now - self._checked >= RECHECK_SECONDS and not self._refreshing:
+                self._refreshing = True
+                threading.Thread(target=self._refresh, name="console-reopen", daemon=True).start()
+            h = self._handle
+            h.refs += 1
+        try:
+            yield h
+        finally:
+            self._release(h)
+
+    def _release(self, h: Handle) -> None:
+        with self._lock:
+            h.refs -= 1
+            last = h.refs == 0
+        if last:
+            lookups.forget(h.key)
+            h.store.close()
 
     def _refresh(self) -> None:
+        old = None
         try:
             stamp = _stamp(self.path, self._stamp[0])
             if stamp != self._stamp:
                 fresh = MessageStore(self.path, self.config, read_only=True)
                 with self._lock:
                     if self._closed:
-                        self._retired.append((0.0, fresh))
+                        fresh.close()
                     else:
-                        self._retired.append((time.monotonic(), self._handle))
-                        self._handle, self._stamp = fresh, stamp
                         self.generation += 1
-            self._close_retired(time.monotonic())
+                        old, self._handle = self._handle, Handle(fresh, self.number, self.generation)
+                        self._stamp = stamp
         except StoreError as e:   # a writer mid-change: the current handle stays, the next look retries
             log.warning("%s: not reopened (%s)", self.path, e)
         finally:
             with self._lock:
                 self._refreshing = False
                 self._checked = time.monotonic()
-
-    def _close_retired(self, now: float) -> None:
-        with self._lock:
-            old = [h for t, h in self._retired if now - t > OLD_HANDLE_SECONDS]
-            self._retired = [(t, h) for t, h in self._retired if now - t <= OLD_HANDLE_SECONDS]
-        for h in old:
-            h.close()   # waits for reads still running on it
+        if old is not None:
+            self._release(old)   # its current-handle reference: closed now, or by its last reader
 
     def close(self) -> None:
+        """Close the current handle (a request still reading it closes it when it ends)."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            handles = [h for _, h in self._retired] + [self._handle]
-            self._retired = []
-        for h in handles:
-            h.close()
+        self._release(self._handle)
 
 
 class StoreSet:

@@ -67,6 +67,8 @@ WORK = {"verify": _verify, "digest": _digest, "recovery": _recovery}
 
 
 class Tasks:
+    """The console's health tasks by id: the running ones and the KEEP finished last."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -86,4 +88,5 @@ class Tasks:
         return task
 
     def of_store(self, store: int) -> list[Task]:
+        """The tasks (running and kept) of the store numbered ``store``, oldest first."""
         return [t for t in self.tasks.values() if t.store == store]

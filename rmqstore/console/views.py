@@ -20,6 +20,7 @@ BODY_VIEW_LIMIT = 1 << 20   # bytes of a body a detail page shows (the raw downl
 
 
 def topic_kind(topic: str) -> str:
+    """retry | dlq | system | normal, from the topic's name (RocketMQ's prefixes and system topics)."""
     if topic.startswith("%RETRY%"):
         return "retry"
     if topic.startswith("%DLQ%"):
@@ -150,7 +151,7 @@ def body_views(m: MessageExt) -> dict[str, Any]:
     text = shown.decode("utf-8", "replace")
     try:
         pretty = json.dumps(json.loads(shown), indent=2, ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):   # not JSON, or nested deeper than the parser goes
         pretty = None
     hexdump = "\n".join(f"{i:08x}  {shown[i:i + 16].hex(' '):<47}  "
                         + "".join(chr(b) if 32 <= b < 127 else "." for b in shown[i:i + 16])
