@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rmqstore import Message, MessageStore, StoreConfig
-from rmqstore._index import file_size, read_header
+from rmqstore._index_file import file_size, read_header
 from rmqstore.errors import DerivedFileError
 
 ODD = dict(index_slots=97, index_entries=4000)
