@@ -27,7 +27,8 @@ SKIP = {
 }
 SLOW = r"^rmqstore spark|\brmqstore\.spark\b"
 SLOW_REASON = "starts Spark in local mode (Java, about 20 s a job)"
-NORUN = {"docs/benchmarks.md": 1, "docs/dispatch.md": 1, "docs/endpoint.md": 2}   # page -> blocks tagged norun; a new tag must be counted here
+# page -> blocks tagged norun; a new tag must be counted here
+NORUN = {"docs/benchmarks.md": 1, "docs/dispatch.md": 1, "docs/endpoint.md": 2}
 # What a block's output must show, where the page says what it prints.
 SHOWS = {
     "README.md": ["FOUND 32 32", "[b'payload']", "received [b'hello']", "dry run"],
