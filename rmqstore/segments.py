@@ -3,7 +3,7 @@ import errno
 import logging
 import os
 import threading
-from concurrent.futures import Future
+import time
 
 import numpy as np
 
@@ -87,7 +87,7 @@ class SegmentQueue(SegmentList):
         self.toucher = Toucher("rmq-touch") if self._alloc is not None else None
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
         self.reserve_ahead = reserve_ahead     # disk blocks allocated ahead of the writer; 0 = whole files
-        self._pending = None   # (offset, Future[MappedSegment])
+        self._pending = None   # (offset, Made)
         self.premade = {}      # offset -> MappedSegment created ahead by make_room (a C field)
         self._closed = False
         self.flushed_where = 0
@@ -240,7 +240,7 @@ class SegmentQueue(SegmentList):
         if self._alloc is not None and offset not in self.premade:
             with self._lock:
                 if not self._closed and self._pending is None:
-                    made: Future = Future()
+                    made = Made()
                     self._alloc.submit(self._warm, offset, made)
                     self._pending = (offset, made)
 
@@ -359,6 +359,12 @@ class SegmentQueue(SegmentList):
                 del self.premade[seg.base_offset]
             self._delete(seg)
 
+    def _unused(self, offset):
+        """Whether a segment made ahead at ``offset`` lies past the last segment in use, so
+        no write reached it. One at an offset in use is that segment's own file (a roll took
+        the segment made ahead while a signal stopped the bookkeeping after it): never removed."""
+        return self.last is None or offset > self.last.base_offset
+
     def _delete(self, seg):
         seg.close()
         if not self.readonly:
@@ -375,17 +381,19 @@ class SegmentQueue(SegmentList):
             self._alloc.shutdown()
         if self.toucher is not None:
             self.toucher.close()
-        if pending is not None:
+        if pending is not None and self._unused(pending[0]):
             self._discard(pending[1])
         for seg in self.premade.values():   # made for a batch that then failed: no data
-            self._delete(seg)
+            if self._unused(seg.base_offset):
+                self._delete(seg)
         self.premade = {}
         for seg in self.segments:
             seg.close()
 
 
 def _made_or_none(future):
-    """The segment a background preallocation made, or None if making it failed."""
+    """The segment a background preallocation made (waiting for it), or None if making it
+    failed."""
     try:
         seg = future.result()
     except Exception:
@@ -405,15 +413,20 @@ def first_nonzero(seg, pos, end):
     with memoryview(seg) as mv:
         b = np.frombuffer(mv, np.uint8)
         try:
-            for lo, hi in seg.data_ranges(pos, end):
-                for w in range(lo, hi, SCAN_WINDOW):
-                    chunk = b[w:min(hi, w + SCAN_WINDOW)]
-                    nz = _first_nonzero(chunk, w)
-                    seg.let_go(w, len(chunk))
-                    if nz >= 0:
-                        return nz
+            return _scan_windows(seg, b, pos, end)
         finally:
-            del b
+            del b   # before the view is released: no array over it may outlive this call
+
+
+def _scan_windows(seg, b, pos, end):
+    """first_nonzero's loop over ``b`` (the segment's bytes); its windows die with it."""
+    for lo, hi in seg.data_ranges(pos, end):
+        for w in range(lo, hi, SCAN_WINDOW):
+            chunk = b[w:min(hi, w + SCAN_WINDOW)]
+            nz = _first_nonzero(chunk, w)
+            seg.let_go(w, len(chunk))
+            if nz >= 0:
+                return nz
     return -1
 
 
@@ -431,3 +444,34 @@ def _has_data(seg, pos, probe=4096):
     """Whether anything but zeros follows ``pos`` within the first ``probe`` bytes."""
     n = min(probe, seg.size - pos)
     return n > 0 and bool(seg.read(pos, n).strip(b"\0"))
+
+
+class Made:
+    """The segment a background job makes, set once by the job and waited for by polling.
+    Not a concurrent.futures.Future: waiting on one takes its lock in Python code, where an
+    exception a signal handler raises (KeyboardInterrupt) can leave the lock held; the job
+    then blocks for good setting its result, and close() waits for the job."""
+
+    __slots__ = ("_segment", "_error", "_done")
+
+    def __init__(self):
+        self._segment = self._error = None
+        self._done = False
+
+    def set_result(self, segment):
+        self._segment = segment
+        self._done = True
+
+    def set_exception(self, error):
+        self._error = error
+        self._done = True
+
+    def done(self):
+        return self._done
+
+    def result(self):
+        while not self._done:
+            time.sleep(0.0002)
+        if self._error is not None:
+            raise self._error
+        return self._segment

@@ -15,7 +15,7 @@ from conftest import CLEAN_498, V2_533
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the [test] extra)")
 pytest.importorskip("starlette", reason="the [console] extra is not installed")
-from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -264,5 +264,6 @@ def test_group_lag_refreshes_on_a_live_store(console, browser, stores, tmp_path)
         lag = sum(max(0, s.max_offset(t, q) - s.committed_offset(g, t, q)) for g, t in s.consumer_groups()
                   for q in s.queue_ids(t))
     assert lag < before
-    WebDriverWait(browser, 20).until(lambda b: b.find_element(By.ID, "total-lag").text == str(lag))
+    WebDriverWait(browser, 20, ignored_exceptions=(StaleElementReferenceException,)).until(   # the table is redrawn
+        lambda b: b.find_element(By.ID, "total-lag").text == str(lag))
     browser.save_screenshot(str(tmp_path / "groups-after.png"))
