@@ -410,21 +410,13 @@ def first_nonzero(seg, pos, end):
     the parts the file holds data for are read (holes are zeros: a 1 GiB segment with
     little written costs milliseconds and no memory), a window at a time, each window's
     pages let go of once compared, so memory stays a window whatever the file's size."""
-    with memoryview(seg) as mv:
-        b = np.frombuffer(mv, np.uint8)
-        try:
-            return _scan_windows(seg, b, pos, end)
-        finally:
-            del b   # before the view is released: no array over it may outlive this call
-
-
-def _scan_windows(seg, b, pos, end):
-    """first_nonzero's loop over ``b`` (the segment's bytes); its windows die with it."""
     for lo, hi in seg.data_ranges(pos, end):
         for w in range(lo, hi, SCAN_WINDOW):
-            chunk = b[w:min(hi, w + SCAN_WINDOW)]
-            nz = _first_nonzero(chunk, w)
-            seg.let_go(w, len(chunk))
+            n = min(hi, w + SCAN_WINDOW) - w
+            # a copy, not a view: no export of the segment outlives this call (a traceback
+            # holding one made the caller's close on an error refuse with ViewExportedError)
+            nz = _first_nonzero(np.frombuffer(seg.read(w, n), np.uint8), w)
+            seg.let_go(w, n)
             if nz >= 0:
                 return nz
     return -1
