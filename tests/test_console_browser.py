@@ -8,6 +8,7 @@ import os
 import time
 
 import pytest
+from test_console_api import queue_messages
 
 from rmqstore import Message, MessageStore, StoreConfig
 
@@ -101,14 +102,7 @@ def _rows(browser, table):
 def _merged(s, topic):
     """Every message of ``topic`` in the browser's oldest-first order: by store time,
     then commitlog offset (read from the library, queue by queue)."""
-    out = []
-    for q in s.queue_ids(topic):
-        pos = s.min_offset(topic, q)
-        while pos < s.max_offset(topic, q):
-            r = s.get_messages(topic, q, pos, 32)
-            out.extend(r.messages)
-            pos = r.next_offset
-    return sorted(out, key=lambda m: (m.store_timestamp, m.phy_offset))
+    return sorted(queue_messages(s, topic), key=lambda m: (m.store_timestamp, m.phy_offset))
 
 
 @pytest.mark.parametrize("number", [0, 1, 2], ids=["rocketmq-4.9.8", "rocketmq-5.3.3", "generated"])
