@@ -28,8 +28,7 @@ KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_en
 # and cost a fifth of the compile time.
 CFLAGS = ["-O3", "-g0", "-std=gnu11", "-Wno-unused-function"]
 FROM_SDIST = Path("PKG-INFO").exists()
-# Kernels are translated and compiled in parallel, one job per usable core (pip builds the
-# sdist this way too: the options below are build_ext's, as in a setup.cfg).
+# Kernels are translated and compiled in parallel, one job per usable core.
 JOBS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -84,6 +83,10 @@ class BuildExt(build_ext):
     runs in a fresh temporary directory, with a freshly installed Cython and numpy whose files
     all look new, where every kernel would otherwise be translated and compiled again."""
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.parallel = self.parallel or JOBS   # setup(options=...) does not reach an editable build
+
     def run(self) -> None:
         translate([ext for ext in self.extensions if self.force or built_in_tree(ext) is None])
         self.run_command("build_clib")   # `build` runs it first; `build_ext --inplace` alone does not
@@ -111,5 +114,4 @@ setup(
     ext_modules=[kernel(name) for name in KERNELS],
     libraries=[("rmqcext", {"sources": CEXT, "include_dirs": ["cext"], "cflags": CFLAGS})],
     cmdclass={"build_clib": BuildClib, "build_ext": BuildExt, "sdist": TranslatingSdist},
-    options={"build_ext": {"parallel": JOBS}},
 )
