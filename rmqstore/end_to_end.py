@@ -44,8 +44,9 @@ def _paced(count, rate):
     t0 = clock() + 20_000_000
     for i in range(count):
         due = t0 + int(i * period)
-        if due - clock() > NAP_WRITER_NS:
-            time.sleep((due - clock() - NAP_WRITER_NS) / 1e9)
+        nap = due - clock() - NAP_WRITER_NS   # read once: a second read may already be past due
+        if nap > 0:
+            time.sleep(nap / 1e9)
         while clock() < due:
             pass
         yield i, due
