@@ -1,14 +1,20 @@
-"""The rmqstore command, run in subprocesses against fixture stores (RocketMQ 4.9.8) and
-stores written by the project: --json output against the manifests, exit codes, errors."""
+"""The rmqstore command (in this process, as the console script runs it, or in a child where
+it starts a JVM or serves) against fixture stores (RocketMQ 4.9.8) and stores written by the
+project: --json output against the manifests, exit codes, errors."""
 import base64
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
+
+from rmqstore.cli import main
 
 from conftest import CLEAN_498, CRASHED_498, copy_store, load_jsonl_gz, load_manifest, tree_state
 
@@ -24,12 +30,48 @@ SUBCOMMANDS = ["stats", "get", "msg", "at", "query", "dump", "tail", "put", "rec
                "spark"]
 
 
+# Subcommands that start another runtime (a JVM) or serve until stopped run in a child process;
+# the rest run in this one, through the function the console script calls.
+IN_A_CHILD = {"spark", "serve", "console", "tail"}
+
+
 def run(*args, stdin=None, expect=0):
-    p = subprocess.run([sys.executable, "-m", "rmqstore", *map(str, args)], input=stdin, capture_output=True,
-                       text=True, env=ENV, timeout=120)
+    """The rmqstore command with ``args``: its exit status (asserted to be ``expect``), stdout
+    and stderr; an exception escaping the command shows as a traceback on stderr (asserted
+    absent)."""
+    args = [str(a) for a in args]
+    if args and args[0] in IN_A_CHILD:
+        p = subprocess.run([sys.executable, "-m", "rmqstore", *args], input=stdin, capture_output=True, text=True,
+                           env=ENV, timeout=120)
+    else:
+        p = run_here(args, stdin)
     assert p.returncode == expect, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
     assert "Traceback" not in p.stderr
     return p
+
+
+def run_here(args, stdin=None):
+    """``rmqstore.cli.main(args)`` in this process with its standard streams captured (stdin
+    given as text, as subprocess.run's ``input``)."""
+    streams, handlers = (sys.stdin, sys.stdout, sys.stderr), logging.root.handlers
+    logging.root.handlers = []   # as in the command's own process: warnings go to (this) stderr
+    sys.stdin = io.TextIOWrapper(io.BytesIO((stdin or "").encode("utf-8", "surrogateescape")), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    sys.stderr = io.StringIO()
+    try:
+        status = main(args)
+    except SystemExit as e:   # argparse's --help and --version
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        sys.stderr.write(traceback.format_exc())
+        status = -1
+    finally:
+        out, err = sys.stdout, sys.stderr
+        sys.stdin, sys.stdout, sys.stderr = streams
+        logging.root.handlers = handlers
+    out.flush()
+    return subprocess.CompletedProcess(args, status, out.buffer.getvalue().decode("utf-8", "backslashreplace"),
+                                       err.getvalue())
 
 
 def run_json(*args):
