@@ -43,6 +43,7 @@ def test_struct_mmap_peer_writes_rocketmq_records(tmp_path):
         peer.close()
 
 
+@pytest.mark.slow   # asv builds its environment and runs a suite: about 30 s
 def test_asv_run_and_publish_from_a_clean_tree(tmp_path):
     """The documented asv sequence (asv_bench/README.md) ends in a site with results: run with
     ``--set-commit-hash`` (results of an ``existing`` environment are kept only with it), then

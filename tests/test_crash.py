@@ -174,11 +174,19 @@ def test_a_kill_mid_record_leaves_no_torn_record(tmp_path):
     whole. A record's TOTALSIZE went first: killed while its properties were copied (or in
     the middle of the pwrite), it stayed with zeros in them, its body CRC good, and
     recovery took it as a message. TOTALSIZE now goes last."""
-    path = tmp_path / "store"
+    _torn_record_kills(tmp_path / "store", 10, seed=7)
+
+
+@pytest.mark.slow
+def test_many_kills_mid_record_leave_no_torn_record(tmp_path):
+    _torn_record_kills(tmp_path / "store", 50, seed=8)
+
+
+def _torn_record_kills(path, trials, seed):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(rmqstore.__file__)))
-    rng = random.Random(7)
+    rng = random.Random(seed)
     seen = 0
-    for trial in range(25):
+    for trial in range(trials):
         proc = subprocess.Popen([sys.executable, "-c", TORN_WRITER, str(path), str(trial), str(trial % 2)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
         try:

@@ -29,6 +29,7 @@ def test_quiet_by_default():
     assert err == "", err
 
 
+@pytest.mark.slow   # a second JVM start for the other side of the switch
 def test_verbose_keeps_sparks_own_output():
     err = _stderr("verbose")
     assert "log level" in err and "WARN" in err, err
