@@ -598,31 +598,36 @@ def test_pop_state_is_read_again_only_when_its_files_change(tmp_path):
     assert again is not first and again.queues[("cg_pop", "Pop", 0)].next == 2
 
 
-def test_key_walks_are_cached_per_handle_and_dropped_with_it(tmp_path, monkeypatch):
-    """The next page of a key lookup reuses its index walk on the same handle; once the
-    store changed and the old handle closed, no cached walk of it remains."""
-    from rmqstore.console import lookups, stores
+def test_key_pages_stay_exact_while_the_store_grows(tmp_path, monkeypatch):
+    """A key lookup's next link, followed after more hits were appended and the console
+    reopened the store, goes on where the page stopped (nothing skipped or repeated); a
+    fresh lookup then starts with the new hits. A message naming the key twice (UNIQ_KEY
+    and KEYS, KEYS twice) is listed once, also when its entries straddle a page."""
+    from rmqstore.console import stores
     monkeypatch.setattr(stores, "RECHECK_SECONDS", 0.0)
     root = str(tmp_path / "store")
     with MessageStore(root, CFG) as w:
-        for i in range(30):
-            w.put(Message("K", b"v%d" % i, keys="same"))
+        puts = [w.put(Message("K", b"v%d" % i, keys="same same" if i % 3 else "same")) for i in range(30)]
         w.wait_dispatched()
         with running([root]) as (url, c):
             url = url.rstrip("/")
-            page = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=20")
-            first = (0, c.stores[0].generation)
-            assert first in lookups.cached_handles()
-            rest = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=20&cursor={page['next']}")
-            assert len(page["messages"]) + len(rest["messages"]) == 30
-            w.put(Message("K", b"new", keys="same"))
+            page = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=7")
+            first = c.stores[0].generation
+            newer = [w.put(Message("K", b"new%d" % i, keys="same")) for i in range(3)]
             w.wait_dispatched()
             for _ in range(200):
                 _json(f"{url}/api/s/0/overview")
-                if c.stores[0].generation > first[1]:
+                if c.stores[0].generation > first:
                     break
                 time.sleep(0.02)
-            assert c.stores[0].generation > first[1]
-            _json(f"{url}/api/s/0/overview")   # the old handle's last reader has ended
-            assert first not in lookups.cached_handles()
-            assert len(_json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=50")["messages"]) == 31
+            assert c.stores[0].generation > first
+            got, nxt = [m["msgId"] for m in page["messages"]], page["next"]
+            while nxt:
+                more = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=7&cursor={nxt}")
+                got, nxt = got + [m["msgId"] for m in more["messages"]], more["next"]
+            assert got == [p.msg_id for p in reversed(puts)]
+            fresh = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=50")
+            assert [m["msgId"] for m in fresh["messages"]] == [p.msg_id for p in reversed(puts + newer)]
+            name = page["next"].split(".")[0]
+            for bad in ("x", "1:2", "nofile.3:5", f"{name}.99999999999:1", f"{name}.999999:1", f"{name}.-1:1"):
+                assert _get(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&cursor={bad}")[0] == 400

@@ -143,7 +143,7 @@ def _lookup(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
     else:
         page = lookups.by_key(s, p.required("topic"), value, kind == "uniq", p.text("cursor"),
                             p.number("size", limits.DEFAULT_PAGE, 1, limits.MAX_PAGE), p.number("begin"),
-                            p.optional_number("end"), h.key)
+                            p.optional_number("end"))
         out.update(messages=page["messages"], next=page["next"], read=page["read"])
     return out
 
