@@ -143,6 +143,7 @@ def main() -> None:
     ap.add_argument("--dir", help="store parent directory (default a temp dir, removed after)")
     ap.add_argument("--keep", metavar="STORE", help="the store's directory, kept after the run: written when it "
                     "holds no store, measured as it is when it does (--messages then ignored)")
+    ap.add_argument("--only", metavar="TEXT", help="measure only the pages whose name holds TEXT")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rnd = random.Random(7)
@@ -160,7 +161,7 @@ def main() -> None:
         with MessageStore(store, read_only=True) as s:
             offsets = [int(s.consume_queue_entries(TOPIC, q, o, 1)["phy_offset"][0])
                        for q, o in ((rnd.randrange(QUEUES), rnd.randrange(per_queue)) for _ in range(a.requests))]
-            ids = [s.get_by_offset(o).msg_id for o in offsets[:a.requests]]
+            ids = [s.get_by_offset(o).msg_id for o in offsets]
         n = a.requests
 
         def keys():
@@ -179,6 +180,10 @@ def main() -> None:
                                                for _ in range(n)], None),
             ("browse (tag filter)", [f"/api/s/0/browse?topic={TOPIC}&tags=T3&offset={rnd.randrange(per_queue)}"
                                      for _ in range(n)], None),
+            ("browse (content substring, rare)", [f"/api/s/0/browse?topic={TOPIC}&q=k{rnd.randrange(a.messages)}%20"
+                                                  f"&offset={rnd.randrange(per_queue)}" for _ in range(n)], None),
+            ("browse (content regex)", [f"/api/s/0/browse?topic={TOPIC}&mode=regex&q=k{rnd.randrange(10)}7"
+                                        f"%5B0-9%5D*3%20&offset={rnd.randrange(per_queue)}" for _ in range(n)], None),
             ("browse page (HTML)", [f"/s/0/browse?topic={TOPIC}&offset={rnd.randrange(per_queue)}" for _ in range(n)],
              None),
             ("lookup key", [f"/api/s/0/lookup?kind=key&topic={TOPIC}&value={x}" for x in keys()],
@@ -189,9 +194,12 @@ def main() -> None:
             ("lookup msgId", [f"/api/s/0/lookup?kind=msgid&value={quote(i)}" for i in ids], ["msg", store, ids[0]]),
             ("message detail", [f"/api/s/0/message?offset={x}" for x in offsets], ["at", store, str(offsets[0])]),
             ("message page (HTML)", [f"/s/0/message?offset={x}" for x in offsets], None),
+            ("topics, by rate", ["/api/s/0/topics?sort=rate&desc=1"] * n, None),
+            ("health", ["/api/s/0/health"] * n, None),
             ("consumer groups", ["/api/s/0/groups"] * n, None),
             ("dlq", ["/api/s/0/dlq"] * n, None),
         ]
+        pages = [p for p in pages if a.only is None or a.only in p[0]]
         proc, host, port = start_console(store)
         stop = threading.Event()
         writer = threading.Thread(target=append_live, args=(store, a.live, stop)) if a.live else None

@@ -18,13 +18,15 @@ def _has_key(m: MessageExt, key: str, uniq_only: bool) -> bool:
 
 
 def by_key(s: MessageStore, topic: str, key: str, uniq_only: bool = False, cursor: str | None = None,
-           size: int = limits.DEFAULT_PAGE, begin: int = 0, end: int | None = None) -> dict[str, Any]:
+           size: int = limits.DEFAULT_PAGE, begin: int = 0, end: int | None = None,
+           deadline: float | None = None) -> dict[str, Any]:
     """Every message of ``topic`` whose UNIQ_KEY (or, unless ``uniq_only``, a KEYS token)
     is ``key``, newest first, paged: the index's hash matches are walked a page at a time
     (query_offsets_page: a page costs its own matches, not the hits before it), each is
     read and kept only if it really holds the key (colliding keys are not). ``cursor`` is
     ``RESUME:BELOW_OFFSET``: the walk's resume token and the offset read last (a message
-    indexed twice under the key, as UNIQ_KEY and KEYS token, is read once)."""
+    indexed twice under the key, as UNIQ_KEY and KEYS token, is read once). Past ``deadline``
+    (time.monotonic(); default DEADLINE from now) the page ends with what it has."""
     limits.check_size(size)
     resume, below = None, None
     if cursor:
@@ -32,7 +34,7 @@ def by_key(s: MessageStore, topic: str, key: str, uniq_only: bool = False, curso
         if not (sep and resume and b.isascii() and b.isdigit()):
             raise InvalidArgumentError(f"cursor must be RESUME:BELOW_OFFSET, not {cursor!r}")
         below = int(b)
-    deadline = time.monotonic() + limits.DEADLINE
+    deadline = time.monotonic() + limits.DEADLINE if deadline is None else deadline
     rows: list[dict[str, Any]] = []
     read = 0
     while True:
