@@ -438,6 +438,24 @@ def test_a_page_out_of_time_still_moves_on(console, monkeypatch):
     assert found == ["Needle"] and looked == total and pages == total
 
 
+def test_a_page_without_the_scan_slot_looks_at_one_message(console):
+    """While another filtered scan holds the slot until this page's time is up, the page
+    looks at one message and hands back its continue link (it neither waits on nor runs
+    beside the other scan); once the slot is free, a page scans on from there."""
+    from rmqstore.console.filters import make_filter
+    _, c = console
+    s = c.stores[0].store()
+    pos = browser.start_positions(s, "Hot", s.queue_ids("Hot"), True, None, None)
+    with browser._SCAN_SLOTS:
+        page = browser.browse(s, "Hot", pos, True, 10, None, make_filter("need"), deadline=time.monotonic())
+    assert page["scanned"] == 1 and not page["complete"] and page["next"]
+    first = [m for q in s.queue_ids("Hot") for m in s.get_messages("Hot", q, 0, 1).messages]
+    oldest = min(first, key=lambda m: (m.store_timestamp, m.phy_offset))
+    assert browser.parse_positions(page["next"]) == {**pos, oldest.queue_id: 1}
+    rest = browser.browse(s, "Hot", browser.parse_positions(page["next"]), True, 10, None, make_filter("need"))
+    assert rest["scanned"] > 1
+
+
 def test_cli_console_takes_a_foreign_index_geometry(tmp_path):
     import subprocess
     import sys
