@@ -5,17 +5,19 @@ generator (``--clients`` connections, ``--requests`` requests a page, random off
 times), printing p50/p99 per page beside the time ``rmqstore ... --json`` takes to answer the
 same question (a fresh process each time: interpreter start and store open included).
 
-    python asv_bench/console_figures.py [--messages 200000] [--requests 200] [--clients 4] [--live 0] [--json]
+    python asv_bench/console_figures.py [--messages 200000] [--requests 200] [--clients 4] [--live 0]
+        [--keep STORE] [--only PAGE] [--json]
 
 ``--live RATE`` keeps putting RATE messages a second while the pages are measured (a live
 store: the console reopens its read-only handle as the store grows).
 
-The target scale is tens of millions of messages (``--messages 20000000`` needs ~5 GB of disk
-and a few minutes to write).
+The target scale is tens of millions of messages: ``--messages 20000000 --keep STORE`` needs
+7.2 GB of disk and about 100 s to write, once (later runs with ``--keep STORE`` measure it).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -28,6 +30,8 @@ import threading
 import time
 from urllib.parse import quote
 
+import numpy as np
+
 from rmqstore import Message, MessageStore, StoreConfig
 
 TOPIC = "Bench"
@@ -35,23 +39,28 @@ QUEUES = 4
 BATCH = 100_000
 
 
-def write_store(root: str, messages: int) -> tuple[int, int]:
+def write_store(root: str, messages: int) -> None:
     """The store: ``messages`` 200-byte bodies on TOPIC, each with keys ``k<i>`` and ``g<i % 1000>``
-    and tag ``T<i % 5>``; returns (first, last) store time."""
+    and tag ``T<i % 5>``; ``bench_group`` committed half way on each queue."""
     cfg = StoreConfig(commitlog_file_size=256 << 20, background_dispatch=False)
     body = b"x" * 200
     with MessageStore(root, cfg) as s:
         for start in range(0, messages, BATCH):
             n = min(BATCH, messages - start)
-            s.put_columns(TOPIC, [body] * n, queue_ids=[i % QUEUES for i in range(start, start + n)],
-                          tags=[f"T{i % 5}" for i in range(start, start + n)],
-                          keys=[[f"k{i}", f"g{i % 1000}"] for i in range(start, start + n)], dispatch=True)
+            rows = range(start, start + n)
+            s.put_columns(TOPIC, [body] * n, queue_ids=np.arange(start, start + n) % QUEUES,
+                          tags=[f"T{i % 5}" for i in rows],
+                          keys=[f"k{i} g{i % 1000}" for i in rows], dispatch=True)   # KEYS text: space-separated
         s.wait_dispatched()
         for q in range(QUEUES):
             s.commit_offset("bench_group", TOPIC, q, s.max_offset(TOPIC, q) // 2)
-        first = s.get_by_offset(int(s.consume_queue_entries(TOPIC, 0, 0, 1)["phy_offset"][0])).store_timestamp
-        last = s.get_by_offset(int(s.consume_queue_entries(TOPIC, 0, s.max_offset(TOPIC, 0) - 1, 1)["phy_offset"][0]))
-    return first, last.store_timestamp
+
+
+def store_times(s: MessageStore) -> tuple[int, int]:
+    """(first, last) store time of queue 0 of TOPIC."""
+    first = s.get_by_offset(int(s.consume_queue_entries(TOPIC, 0, 0, 1)["phy_offset"][0]))
+    last = s.get_by_offset(int(s.consume_queue_entries(TOPIC, 0, s.max_offset(TOPIC, 0) - 1, 1)["phy_offset"][0]))
+    return first.store_timestamp, last.store_timestamp
 
 
 def append_live(store: str, rate: int, stop: threading.Event) -> None:
@@ -133,19 +142,27 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4, help="concurrent connections (4)")
     ap.add_argument("--live", type=int, default=0, metavar="RATE", help="puts a second while measuring (0)")
     ap.add_argument("--dir", help="store parent directory (default a temp dir, removed after)")
+    ap.add_argument("--keep", metavar="STORE", help="the store's directory, kept after the run: written when it "
+                    "holds no store, measured as it is when it does (--messages then ignored)")
+    ap.add_argument("--only", metavar="TEXT", help="measure only the pages whose name holds TEXT")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rnd = random.Random(7)
-    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
-        store = os.path.join(tmp, "store")
-        t0 = time.perf_counter()
-        first, last = write_store(store, a.messages)
-        wrote = time.perf_counter() - t0
+    with contextlib.ExitStack() as cleanup:
+        store = a.keep or os.path.join(cleanup.enter_context(tempfile.TemporaryDirectory(dir=a.dir)), "store")
+        wrote = None
+        if not os.path.isdir(os.path.join(store, "commitlog")):
+            t0 = time.perf_counter()
+            write_store(store, a.messages)
+            wrote = time.perf_counter() - t0
+        with MessageStore(store, read_only=True) as s:
+            a.messages = sum(s.max_offset(TOPIC, q) for q in range(QUEUES))
+            first, last = store_times(s)
         per_queue = a.messages // QUEUES
         with MessageStore(store, read_only=True) as s:
             offsets = [int(s.consume_queue_entries(TOPIC, q, o, 1)["phy_offset"][0])
                        for q, o in ((rnd.randrange(QUEUES), rnd.randrange(per_queue)) for _ in range(a.requests))]
-            ids = [s.get_by_offset(o).msg_id for o in offsets[:a.requests]]
+            ids = [s.get_by_offset(o).msg_id for o in offsets]
         n = a.requests
 
         def keys():
@@ -164,19 +181,26 @@ def main() -> None:
                                                for _ in range(n)], None),
             ("browse (tag filter)", [f"/api/s/0/browse?topic={TOPIC}&tags=T3&offset={rnd.randrange(per_queue)}"
                                      for _ in range(n)], None),
+            ("browse (content substring, rare)", [f"/api/s/0/browse?topic={TOPIC}&q=k{rnd.randrange(a.messages)}%20"
+                                                  f"&offset={rnd.randrange(per_queue)}" for _ in range(n)], None),
+            ("browse (content regex)", [f"/api/s/0/browse?topic={TOPIC}&mode=regex&q=k{rnd.randrange(10)}7"
+                                        f"%5B0-9%5D*3%20&offset={rnd.randrange(per_queue)}" for _ in range(n)], None),
             ("browse page (HTML)", [f"/s/0/browse?topic={TOPIC}&offset={rnd.randrange(per_queue)}" for _ in range(n)],
              None),
             ("lookup key", [f"/api/s/0/lookup?kind=key&topic={TOPIC}&value={x}" for x in keys()],
              ["query", store, "--topic", TOPIC, "--key", k]),
-            ("lookup key, 1000-hit key, page 1", [f"/api/s/0/lookup?kind=key&topic={TOPIC}&value=g{rnd.randrange(1000)}"
-                                                  for _ in range(n)],
+            ("lookup key, messages/1000 hits, page 1",
+             [f"/api/s/0/lookup?kind=key&topic={TOPIC}&value=g{rnd.randrange(1000)}" for _ in range(n)],
              ["query", store, "--topic", TOPIC, "--key", "g1", "--max", "64"]),
             ("lookup msgId", [f"/api/s/0/lookup?kind=msgid&value={quote(i)}" for i in ids], ["msg", store, ids[0]]),
             ("message detail", [f"/api/s/0/message?offset={x}" for x in offsets], ["at", store, str(offsets[0])]),
             ("message page (HTML)", [f"/s/0/message?offset={x}" for x in offsets], None),
+            ("topics, by rate", ["/api/s/0/topics?sort=rate&desc=1"] * n, None),
+            ("health", ["/api/s/0/health"] * n, None),
             ("consumer groups", ["/api/s/0/groups"] * n, None),
             ("dlq", ["/api/s/0/dlq"] * n, None),
         ]
+        pages = [p for p in pages if a.only is None or a.only in p[0]]
         proc, host, port = start_console(store)
         stop = threading.Event()
         writer = threading.Thread(target=append_live, args=(store, a.live, stop)) if a.live else None
@@ -199,10 +223,11 @@ def main() -> None:
             proc.wait(10)
     if a.json:
         print(json.dumps({"messages": a.messages, "clients": a.clients, "live": a.live,
-                          "write_seconds": round(wrote, 1),
+                          "write_seconds": None if wrote is None else round(wrote, 1),
                           "pages": rows}, indent=2))
         return
-    print(f"{a.messages} messages ({wrote:.1f} s to write), {a.clients} clients, {a.requests} requests a page"
+    made = "a kept store" if wrote is None else f"{wrote:.1f} s to write"
+    print(f"{a.messages} messages ({made}), {a.clients} clients, {a.requests} requests a page"
           + (f", {a.live} puts/s meanwhile" if a.live else ""))
     print(f"{'page':36} {'p50 ms':>8} {'p99 ms':>8} {'CLI --json ms':>14}  CLI")
     for r in rows:

@@ -238,6 +238,76 @@ cdef class IndexFiles:
             if pinned != stack_pins:
                 free(pinned)
 
+    def paths(self):
+        """The files' paths, newest first: ``walk_page``'s file numbers index this list."""
+        return [seg.path for seg in self.segs]
+
+    def walk_page(self, topic, key, Py_ssize_t file_no, int32_t entry, max_num=64, begin=0, end=None,
+                  Py_ssize_t steps=1 << 16, Py_ssize_t cap=64):
+        """One page of a resumable walk over ``topic#key``'s chains: the commitlog offsets
+        of the entries whose hash matches and whose time could be in [begin, end] (index
+        times are whole seconds), newest first, at most ``max_num`` (at most ``cap``) and
+        looking at no more than ``steps`` entries, from entry ``entry`` of file ``file_no``
+        (files newest first; entry 0: the chain's head). Returns (offsets, file number,
+        entry) to go on from, or (offsets, -1, 0) when the chains end: a page costs what it
+        returns (plus the colliding entries between), never the hits before it. An entry
+        outside its file's counted entries is an InvalidArgumentError."""
+        cdef Py_ssize_t mn, n = 0, seen = 0, i, tlen, klen
+        cdef int64_t b, e, bts, t
+        cdef int32_t h, idx = entry, count, kh, td, prev
+        cdef const char *base
+        cdef const char *tp
+        cdef const char *kp
+        cdef const IndexEntry *ents
+        cdef const IndexEntry *en
+        cdef MappedSegment seg
+        topic = limits(topic, max_num, begin, end, cap, &mn, &b, &e)
+        check_key(key)
+        if file_no < 0 or file_no > self.n or entry < 0:
+            raise InvalidArgumentError(f"no index position {file_no}.{entry} in {self.n} files")
+        tp = PyUnicode_AsUTF8AndSize(topic, &tlen)
+        kp = PyUnicode_AsUTF8AndSize(key, &klen)
+        buf = PyBytes_FromStringAndSize(NULL, tlen + klen + 1)
+        h = build_hash(tp, tlen, kp, klen, PyBytes_AS_STRING(buf))
+        out = []
+        i = file_no
+        while i < self.n:
+            seg = self.segs[i]
+            if seg.closing or seg.unmapped:
+                i, idx = i + 1, 0
+                continue
+            pin(seg)
+            try:
+                base = self.views[i].base
+                count = min(rmq_ld32(base + 36), self.views[i].entries - 1)
+                bts = rmq_ld64(base)
+                ents = <const IndexEntry *>(base + HDR + <int64_t>self.views[i].slots * 4)
+                if idx == 0:
+                    idx = rmq_ld32(base + HDR + <int64_t>(h % self.views[i].slots) * 4)
+                elif idx > count:
+                    raise InvalidArgumentError(f"no index position {file_no}.{entry}: the file counts {count}")
+                while 0 < idx <= count and count > 1:   # as select_file: count 1 holds none
+                    if n == mn or seen == steps:
+                        return out, i, idx
+                    en = ents + idx
+                    kh = rmq_ld32(<const char *>&en.key_hash)
+                    td = rmq_ld32(<const char *>&en.time_diff)
+                    prev = rmq_ld32(<const char *>&en.prev_index)
+                    seen += 1
+                    if td < 0:
+                        break
+                    t = bts + <int64_t>td * 1000
+                    if kh == h and t + 999 >= b and t <= e:
+                        out.append(rmq_ld64(<const char *>&en.phy_offset))
+                        n += 1
+                    if prev <= 0 or prev >= idx:   # chains only point back: always terminates
+                        break
+                    idx = prev
+            finally:
+                unpin(seg)
+            i, idx = i + 1, 0
+        return out, -1, 0
+
     def query(self, topic, key, max_num=64, begin=0, end=None, Py_ssize_t cap=64):
         """Commitlog offsets of the entries whose hash equals ``topic#key``'s, newest
         ``max_num`` (at most ``cap``; files newest first), sorted ascending like

@@ -13,7 +13,7 @@ import numpy as np
 import rmqstore._index as _index
 import rmqstore._index_file as _index_file
 from rmqstore._segment import MappedSegment
-from rmqstore.errors import CorruptStoreError, StoreClosedError
+from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreClosedError
 from rmqstore.files import file_size, list_dir, make_dirs, open_reader
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,9 @@ class IndexFile:
     @property
     def full(self):
         return self.count >= self.entries
+
+
+PAGE_STEPS = 1 << 16   # index entries one query_page looks at, at most (colliding keys' among them)
 
 
 class IndexService:
@@ -334,6 +337,25 @@ class IndexService:
         """IndexService.queryOffset, sorted ascending (DefaultMessageStore.queryMessage)."""
         self._check_open()
         return self.view.query(topic, key, max_num, begin, end, self.config.max_msgs_num_batch)
+
+    def query_page(self, topic, key, max_num=64, begin=0, end=None, resume=None):
+        """query_offsets a page at a time, newest first: (offsets, the token the next page
+        resumes from, or None after the last). A token is ``FILE.ENTRY``: an index file's
+        name and the chain entry in it to go on from; it stays valid while that file is
+        kept (appends after it do not move it)."""
+        self._check_open()
+        view = self.view
+        names = [os.path.basename(p) for p in view.paths()]
+        file_no, entry = 0, 0
+        if resume is not None:
+            name, _, number = str(resume).partition(".")
+            if not (name in names and number.isascii() and number.isdigit() and len(number) <= 10
+                    and int(number) < 1 << 31):
+                raise InvalidArgumentError(f"not a resume token of this index (FILE.ENTRY, the file kept): {resume!r}")
+            file_no, entry = names.index(name), int(number)
+        offsets, file_no, entry = view.walk_page(topic, key, file_no, entry, max_num, begin, end, PAGE_STEPS,
+                                                 self.config.max_msgs_num_batch)
+        return offsets, None if file_no < 0 else f"{names[file_no]}.{entry}"
 
     def _check_open(self):
         if self._closed:

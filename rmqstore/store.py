@@ -847,6 +847,27 @@ class MessageStore:
         return self._index_or_raise().query_offsets(topic, key, max_num, begin, end)
 
     @_gated_read
+    def query_offsets_page(self, topic: str, key: str, max_num: int = 64, begin: int = 0, end: int | None = None,
+                           resume: str | None = None) -> tuple[list[int], str | None]:
+        """query_offsets a page at a time: every hash match, newest first, each page costing
+        its own entries (and colliding keys' between them), never those of the pages before.
+
+        Args:
+            topic, key, begin, end: as query_offsets.
+            max_num: offsets a page holds at most (capped at max_msgs_num_batch).
+            resume: None for the first page, else the token the last page returned.
+
+        Returns:
+            (offsets newest first, hash collisions included; the next page's resume
+            token, or None after the last page). A page may hold fewer than ``max_num``
+            offsets and still have a next one (it looks at 65,536 entries at most).
+
+        Raises:
+            InvalidArgumentError: message_index_enable is off, or ``resume`` is not a
+            token of this store's index files (or names one since deleted)."""
+        return self._index_or_raise().query_page(topic, key, max_num, begin, end, resume)
+
+    @_gated_read
     def query_by_key(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
                      end: int | None = None) -> list[_message.MessageExt]:
         """The messages of ``topic`` whose UNIQ_KEY or a KEYS token is ``key``, newest first.

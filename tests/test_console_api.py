@@ -7,6 +7,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,9 +213,8 @@ def test_verify_task_runs_in_the_background(console):
     assert task["state"] == "done" and task["done"] == task["total"]
     import crc32c
 
-    from rmqstore.cli.common import segment_files
     want = []
-    for _, path, _ in segment_files(c.stores[0].path):
+    for path in sorted((Path(c.stores[0].path) / "commitlog").iterdir()):
         with open(path, "rb") as f:
             want.append(f"{crc32c.crc32c(f.read()):08x}")
     assert [r["crc32c"] for r in task["result"]] == want
@@ -268,8 +268,7 @@ def test_overview_counts_and_chart(console):
 
 
 def test_endpoint_pop_state_is_shown(tmp_path):
-    pytest.importorskip("grpc", reason="the endpoint extra is not installed")
-    from rmqstore.endpoint.state import PopState
+    from rmqstore.pop_state import PopState
     root = str(tmp_path / "store")
     with MessageStore(root, CFG) as s:
         puts = [s.put(Message("Pop", f"m{i}".encode(), keys=f"p{i}"), queue_id=0) for i in range(3)]
@@ -439,6 +438,24 @@ def test_a_page_out_of_time_still_moves_on(console, monkeypatch):
     assert found == ["Needle"] and looked == total and pages == total
 
 
+def test_a_page_without_the_scan_slot_looks_at_one_message(console):
+    """While another filtered scan holds the slot until this page's time is up, the page
+    looks at one message and hands back its continue link (it neither waits on nor runs
+    beside the other scan); once the slot is free, a page scans on from there."""
+    from rmqstore.console.filters import make_filter
+    _, c = console
+    s = c.stores[0].store()
+    pos = browser.start_positions(s, "Hot", s.queue_ids("Hot"), True, None, None)
+    with browser._SCAN_SLOTS:
+        page = browser.browse(s, "Hot", pos, True, 10, None, make_filter("need"), deadline=time.monotonic())
+    assert page["scanned"] == 1 and not page["complete"] and page["next"]
+    first = [m for q in s.queue_ids("Hot") for m in s.get_messages("Hot", q, 0, 1).messages]
+    oldest = min(first, key=lambda m: (m.store_timestamp, m.phy_offset))
+    assert browser.parse_positions(page["next"]) == {**pos, oldest.queue_id: 1}
+    rest = browser.browse(s, "Hot", browser.parse_positions(page["next"]), True, 10, None, make_filter("need"))
+    assert rest["scanned"] > 1
+
+
 def test_cli_console_takes_a_foreign_index_geometry(tmp_path):
     import subprocess
     import sys
@@ -584,9 +601,8 @@ def test_a_bad_queue_id_is_named(console):
 
 
 def test_pop_state_is_read_again_only_when_its_files_change(tmp_path):
-    pytest.importorskip("grpc", reason="the endpoint extra is not installed")
     from rmqstore.console import pop
-    from rmqstore.endpoint.state import PopState
+    from rmqstore.pop_state import PopState
     root = str(tmp_path / "store")
     with MessageStore(root, CFG) as s:
         s.put(Message("Pop", b"m"), queue_id=0)
@@ -600,31 +616,36 @@ def test_pop_state_is_read_again_only_when_its_files_change(tmp_path):
     assert again is not first and again.queues[("cg_pop", "Pop", 0)].next == 2
 
 
-def test_key_walks_are_cached_per_handle_and_dropped_with_it(tmp_path, monkeypatch):
-    """The next page of a key lookup reuses its index walk on the same handle; once the
-    store changed and the old handle closed, no cached walk of it remains."""
-    from rmqstore.console import lookups, stores
+def test_key_pages_stay_exact_while_the_store_grows(tmp_path, monkeypatch):
+    """A key lookup's next link, followed after more hits were appended and the console
+    reopened the store, goes on where the page stopped (nothing skipped or repeated); a
+    fresh lookup then starts with the new hits. A message naming the key twice (UNIQ_KEY
+    and KEYS, KEYS twice) is listed once, also when its entries straddle a page."""
+    from rmqstore.console import stores
     monkeypatch.setattr(stores, "RECHECK_SECONDS", 0.0)
     root = str(tmp_path / "store")
     with MessageStore(root, CFG) as w:
-        for i in range(30):
-            w.put(Message("K", b"v%d" % i, keys="same"))
+        puts = [w.put(Message("K", b"v%d" % i, keys="same same" if i % 3 else "same")) for i in range(30)]
         w.wait_dispatched()
         with running([root]) as (url, c):
             url = url.rstrip("/")
-            page = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=20")
-            first = (0, c.stores[0].generation)
-            assert first in lookups.cached_handles()
-            rest = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=20&cursor={page['next']}")
-            assert len(page["messages"]) + len(rest["messages"]) == 30
-            w.put(Message("K", b"new", keys="same"))
+            page = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=7")
+            first = c.stores[0].generation
+            newer = [w.put(Message("K", b"new%d" % i, keys="same")) for i in range(3)]
             w.wait_dispatched()
             for _ in range(200):
                 _json(f"{url}/api/s/0/overview")
-                if c.stores[0].generation > first[1]:
+                if c.stores[0].generation > first:
                     break
                 time.sleep(0.02)
-            assert c.stores[0].generation > first[1]
-            _json(f"{url}/api/s/0/overview")   # the old handle's last reader has ended
-            assert first not in lookups.cached_handles()
-            assert len(_json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=50")["messages"]) == 31
+            assert c.stores[0].generation > first
+            got, nxt = [m["msgId"] for m in page["messages"]], page["next"]
+            while nxt:
+                more = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=7&cursor={nxt}")
+                got, nxt = got + [m["msgId"] for m in more["messages"]], more["next"]
+            assert got == [p.msg_id for p in reversed(puts)]
+            fresh = _json(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&size=50")
+            assert [m["msgId"] for m in fresh["messages"]] == [p.msg_id for p in reversed(puts + newer)]
+            name = page["next"].split(".")[0]
+            for bad in ("x", "1:2", "nofile.3:5", f"{name}.99999999999:1", f"{name}.999999:1", f"{name}.-1:1"):
+                assert _get(f"{url}/api/s/0/lookup?kind=key&topic=K&value=same&cursor={bad}")[0] == 400

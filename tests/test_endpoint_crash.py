@@ -16,7 +16,7 @@ pytest.importorskip("rocketmq")
 
 from rmqstore import CorruptStoreError, MessageStore, StoreConfig  # noqa: E402
 from rmqstore.endpoint.codec import DELIVER_MS, deliver_at  # noqa: E402
-from rmqstore.endpoint.state import PopState  # noqa: E402
+from rmqstore.pop_state import PopState  # noqa: E402
 
 from endpoint_client import consumer, message, producer, receive_all  # noqa: E402
 
@@ -202,7 +202,7 @@ def test_concurrent_acks_share_one_fsync_and_each_waits_for_it(tmp_path, monkeyp
     import threading
 
     from rmqstore import StoreIOError
-    from rmqstore.endpoint import state as state_module
+    from rmqstore import pop_state as state_module
     synced = []
 
     def counted(fd, path):
@@ -247,8 +247,8 @@ def test_a_failed_compaction_fails_every_later_ack(tmp_path, monkeypatch, op, ma
     import errno
 
     from rmqstore import StoreIOError
+    from rmqstore import pop_state as state_module
     from rmqstore._segment import inject_fault
-    from rmqstore.endpoint import state as state_module
     st = PopState(str(tmp_path))
     st.sync(st.append([["a", "G", "T", 0, 1]]))
     monkeypatch.setattr(state_module, "_COMPACT_BYTES", 0)          # the next append compacts
@@ -302,5 +302,5 @@ def test_state_files_are_left_alone_once_the_store_lets_its_lock_go(tmp_path):
                                  ["n", "", "T\x01", 2147483647, 0]])
 def test_state_records_are_written_as_json_writes_them(rec):
     """The log's record encoder (names encoded once) writes what json.dumps writes."""
-    from rmqstore.endpoint.state import encode_record
+    from rmqstore.pop_state import encode_record
     assert encode_record(rec) == json.dumps(rec, separators=(",", ":")).encode()

@@ -527,3 +527,35 @@ def test_query_keys_reuses_copies_only_once_no_message_holds_them(tmp_path):
         raw = two.raw()
         assert raw[-(1 << 10):] != b"1" * (1 << 10)
         assert raw == store.get_by_offset(two.phy_offset).raw() and hash(raw) == hash(bytes(bytearray(raw)))
+
+
+@pytest.mark.parametrize("page", [1, 2, 3, 7])
+def test_query_offsets_page_walks_every_match_newest_first_in_pages(tmp_path, page):
+    """Pages resumed from their tokens give every entry whose hash is the key's (colliding
+    keys' included, as query_offsets), newest first, across many small index files, each
+    once: the reference is the puts' keys hashed here. A token not of this index is refused."""
+    cfg = StoreConfig(index_slots=3, index_entries=6, warm_mapped_file=False)   # 5 entries a file
+    keys = ["hot", "AaAa", "BBBB", "hot hot", "cold", "AaAa hot"]
+    with MessageStore(tmp_path / "s", cfg) as s:
+        res = [s.put(Message("T", b"m%d" % i, keys=keys[i % len(keys)])) for i in range(40)]
+        s.wait_dispatched(5)
+        for key in ("hot", "AaAa"):
+            want = []
+            for r in reversed(res):
+                m = s.get_by_offset(r.phy_offset)
+                tokens = ([m.uniq_key] if m.uniq_key else []) + [t for t in m.properties["KEYS"].split(" ") if t]
+                want += [r.phy_offset for t in tokens if index_hash(f"T#{t}") == index_hash(f"T#{key}")]
+            got, token, pages = [], None, 0
+            while True:
+                offsets, token = s.query_offsets_page("T", key, page, resume=token)
+                assert len(offsets) <= page
+                got += offsets
+                pages += 1
+                if token is None:
+                    break
+            assert got == want and pages >= len(want) // page
+            assert sorted(got) == sorted(s.query_offsets("T", key, 64))
+        name = os.path.basename(index_files(tmp_path / "s")[0])
+        for bad in ("x", "00000000000000000.1", f"{name}.7", f"{name}.-1", f"{name}.99999999999", f"{name}"):
+            with pytest.raises(InvalidArgumentError):
+                s.query_offsets_page("T", "hot", 4, resume=bad)

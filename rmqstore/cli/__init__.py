@@ -30,8 +30,8 @@ from rmqstore.cli.common import (
     UsageError,
     dumps,
     positive_int,
-    shown,
 )
+from rmqstore.display import shown
 from rmqstore.errors import InvalidArgumentError, InvalidTopicError, MessageNotFoundError, StoreError
 
 

@@ -1,16 +1,13 @@
 """Subcommands over whole stores: recover, digest, diff, bench."""
 import argparse
 import dataclasses
-import os
 
-import crc32c
 import numpy as np
 
 from rmqstore.cli.common import (
     EXIT_FOUND,
     CommandError,
     byte_size,
-    camel_keys,
     human,
     nonneg_int,
     positive_int,
@@ -23,6 +20,7 @@ from rmqstore.cli.common import (
 )
 from rmqstore.config import StoreConfig
 from rmqstore.files import open_reader
+from rmqstore.report import camel_keys, digest_segments, segment_digests
 from rmqstore.store import MessageStore
 
 _CHUNK = 1 << 20
@@ -43,25 +41,10 @@ def cmd_recover(args):
 
 
 # -- digests ---------------------------------------------------------------------------------
-def digest_segments(files, bar):
-    """{offset: CRC32C of the file} for (offset, path, size) ``files``."""
-    out = {}
-    for off, path, _ in files:
-        crc = 0
-        with open_reader(path) as f:
-            while chunk := f.read(_CHUNK):
-                crc = crc32c.crc32c(chunk, crc)
-                bar.update(len(chunk))
-        out[off] = crc
-    return out
-
-
 def cmd_digest(args):
     files = segment_files(args.store)
     with progress(sum(n for _, _, n in files), "digest") as bar:
-        crcs = digest_segments(files, bar)
-    rows = [{"file": os.path.basename(p), "offset": off, "size": n, "crc32c": f"{crcs[off]:08x}"}
-            for off, p, n in files]
+        rows = segment_digests(files, bar.update)
     if args.json:
         return print_json(rows)
     print_table(["segment", "size", "crc32c"], [(r["file"], r["size"], r["crc32c"]) for r in rows])
@@ -103,7 +86,7 @@ def cmd_diff(args):
     a = [f for f in a if f[0] >= start]
     b = [f for f in b if f[0] >= start]
     with progress(sum(n for _, _, n in a + b), "diff") as bar:
-        da, db = digest_segments(a, bar), digest_segments(b, bar)
+        da, db = digest_segments(a, bar.update), digest_segments(b, bar.update)
     pa, pb = {o: p for o, p, _ in a}, {o: p for o, p, _ in b}
     diverge = None
     for off in sorted(set(da) | set(db)):

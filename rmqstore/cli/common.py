@@ -1,7 +1,6 @@
 """Shared helpers of the rmqstore command: argument types, opening stores, output
 (JSON documents and lines, tables, progress bars)."""
 import argparse
-import base64
 import difflib
 import json
 import os
@@ -9,12 +8,12 @@ import re
 import stat
 import sys
 import unicodedata
-from datetime import datetime
 
 from tqdm import tqdm
 
+from rmqstore import report
 from rmqstore.config import StoreConfig
-from rmqstore.segments import list_segment_files
+from rmqstore.display import local_time, shown
 from rmqstore.store import MessageStore
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -175,9 +174,9 @@ def require_store(path):
 
 
 def segment_files(store):
-    """(offset, path, size) of the commitlog segments of ``store``."""
+    """(offset, path, size) of the commitlog segments of ``store``, refused first when it is no store."""
     require_store(store)
-    return [(off, path, os.path.getsize(path)) for off, path in list_segment_files(os.path.join(store, "commitlog"))]
+    return report.segment_files(store)
 
 
 def open_store(args, read_only=True, create=False):
@@ -185,63 +184,6 @@ def open_store(args, read_only=True, create=False):
     if not create:
         require_store(args.store)
     return MessageStore(args.store, store_config(args), read_only=read_only)
-
-
-BODY_MODES = ("utf8", "base64", "none")
-
-
-def message_dict(m, body="utf8"):
-    """A stored message under RocketMQ's MessageExt names. ``body``: ``utf8`` (falls back
-    to base64 for bytes that are not UTF-8; ``bodyEncoding`` says which), ``base64`` or
-    ``none``. Bodies are given as stored (COMPRESSED ones stay compressed)."""
-    d = {
-        "topic": m.topic, "queueId": m.queue_id, "queueOffset": m.queue_offset,
-        "commitLogOffset": m.phy_offset, "storeSize": m.store_size, "msgId": m.msg_id,
-        "uniqKey": m.uniq_key, "tags": m.tags, "keys": m.properties.get("KEYS"),
-        "bornTimestamp": m.born_timestamp, "storeTimestamp": m.store_timestamp,
-        "bornHost": m.born_host, "storeHost": m.store_host, "bodyCRC": m.body_crc,
-        "sysFlag": m.sys_flag, "flag": m.flag, "reconsumeTimes": m.reconsume_times,
-        "preparedTransactionOffset": m.prepared_transaction_offset, "version": m.version,
-        "properties": m.properties, "bodyLength": len(m.body),
-    }
-    if body != "none":
-        data = m.body
-        if body == "utf8":
-            try:
-                d["body"], d["bodyEncoding"] = data.decode("utf-8"), "utf8"
-                return d
-            except UnicodeDecodeError:
-                pass
-        d["body"], d["bodyEncoding"] = base64.b64encode(data).decode("ascii"), "base64"
-    return d
-
-
-def camel(name):
-    """A snake_case name in camelCase: ``end_offset`` -> ``endOffset``."""
-    head, *rest = name.split("_")
-    return head + "".join(w[:1].upper() + w[1:] for w in rest)
-
-
-def camel_keys(obj):
-    """``obj`` (dicts, lists, values) with every dict key in camelCase: the one key
-    convention of the command's JSON. The keys of a ``properties`` dict are message data and
-    stay as they are."""
-    if isinstance(obj, dict):
-        return {camel(k): v if k == "properties" else camel_keys(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [camel_keys(v) for v in obj]
-    return obj
-
-
-def local_time(ms):
-    """Epoch milliseconds as local ISO-8601 time with its UTC offset (tables only; JSON keeps
-    the milliseconds); 0 or less (never set) as ``-``."""
-    if not isinstance(ms, int) or isinstance(ms, bool) or ms <= 0:
-        return "-" if ms == 0 else ms
-    try:
-        return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
-    except (OverflowError, OSError, ValueError):
-        return ms
 
 
 def human(pairs):
@@ -269,20 +211,6 @@ def display_width(text):
 
 def pad(text, width):
     return text + " " * (width - display_width(text))
-
-
-# Characters a terminal acts on instead of showing: C0/C1 controls and DEL (ESC starts the
-# sequences that move the cursor, clear the screen, set the title), line and paragraph
-# separators, bidirectional overrides, isolates and marks (they reorder what follows), and
-# zero-width characters and the byte-order mark (invisible: they make two names look alike).
-_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
-
-
-def shown(value):
-    """``value`` as text for a table or a line: message data (topics, tags, keys, paths) is
-    the sender's, so the characters a terminal would act on are shown as escapes
-    (``\\x1b``, ``\\u2028``)."""
-    return _UNSHOWN.sub(lambda m: repr(m.group())[1:-1], str(value))
 
 
 def _ascii_json():

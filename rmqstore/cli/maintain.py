@@ -5,7 +5,6 @@ import time
 
 from rmqstore.cli.common import (
     EXIT_FOUND,
-    camel_keys,
     human,
     nonneg_int,
     open_store,
@@ -17,10 +16,11 @@ from rmqstore.cli.common import (
     require_store,
     seconds,
     segment_files,
-    shown,
     store_config,
 )
+from rmqstore.display import shown
 from rmqstore.errors import DerivedFileError
+from rmqstore.report import camel_keys
 from rmqstore.store import MessageStore
 
 _EVERY_HOUR = ";".join(f"{h:02d}" for h in range(24))

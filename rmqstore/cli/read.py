@@ -1,15 +1,11 @@
 """Read-only subcommands: stats, get, msg, at, query, dump, tail. Each opens the store
 read-only: no writer lock, no byte changed, works while a broker or writer has it open."""
-import os
 import sys
 import time
 
 from rmqstore.cli.common import (
-    BODY_MODES,
     duration,
     human,
-    local_time,
-    message_dict,
     message_line,
     msg_id,
     nonneg_int,
@@ -23,34 +19,9 @@ from rmqstore.cli.common import (
     queue_id,
     warn_unknown_topics,
 )
+from rmqstore.display import local_time
 from rmqstore.errors import StoreError
-
-
-def _index_files(s):
-    """Header of every index file (RocketMQ IndexHeader) and its geometry."""
-    out = []
-    for f in s.index.files if s.index is not None else ():
-        begin_ts, end_ts, begin_phy, end_phy, used_slots, count = f.header
-        out.append({"file": os.path.basename(f.seg.path), "slots": f.slots, "capacity": f.entries - 1,
-                    "beginTimestamp": begin_ts, "endTimestamp": end_ts, "beginPhyOffset": begin_phy,
-                    "endPhyOffset": end_phy, "hashSlotCount": used_slots, "entries": max(0, count - 1)})
-    return out
-
-
-def store_stats(s):
-    segs = s.commitlog.segments
-    queues = [{"topic": t, "queueId": q, "minOffset": s.min_offset(t, q), "maxOffset": s.max_offset(t, q),
-               "messages": s.max_offset(t, q) - s.min_offset(t, q)}
-              for t in s.topics() for q in s.queue_ids(t)]
-    return {
-        "path": s.path, "cleanShutdown": s.clean_shutdown,
-        "commitlog": {"segmentSize": segs.file_size, "segments": len(segs.segments),
-                      "bytes": len(segs.segments) * segs.file_size,
-                      "minOffset": s.min_phy_offset, "maxOffset": s.max_phy_offset},
-        "consumeQueueEntriesPerFile": s.config.consume_queue_entries,
-        "topics": s.topics(), "queues": queues, "index": _index_files(s),
-        "checkpoint": {"exists": s.checkpoint.existed, **s.checkpoint.as_dict()},
-    }
+from rmqstore.report import BODY_MODES, message_dict, store_stats
 
 
 def cmd_stats(args):

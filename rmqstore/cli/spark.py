@@ -8,9 +8,7 @@ from rmqstore import batch
 from rmqstore.cli.common import (
     EXIT_FOUND,
     CommandError,
-    camel_keys,
     human,
-    local_time,
     positive_int,
     print_fields,
     print_json,
@@ -18,6 +16,8 @@ from rmqstore.cli.common import (
     print_table,
 )
 from rmqstore.config import StoreConfig
+from rmqstore.display import local_time
+from rmqstore.report import camel_keys
 
 # query's columns, under the names ``dump`` gives them (RocketMQ's MessageExt names)
 _QUERY_COLUMNS = {"store": "store", "topic": "topic", "queue_id": "queueId", "queue_offset": "queueOffset",

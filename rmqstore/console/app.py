@@ -40,13 +40,13 @@ from starlette.staticfiles import StaticFiles
 
 import rmqstore
 from rmqstore import MessageNotFoundError, batch
-from rmqstore.cli.common import local_time, shown
 from rmqstore.console import is_loopback, limits, openapi, views
 from rmqstore.console.dlq import resend_dead_letter
 from rmqstore.console.filters import FILTER_MODES, make_filter, searchable, tag_set
 from rmqstore.console.pages import BY_NAME, NAV, Params, parse_number
 from rmqstore.console.stores import ServedStore, StoreSet
 from rmqstore.console.tasks import KINDS, Tasks
+from rmqstore.display import local_time, shown
 from rmqstore.errors import InvalidArgumentError, StoreError
 
 COOKIE = "rmqstore_console"

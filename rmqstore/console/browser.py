@@ -4,6 +4,7 @@ by binary search on the consume queues; tag and content filters bounded per page
 from __future__ import annotations
 
 import heapq
+import threading
 import time
 from typing import Any, Iterator
 
@@ -13,6 +14,8 @@ from rmqstore.console.filters import ContentFilter, searchable, tag_set
 from rmqstore.console.views import summary
 from rmqstore.errors import InvalidArgumentError
 
+SCAN_SLOTS = 1   # filtered scans at a time: the interpreter runs one at once anyway
+_SCAN_SLOTS = threading.BoundedSemaphore(SCAN_SLOTS)
 
 def parse_positions(text: str) -> dict[int, int]:
     """``0:12,1:40`` -> {0: 12, 1: 40}: a page's start, one queue offset per queue."""
@@ -74,23 +77,26 @@ def start_positions(s: MessageStore, topic: str, queues: list[int], forward: boo
 
 
 def browse(s: MessageStore, topic: str, positions: dict[int, int], forward: bool = True,
-           size: int = limits.DEFAULT_PAGE, tags: str | None = None, content: ContentFilter | None = None
-           ) -> dict[str, Any]:
+           size: int = limits.DEFAULT_PAGE, tags: str | None = None, content: ContentFilter | None = None,
+           deadline: float | None = None) -> dict[str, Any]:
     """One page of ``topic``'s messages merged across the queues of ``positions`` by store
     time (forward: oldest first from each queue's position; else newest first below it).
 
     A page is its positions: ``next`` is where the following page starts and ``previous``
     where the page before this one starts, so links are stable and nothing is skipped or
-    repeated. With a tag set or content filter, at most SCAN_LIMIT records (or DEADLINE
-    seconds) are looked at; ``complete`` false means the page stopped early and ``next``
-    continues the scan (``previous`` is then not known: go back with the browser)."""
+    repeated. With a tag set or content filter, at most SCAN_LIMIT records are looked at,
+    until ``deadline`` (time.monotonic(); default DEADLINE from now), while the page holds
+    the scan slot (SCAN_SLOTS scans at a time: scans sharing the interpreter would each
+    take several times their time); ``complete`` false means the page stopped early and
+    ``next`` continues the scan (``previous`` is then not known: go back with the browser)."""
     limits.check_size(size)
     filtered = tag_set(tags) is not None or content is not None
+    deadline = time.monotonic() + limits.DEADLINE if deadline is None else deadline
     rows, after, more, scanned, timed_out, complete = _walk(s, topic, positions, forward, size, tag_set(tags),
-                                                            content)
+                                                            content, deadline)
     previous = None
     if not filtered:
-        back, before, _, _, _, _ = _walk(s, topic, positions, not forward, size, None, None)
+        back, before, _, _, _, _ = _walk(s, topic, positions, not forward, size, None, None, deadline)
         previous = format_positions(before) if back else None
     return {"topic": topic, "order": "oldest" if forward else "newest", "positions": format_positions(positions),
             "next": format_positions(after) if more else None, "previous": previous,
@@ -98,12 +104,25 @@ def browse(s: MessageStore, topic: str, positions: dict[int, int], forward: bool
 
 
 def _walk(s: MessageStore, topic: str, positions: dict[int, int], forward: bool, size: int,
-          wanted: frozenset[str] | None, content: ContentFilter | None
+          wanted: frozenset[str] | None, content: ContentFilter | None, deadline: float
           ) -> tuple[list[dict[str, Any]], dict[int, int], bool, int, int, bool]:
     """browse's merge: (rows, the positions after them, more to read, records looked at,
     of them passed over because their regex match outlasted the page's time, complete: not
     stopped by the scan bound)."""
-    deadline = time.monotonic() + limits.DEADLINE
+    bounded = wanted is not None or content is not None
+    slot = bounded and _SCAN_SLOTS.acquire(timeout=max(0.0, deadline - time.monotonic()))
+    try:
+        return _merge(s, topic, positions, forward, size, wanted, content, deadline if slot or not bounded else 0.0)
+    finally:
+        if slot:
+            _SCAN_SLOTS.release()
+
+
+def _merge(s: MessageStore, topic: str, positions: dict[int, int], forward: bool, size: int,
+           wanted: frozenset[str] | None, content: ContentFilter | None, deadline: float
+           ) -> tuple[list[dict[str, Any]], dict[int, int], bool, int, int, bool]:
+    """_walk's work, filtered until ``deadline`` (0: a page that got no scan slot in time
+    looks at one record)."""
     sign = 1 if forward else -1
     readers = {q: _queue_reader(s, topic, q, o, forward) for q, o in positions.items()}
     heap: list[tuple[int, int, int, MessageExt]] = []

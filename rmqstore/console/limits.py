@@ -7,9 +7,8 @@ from rmqstore.errors import InvalidArgumentError
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
 SCAN_LIMIT = 20_000     # records a filtered page looks at before it hands back a "continue" cursor
-DEADLINE = 0.08         # seconds a filtered page or a key lookup spends at most
+DEADLINE = 0.05         # seconds after a request arrived that its filtered page or key lookup stops
 CHUNK = 32              # messages read from a queue at a time (getMessage's transfer limit)
-INDEX_WALK = 65_535     # hash matches one index walk returns (the store's max_msgs_num_batch limit)
 
 
 def check_size(size: int) -> None:

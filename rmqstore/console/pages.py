@@ -4,6 +4,7 @@ app.py serves each twice, as ``/s/{store}/PAGE`` (HTML) and ``/api/s/{store}/PAG
 from the same answer."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
@@ -26,10 +27,12 @@ def parse_number(name: str, text: str, lo: int = 0, hi: int = I64_MAX) -> int:
 
 
 class Params:
-    """Query parameters, checked: ints in range, text bounded, choices."""
+    """Query parameters, checked: ints in range, text bounded, choices; made when the request
+    arrives, they hold when its bounded work ends (``deadline``, time.monotonic())."""
 
     def __init__(self, query: Any):
         self.q = query
+        self.deadline = time.monotonic() + limits.DEADLINE
 
     def text(self, name: str, default: str | None = None) -> str | None:
         v = self.q.get(name)
@@ -108,7 +111,7 @@ def _browse(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
                                             _when(p.text("time")))
     content = filters.make_filter(p.text("q"), p.choice("mode", filters.FILTER_MODES), p.flag("icase"))
     out = browser.browse(s, topic, positions, forward, p.number("size", limits.DEFAULT_PAGE, 1, limits.MAX_PAGE),
-                       p.text("tags"), content)
+                       p.text("tags"), content, p.deadline)
     out["queueIds"] = known
     return out
 
@@ -143,7 +146,7 @@ def _lookup(st: ServedStore, h: Handle, p: Params) -> dict[str, Any]:
     else:
         page = lookups.by_key(s, p.required("topic"), value, kind == "uniq", p.text("cursor"),
                             p.number("size", limits.DEFAULT_PAGE, 1, limits.MAX_PAGE), p.number("begin"),
-                            p.optional_number("end"), h.key)
+                            p.optional_number("end"), p.deadline)
         out.update(messages=page["messages"], next=page["next"], read=page["read"])
     return out
 

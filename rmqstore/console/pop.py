@@ -2,7 +2,7 @@
 ``config/popState.json`` and ``popState.log`` without changing them: per group and queue the
 first offset never handed out and the messages handed out and not acked yet (in flight until
 their invisible time, with their delivery attempts). Shown only for stores an endpoint
-served, and only where the endpoint extra is installed."""
+served."""
 from __future__ import annotations
 
 import os
@@ -12,6 +12,7 @@ from typing import Any
 
 from rmqstore import MessageExt, MessageStore
 from rmqstore.errors import StoreError
+from rmqstore.pop_state import PopState
 
 FILES = ("popState.json", "popState.log")
 _read: dict[str, tuple[Any, Any]] = {}   # store path -> (the files' stamp, the PopState read at it)
@@ -31,10 +32,10 @@ def _files_stamp(root: str) -> tuple[tuple[int, int] | None, ...]:
     return tuple(out)
 
 
-def read_state(root: str) -> Any:
+def read_state(root: str) -> PopState | None:
     """The endpoint's PopState of the store at ``root`` (read-only), or None when no
-    endpoint served it (or the endpoint extra is missing). Read again only when the
-    snapshot or the log changed since the last read."""
+    endpoint served it. Read again only when the snapshot or the log changed since the
+    last read."""
     stamp = _files_stamp(root)
     if stamp == (None, None):
         return None
@@ -42,10 +43,6 @@ def read_state(root: str) -> Any:
         cached = _read.get(root)
     if cached is not None and cached[0] == stamp:
         return cached[1]
-    try:
-        from rmqstore.endpoint.state import PopState
-    except ImportError:
-        return None
     state = PopState(root, read_only=True)
     with _read_lock:
         _read[root] = (stamp, state)

@@ -17,7 +17,6 @@ import time
 from typing import Iterator
 
 from rmqstore import MessageStore, NotRecordStartError, StoreConfig, StoreNotFoundError, batch
-from rmqstore.console import lookups
 from rmqstore.errors import InvalidArgumentError, StoreError
 
 log = logging.getLogger(__name__)
@@ -25,8 +24,9 @@ RECHECK_SECONDS = 1.0   # least time between two looks whether a store changed
 
 
 def console_config(base: StoreConfig | None = None) -> StoreConfig:
-    """``base`` (a foreign store's index geometry, say) as the console opens stores: every
-    hash match of a key in one index walk (the store's limit; RocketMQ's is 64)."""
+    """``base`` (a foreign store's index geometry, say) as the console opens stores: a key
+    lookup's index page as large as a console page (the store caps it at
+    max_msgs_num_batch; RocketMQ's is 64)."""
     return (base or StoreConfig()).with_(max_msgs_num_batch=65_535)
 
 
@@ -64,11 +64,10 @@ def _stamp(path: str, hint: int = 0) -> tuple[int, int]:
 
 class Handle:
     """One read-only MessageStore of a served store, with the number of requests reading it
-    (plus one while it is the current handle). ``key`` (store number, generation) names it
-    for caches: a later handle of the same store has a higher generation."""
+    (plus one while it is the current handle)."""
 
-    def __init__(self, store: MessageStore, number: int, generation: int):
-        self.store, self.key = store, (number, generation)
+    def __init__(self, store: MessageStore):
+        self.store = store
         self.refs = 1
 
 
@@ -81,8 +80,8 @@ class ServedStore:
         # a broker's store directory is often just "store": name it with its parent
         self.name = f"{os.path.basename(parent)}/{base}" if base == "store" and parent else base or path
         self._lock = threading.Lock()
-        self.generation = 0   # counts reopenings: the current handle's key is (number, generation)
-        self._handle = Handle(MessageStore(path, config, read_only=True), number, 0)
+        self.generation = 0   # counts reopenings
+        self._handle = Handle(MessageStore(path, config, read_only=True))
         self._stamp = _stamp(path)
         self._checked = time.monotonic()
         self._refreshing = self._closed = False
@@ -116,7 +115,6 @@ class ServedStore:
             h.refs -= 1
             last = h.refs == 0
         if last:
-            lookups.forget(h.key)
             h.store.close()
 
     def _refresh(self) -> None:
@@ -130,7 +128,7 @@ class ServedStore:
                         fresh.close()
                     else:
                         self.generation += 1
-                        old, self._handle = self._handle, Handle(fresh, self.number, self.generation)
+                        old, self._handle = self._handle, Handle(fresh)
                         self._stamp = stamp
         except StoreError as e:   # a writer mid-change: the current handle stays, the next look retries
             log.warning("%s: not reopened (%s)", self.path, e)

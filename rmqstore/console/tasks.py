@@ -11,8 +11,7 @@ import time
 from typing import Any, Callable
 
 from rmqstore import MessageStore, StoreConfig
-from rmqstore.cli.admin import digest_segments
-from rmqstore.cli.common import camel_keys, segment_files
+from rmqstore.report import camel_keys, segment_digests, segment_files
 
 KINDS = ("verify", "digest", "recovery")
 KEEP = 32   # finished tasks remembered
@@ -52,10 +51,7 @@ def _verify(task: Task) -> Any:
 
 
 def _digest(task: Task) -> Any:
-    files = segment_files(task.path)
-    crcs = digest_segments(files, task)
-    return [{"file": p.rsplit("/", 1)[-1], "offset": off, "size": n, "crc32c": f"{crcs[off]:08x}"}
-            for off, p, n in files]
+    return segment_digests(segment_files(task.path), task.update)
 
 
 def _recovery(task: Task) -> Any:

@@ -10,10 +10,9 @@ import zlib
 from typing import Any
 
 from rmqstore import MessageExt, MessageNotFoundError, MessageStore
-from rmqstore.cli.common import message_dict
-from rmqstore.cli.read import store_stats
 from rmqstore.console import charts, pop
 from rmqstore.errors import InvalidArgumentError, StoreError
+from rmqstore.report import message_dict, store_stats
 
 COMPRESSED = 0x1        # SYSFLAG bit: the body is zlib-compressed
 BODY_VIEW_LIMIT = 1 << 20   # bytes of a body a detail page shows (the raw download has all)

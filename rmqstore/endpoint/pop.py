@@ -32,8 +32,8 @@ from rocketmq.grpc_protocol import definition_pb2
 from rmqstore._message import MessageExt
 from rmqstore.consumer import GetMessageStatus, TagFilter
 from rmqstore.endpoint.codec import MESSAGE_GROUP, RequestError, deliver_at, to_dead_letter
-from rmqstore.endpoint.state import PopState, QueueState
 from rmqstore.errors import InvalidArgumentError, MessageTooLargeError, StoreError
+from rmqstore.pop_state import PopState, QueueState
 from rmqstore.store import MessageStore
 
 Code = definition_pb2.Code

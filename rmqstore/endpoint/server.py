@@ -18,9 +18,9 @@ from rmqstore.arguments import checked
 from rmqstore.endpoint.pop import Pop
 from rmqstore.endpoint.routes import Routes
 from rmqstore.endpoint.service import MessagingService
-from rmqstore.endpoint.state import PopState
 from rmqstore.endpoint.transactions import CHECK_INTERVAL_MS, CHECK_MAX, TIMEOUT_MS, Transactions
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, StoreClosedError
+from rmqstore.pop_state import PopState
 from rmqstore.store import MessageStore
 
 log = logging.getLogger("rmqstore.endpoint")
