@@ -12,7 +12,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg
 from rmqstore._message import queue_id_arg, sys_flag_arg
-from rmqstore._segment cimport MappedSegment, SegmentList, ensure
+from rmqstore._segment cimport MappedSegment, SegmentList, ensure, publish
 from rmqstore._gate cimport Gate
 from rmqstore._flusher cimport Flusher
 from rmqstore._gate import MISSING, misfit
@@ -460,7 +460,7 @@ cdef class Appender:
                 if sizes[i] + 8 > seg.m.size - wpos:
                     if seg.m.size - wpos >= 8:
                         write_blank(seg.m.base + wpos, <int32_t>(seg.m.size - wpos))
-                    seg.wrote_pos = seg.m.size
+                    publish(seg, seg.m.size)
                     seg = self.seg = self._roll()
                     continue
                 if seg.m.readonly or seg.closing or seg.unmapped:
@@ -481,7 +481,7 @@ cdef class Appender:
                                       self.warm_mark)
                 else:
                     j = write_run(&r, &h, i, n, seg.m.base + wpos, seg.base_offset, seg.m.size, &wpos, self.warm_mark)
-                seg.wrote_pos = wpos
+                publish(seg, wpos)
                 seg.store_timestamp = ts
                 if seg.base_offset + wpos >= self.warm_mark:
                     self._warm_now(seg)

@@ -12,6 +12,10 @@ cdef extern from "rmq_endian.h" nogil:
 cdef extern from "rmq_order.h" nogil:
     void rmq_release()
 
+cdef extern from "rmq_wake.h" nogil:
+    void rmq_publish64(int64_t *pos, int64_t v, int *waiting)
+    void rmq_wait64(const int64_t *pos, int64_t seen, int *waiting, long timeout_ns)
+
 cdef extern from "rmq_prefetch.h" nogil:
     void rmq_prefetch(const void *p)
 

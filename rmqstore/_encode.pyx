@@ -14,7 +14,7 @@ from rmqstore._cext cimport rmq_crc32, rmq_ld32, rmq_st16, rmq_st32, rmq_st64
 from rmqstore._copy cimport copy_short
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, body_arg
-from rmqstore._segment cimport MappedSegment, check, ensure, write_at
+from rmqstore._segment cimport MappedSegment, check, ensure, publish, write_at
 from rmqstore.errors import InvalidArgumentError, InvalidArgumentTypeError, MessageTooLargeError, StoreClosedError
 
 cdef extern from "Python.h":
@@ -253,7 +253,7 @@ cdef PutResult encode(MappedSegment seg, Message msg, object body, bytes born, s
             if room >= 8:   # a full segment (room 0) already ends with its BLANK record
                 ensure(seg, wpos + 8)
                 write_blank(p, <int32_t>room)
-            seg.wrote_pos = seg.m.size
+            publish(seg, seg.m.size)
             return None
         ensure(seg, wpos + total)
         h.phy, h.total, h.queue_offset, h.store_ts = seg.base_offset + wpos, total, queue_offset, store_ts
@@ -274,7 +274,7 @@ cdef PutResult encode(MappedSegment seg, Message msg, object body, bytes born, s
     finally:
         if have_view:
             PyBuffer_Release(&view)
-    seg.wrote_pos = wpos + total
+    publish(seg, wpos + total)
     seg.store_timestamp = store_ts
     res = PutResult.__new__(PutResult)
     res.phy_offset = seg.base_offset + wpos

@@ -1,11 +1,12 @@
 from libc.stdint cimport int64_t
-from rmqstore._cext cimport rmq_map_t, rmq_map_let_go
+from rmqstore._cext cimport rmq_map_t, rmq_map_let_go, rmq_publish64
 
 cdef class MappedSegment:
     cdef rmq_map_t m
     cdef readonly object path
     cdef readonly int64_t base_offset
     cdef public int64_t wrote_pos
+    cdef int waiting                    # set by a thread waiting for wrote_pos to move (rmq_wake.h)
     cdef public int64_t flushed_pos
     cdef public int64_t store_timestamp
     cdef public int64_t ahead           # how far past a write ensure() reserves (0: the whole file)
@@ -18,6 +19,11 @@ cdef class MappedSegment:
     cdef int raise_closed(self) except -1
     cdef int _unmap(self) except -1
     cdef int reserve_to(self, int64_t stop) except -1
+
+
+cdef inline void publish(MappedSegment seg, int64_t pos) noexcept nogil:
+    """Move ``wrote_pos`` to ``pos`` (the writer), waking a thread waiting for it to move."""
+    rmq_publish64(&seg.wrote_pos, pos, &seg.waiting)
 
 
 cdef inline int ensure(MappedSegment seg, int64_t end) except -1:

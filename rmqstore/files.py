@@ -290,11 +290,12 @@ def _write_new(path, data, mode, durable=False):
                 pass
 
 
-def fsync(fd, path):
-    """os.fsync, through the fault injection; an error becomes a StoreIOError."""
+def fsync(fd, path, data_only=False):
+    """os.fsync (os.fdatasync with ``data_only``: not the times), through the fault
+    injection; an error becomes a StoreIOError."""
     try:
         fault_point(FAULT_FSYNC, path)
-        os.fsync(fd)
+        (os.fdatasync if data_only else os.fsync)(fd)
     except OSError as e:
         raise_errno(e.errno, path, "fsync")
 

@@ -335,6 +335,24 @@ class MessageStore:
         if self._gate.closing:
             raise StoreClosedError(f"{self.path}: store closed during the operation")
 
+    def operation(self) -> contextlib.AbstractContextManager[None]:
+        """``with store.operation():`` runs a step of the caller's own on files inside the
+        store directory as one of the store's operations: close() (which lets the writer lock
+        go) waits for it to end, and once close() has begun it raises StoreClosedError instead
+        of starting (a closed store raises it at the call). So a file kept beside the store's
+        own (the endpoint's consumption state) is renamed or truncated only while this handle
+        holds the lock, never under another writer that took it since."""
+        self._check_open()
+        return self._in_gate()
+
+    @contextlib.contextmanager
+    def _in_gate(self) -> Iterator[None]:
+        self._gate.enter()
+        try:
+            yield
+        finally:
+            self._gate.leave()
+
     def _reentrant(self) -> bool:
         """Whether this thread is inside rebuild (its progress callback) or holds the write
         lock (put_batch's iterable)."""

@@ -19,14 +19,21 @@ _read: dict[str, tuple[Any, Any]] = {}   # store path -> (the files' stamp, the 
 _read_lock = threading.Lock()
 
 
-def _files_stamp(root: str) -> tuple[tuple[int, int] | None, ...]:
-    """(mtime ns, size) of the snapshot and the log (None for a missing one): a write to
-    either changes it."""
-    out: list[tuple[int, int] | None] = []
+def _files_stamp(root: str) -> tuple[tuple[int, ...] | None, ...]:
+    """(mtime ns, size) of the snapshot and the log (None for a missing one), the log's with
+    where its records end (it is written ahead with zeros, so its size stays while records
+    are added, and two within one clock tick leave its mtime as well): a write to either
+    changes it."""
+    out: list[tuple[int, ...] | None] = []
     for f in FILES:
+        path = os.path.join(root, "config", f)
         try:
-            st = os.stat(os.path.join(root, "config", f))
-            out.append((st.st_mtime_ns, st.st_size))
+            st = os.stat(path)
+            if f == "popState.log":
+                with open(path, "rb") as log:
+                    out.append((st.st_mtime_ns, st.st_size, log.read().rfind(b"\n")))
+            else:
+                out.append((st.st_mtime_ns, st.st_size))
         except OSError:
             out.append(None)
     return tuple(out)

@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,18 +27,6 @@ log = logging.getLogger("rmqstore.endpoint")
 _served: set[str] = set()   # the stores endpoints of this process serve (real paths)
 _served_lock = threading.Lock()
 MIN_WORKERS = 4
-
-
-@contextlib.contextmanager
-def _operation(store: MessageStore) -> Iterator[None]:
-    """Run a step on the store's files as one of its operations: close() (which lets the
-    writer lock go) waits for it to end, and once closing has begun it raises
-    StoreClosedError instead of starting, so the step runs while the lock is held."""
-    store._gate.enter()
-    try:
-        yield
-    finally:
-        store._gate.leave()
 
 
 def _endpoints(host: str, port: int) -> definition_pb2.Endpoints:
@@ -102,7 +90,7 @@ class Endpoint:
     def _start(self, store: MessageStore, listen: str, auto_create: bool, max_attempts: int,
                fifo_groups: frozenset[str], workers: int, host: str) -> None:
         self.store = store
-        self.state = PopState(store.path, store.config.file_mode, store.config.dir_mode, lambda: _operation(store))
+        self.state = PopState(store.path, store.config.file_mode, store.config.dir_mode, store.operation)
         self.pop = Pop(store, self.state, max_attempts)
         self.server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rmqstore-endpoint"),
                                   options=[("grpc.max_receive_message_length", store.config.max_message_size + 65536)])
