@@ -40,14 +40,17 @@ def interrupt(*_):
 
 
 if case.startswith("prepare"):
-    # an interrupt in _prepare once, before it queues the job or after: the next roll and close() go on
-    submit = queue._alloc.submit
-    def cut(*args):
-        queue._alloc.submit = submit
-        if case == "prepare_after":
-            submit(*args)
-        raise KeyboardInterrupt
-    queue._alloc.submit = cut
+    # an interrupt in _prepare once, before it hands the segment to the toucher or after: the
+    # next roll and close() go on
+    class Cut:
+        def __init__(self, toucher):
+            self.toucher = toucher
+        def make(self, *args):
+            queue.toucher = self.toucher
+            if case == "prepare_after":
+                self.toucher.make(*args)
+            raise KeyboardInterrupt
+    queue.toucher = Cut(queue.toucher)
     rounds = 1000
 elif case == "roll":
     # what a batch rolls into it made before writing: a roll() that raises is not reached
