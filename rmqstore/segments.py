@@ -264,7 +264,11 @@ class SegmentQueue(SegmentList):
         """Drop everything at and after ``offset``: later files are deleted, newest first (a
         kill meanwhile leaves a run of files, not one with a gap that no open accepts), then
         the one holding it gets its tail zero-filled (when anything but zeros is there).
-        Returns the bytes of old data discarded (0 when only unwritten space followed)."""
+        Segments made ahead past ``offset`` go first: left on disk, a kill would leave a gap
+        before them that no open accepts. Returns the bytes of old data discarded (0 when
+        only unwritten space followed)."""
+        for base in sorted((b for b in self.premade if b > offset), reverse=True):
+            self._discard(self.premade.pop(base))
         after = [self._bytes_after(seg, offset) for seg in self.segments]
         keep = [seg for seg in self.segments if not self._wholly_after(seg, offset)]
         for seg in reversed(self.segments[len(keep):]):

@@ -101,3 +101,14 @@ def test_a_segment_dropped_before_it_is_made_leaves_no_file(tmp_path):
         stall_fault("open", False)
     q.close()
     assert sorted(os.listdir(tmp_path / "commitlog")) == [segment_name(0)]
+
+
+def test_truncation_removes_the_segments_made_ahead_past_it(tmp_path):
+    q = _queue(tmp_path)
+    q.roll(0)
+    q.roll()
+    q.premade[2 * SIZE].made()
+    q.truncate(SIZE // 2)          # a kill now must leave a run of files, not 0 and 2
+    assert sorted(os.listdir(tmp_path / "commitlog")) == [segment_name(0)] and not q.premade
+    assert q.roll().base_offset == SIZE and 2 * SIZE in q.premade   # and the next is made ahead again
+    q.close()
