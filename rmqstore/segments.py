@@ -207,8 +207,10 @@ class SegmentQueue(SegmentList):
 
     def prepare_first(self):
         """An empty queue that preallocates starts making its first segment now, in the
-        background, so the first append does not wait for a file to be created."""
-        if self.last is None:
+        background, so the first append does not wait for a file to be created. The queue's
+        directory is made for it, never the store's (one removed meanwhile is the open's
+        to report)."""
+        if self.last is None and os.path.isdir(os.path.dirname(self.directory)):
             make_dirs(self.directory, self.dir_mode)
             self._prepare(0)
 

@@ -134,12 +134,14 @@ def test_interrupt_deferred_in_a_write_that_then_fails_is_raised(tmp_path):
         store.put(Message("T", b"first"))
         log = store.commitlog
         queue = log.segments
-        queue.make_room, queue.roll = lambda *a: None, full   # the next segment is not made ahead, nor at the roll
+        for base in list(queue.premade):   # the next segment is not made ahead, nor at the roll
+            queue._discard(queue.premade.pop(base))
+        queue.make_room, queue.roll, queue._prepare = lambda *a: None, full, lambda *a: None
         warmer, log._warmer, log._warm_to, log.appender.warm_mark = log._warmer, Warmer(), 0, 0
         try:
             with pytest.raises(KeyboardInterrupt) as e:
                 store.put_batch([Message("T", b"b" * 10_000)] * 40)
         finally:
-            del queue.make_room, queue.roll
+            del queue.make_room, queue.roll, queue._prepare
             log._warmer = warmer
         assert isinstance(e.value.__context__, DiskFullError)
