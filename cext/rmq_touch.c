@@ -5,7 +5,42 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+void rmq_make_init(rmq_make_t *mk, const char *path, int64_t size, int64_t reserve, int flags, int mode) {
+    mk->open = rmq_map_open;
+    mk->path = path; mk->size = size; mk->reserve = reserve; mk->flags = flags; mk->mode = mode;
+    mk->state = RMQ_MAKE_QUEUED;
+    mk->owner = getpid();
+}
+
+int rmq_make_run(rmq_make_t *mk, rmq_map_t *m) {
+    int queued = RMQ_MAKE_QUEUED;
+    if (!__atomic_compare_exchange_n(&mk->state, &queued, RMQ_MAKE_RUNNING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return 0;
+    int rc = mk->open(mk->path, mk->size, mk->reserve, mk->flags, mk->mode, m);
+    __atomic_store_n(&mk->state, rc, __ATOMIC_RELEASE);   /* the map's fields are written before */
+    return 1;
+}
+
+static int settled(rmq_make_t *mk) {
+    struct timespec step = {0, 50000};
+    int st;
+    while ((st = rmq_make_state(mk)) == RMQ_MAKE_RUNNING && getpid() == mk->owner) nanosleep(&step, NULL);
+    return st;
+}
+
+int rmq_make_wait(rmq_make_t *mk, rmq_map_t *m) {
+    rmq_make_run(mk, m);
+    return settled(mk);
+}
+
+int rmq_make_drop(rmq_make_t *mk) {
+    int queued = RMQ_MAKE_QUEUED;
+    __atomic_compare_exchange_n(&mk->state, &queued, RMQ_MAKE_DROPPED, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return settled(mk);
+}
 
 int rmq_toucher_init(rmq_toucher *t, rmq_reserve_fn reserve) {
     memset(t, 0, sizeof *t);
@@ -18,6 +53,7 @@ int rmq_toucher_init(rmq_toucher *t, rmq_reserve_fn reserve) {
 
 static void run_job(rmq_toucher *t, const rmq_touch_job *j) {
     rmq_map_t *m = j->m;
+    if (j->make && (!rmq_make_run(j->make, m) || rmq_make_state(j->make) != 0)) return;   /* the writer's, or failed */
     int64_t ps = rmq_page_size(), stop = j->stop, reserved = __atomic_load_n(&m->reserved, __ATOMIC_ACQUIRE);
     if (j->reserve && stop > reserved) {
         int64_t end = (stop + ps - 1) / ps * ps;
@@ -66,7 +102,7 @@ int rmq_toucher_start(rmq_toucher *t, const char *name) {
     return 0;
 }
 
-int64_t rmq_toucher_submit(rmq_toucher *t, rmq_map_t *m, int64_t start, int64_t stop, int reserve) {
+static int64_t queue_job(rmq_toucher *t, rmq_touch_job j) {
     pthread_mutex_lock(&t->lock);
     if (t->njobs == t->cap) {
         int cap = t->cap ? t->cap * 2 : 8;
@@ -75,11 +111,19 @@ int64_t rmq_toucher_submit(rmq_toucher *t, rmq_map_t *m, int64_t start, int64_t 
         t->jobs = grown;
         t->cap = cap;
     }
-    rmq_touch_job j = {m, start, stop, reserve, ++t->submitted};
+    j.ticket = ++t->submitted;
     t->jobs[t->njobs++] = j;
     pthread_cond_signal(&t->wake);
     pthread_mutex_unlock(&t->lock);
     return j.ticket;
+}
+
+int64_t rmq_toucher_submit(rmq_toucher *t, rmq_map_t *m, int64_t start, int64_t stop, int reserve) {
+    return queue_job(t, (rmq_touch_job){m, start, stop, reserve, NULL, 0});
+}
+
+int64_t rmq_toucher_make(rmq_toucher *t, rmq_map_t *m, rmq_make_t *mk, int64_t stop) {
+    return queue_job(t, (rmq_touch_job){m, 0, stop, 0, mk, 0});
 }
 
 int64_t rmq_toucher_done(rmq_toucher *t) { return __atomic_load_n(&t->done, __ATOMIC_ACQUIRE); }

@@ -12,7 +12,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg
 from rmqstore._message import queue_id_arg, sys_flag_arg
-from rmqstore._segment cimport MappedSegment, SegmentList, ensure, publish
+from rmqstore._segment cimport MappedSegment, SegmentList, ensure, made, publish
 from rmqstore._gate cimport Gate
 from rmqstore._flusher cimport Flusher
 from rmqstore._gate import MISSING, misfit
@@ -518,13 +518,16 @@ cdef class Appender:
         """The segment after the last, for a write under way. One that _make_room made is
         taken from ``premade`` and published here with no Python code run, so no signal
         handler runs either: its exception (KeyboardInterrupt) cannot stop a batch half
-        written, nor a roll half done. Else the segment queue's roll()."""
+        written, nor a roll half done; so is one the toucher made ahead, once made. Else the
+        segment queue's roll() (which waits for one being made)."""
         cdef SegmentList q = self.published
         cdef MappedSegment seg = None
+        cdef int64_t at = q.last.base_offset + self.seg_size
         if q.premade:
-            seg = q.premade.pop(q.last.base_offset + self.seg_size, None)
-        if seg is None:
+            seg = q.premade.get(at)
+        if seg is None or not made(seg):
             return self.segments.roll()
+        del q.premade[at]
         q.segments = q.segments + [seg]
         q.last = seg
         if q.flusher is not None:

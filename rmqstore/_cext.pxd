@@ -45,6 +45,17 @@ cdef extern from "rmq_mmap.h" nogil:
     int64_t rmq_page_size()
     int32_t rmq_java_hash(const char *s, size_t n)
 
+cdef extern from "rmq_touch.h" nogil:
+    int RMQ_MAKE_QUEUED
+    int RMQ_MAKE_RUNNING
+    int RMQ_MAKE_DROPPED
+    ctypedef struct rmq_make_t:
+        int state
+    void rmq_make_init(rmq_make_t *mk, const char *path, int64_t size, int64_t reserve, int flags, int mode)
+    int rmq_make_wait(rmq_make_t *mk, rmq_map_t *m)
+    int rmq_make_drop(rmq_make_t *mk)
+    int rmq_make_state(const rmq_make_t *mk)
+
 cdef extern from "rmq_crc.h" nogil:
     uint32_t rmq_crc32(uint32_t crc, const char *buf, size_t length)
 

@@ -1,8 +1,10 @@
 from libc.stdint cimport int64_t
-from rmqstore._cext cimport rmq_map_t, rmq_map_let_go, rmq_publish64
+from rmqstore._cext cimport rmq_make_t, rmq_make_state, rmq_map_t, rmq_map_let_go, rmq_publish64
 
 cdef class MappedSegment:
     cdef rmq_map_t m
+    cdef rmq_make_t mk                  # made ahead (defer): how, and whether it is made yet
+    cdef bytes fspath                   # the path mk names
     cdef readonly object path
     cdef readonly int64_t base_offset
     cdef public int64_t wrote_pos
@@ -19,6 +21,7 @@ cdef class MappedSegment:
     cdef int raise_closed(self) except -1
     cdef int _unmap(self) except -1
     cdef int reserve_to(self, int64_t stop) except -1
+    cdef int settle(self, int state) except -1
 
 
 cdef inline void publish(MappedSegment seg, int64_t pos) noexcept nogil:
@@ -32,6 +35,11 @@ cdef inline int ensure(MappedSegment seg, int64_t end) except -1:
     if end <= seg.m.reserved:
         return 0
     return seg.reserve_to(end + seg.ahead if seg.ahead else seg.m.size)
+
+
+cdef inline bint made(MappedSegment seg) noexcept:
+    """Whether the segment is made: always, but for one made ahead (``defer``) still being made."""
+    return rmq_make_state(&seg.mk) == 0
 
 
 cdef inline int pin(MappedSegment seg) except -1:

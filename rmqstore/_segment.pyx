@@ -11,7 +11,7 @@ import os
 from rmqstore._cext cimport *
 from rmqstore._layout cimport PF_READ, PF_WRITE, PF_AHEAD
 from rmqstore.errors import (raise_errno, raise_not_regular, StoreClosedError, CorruptStoreError, InvalidArgumentError,
-                             OutOfRangeError, StoreIOError, StoreReadOnlyError, ViewExportedError)
+                             OutOfRangeError, StoreError, StoreIOError, StoreReadOnlyError, ViewExportedError)
 
 # prefault() modes (_layout.PrefaultMode).
 PREFAULT_READ = PF_READ
@@ -68,9 +68,12 @@ cdef class MappedSegment:
     """
 
     def __cinit__(self, path, int64_t base_offset, int64_t size, bint create=False,
-                  bint readonly=False, int mode=0o600, int64_t reserve=-1, int64_t ahead=0, bint readahead=True):
+                  bint readonly=False, int mode=0o600, int64_t reserve=-1, int64_t ahead=0, bint readahead=True,
+                  bint defer=False):
         """``readahead=False``: a file this creates is mapped without read-around (a file
-        written in small steps, of which a store may use a few pages: see rmq_map_open)."""
+        written in small steps, of which a store may use a few pages: see rmq_map_open).
+        ``defer``: a segment made ahead, its file not created here but by the toucher's
+        thread (Toucher.make) or by ``made()``, whichever comes first (cext/rmq_touch.h)."""
         cdef bytes bpath = os.fsencode(str(path))
         cdef const char *cpath = bpath
         cdef int flags = (RMQ_CREATE if create else 0) | (RMQ_READONLY if readonly else 0) | \
@@ -85,9 +88,53 @@ cdef class MappedSegment:
         if ahead < 0:
             raise InvalidArgumentError(f"ahead {ahead} is negative")
         self.ahead = ahead
+        if defer:
+            if not create or readonly:
+                raise InvalidArgumentError("only a file created for writing is made ahead")
+            self.fspath = bpath
+            rmq_make_init(&self.mk, self.fspath, size, reserve, flags, mode)
+            return
         with nogil:
             rc = rmq_map_open(cpath, size, reserve, flags, mode, &self.m)
         check(rc, self.path, "open/map")
+
+    @property
+    def ready(self):
+        """False while a segment made ahead (``defer``) is not made yet."""
+        return made(self)
+
+    def made(self):
+        """Have a segment made ahead made: here, with the GIL released, if the toucher's
+        thread has not started on it (an interrupt may have kept it from being handed over,
+        or the thread is busy), else once that thread is done. Raises what making it met;
+        a no-op once made."""
+        cdef int st = rmq_make_state(&self.mk)
+        if st != 0:
+            with nogil:
+                st = rmq_make_wait(&self.mk, &self.m)
+            self.settle(st)
+
+    def drop(self):
+        """Drop a segment made ahead unless it is being made (then wait for it); returns
+        whether its file was made (then the caller's to remove; closing only unmaps it)."""
+        cdef int st = rmq_make_state(&self.mk)
+        if st != 0:
+            with nogil:
+                st = rmq_make_drop(&self.mk)
+            if st != 0:
+                self.unmapped = True   # never mapped
+        return st == 0
+
+    cdef int settle(self, int state) except -1:
+        """The final state of a make: a segment not made is closed, and why is raised."""
+        if state == 0:
+            return 0
+        self.unmapped = True
+        if state == RMQ_MAKE_DROPPED:
+            raise StoreClosedError(f"{self.path}: dropped before it was made")
+        if state == RMQ_MAKE_RUNNING:
+            raise StoreError(f"{self.path}: being made by the process this one was forked from")
+        return check(state, self.path, "create/map")
 
     def __dealloc__(self):
         # path is set right after m.fd = -1: without it __cinit__ failed first (an argument
@@ -121,7 +168,7 @@ cdef class MappedSegment:
         return self.closing or self.unmapped
 
     cdef int check_range(self, int64_t pos, int64_t n) except -1:
-        if self.closing or self.unmapped:
+        if self.closing or self.unmapped or not made(self):
             raise StoreClosedError(f"{self.path}: segment is closed")
         if pos < 0 or n < 0 or pos > self.m.size or n > self.m.size - pos:
             raise OutOfRangeError(f"{self.path}: range [{pos}, {pos + n}) outside 0..{self.m.size}")
@@ -308,6 +355,8 @@ cdef class MappedSegment:
         """Unmap now, or when the last pin is released. Idempotent."""
         if self.exports:
             raise ViewExportedError(f"{self.path}: {self.exports} zero-copy view(s) still exported")
+        if not made(self) and not self.drop():   # never made: nothing mapped
+            return
         if self.closing or self.unmapped:
             return
         self.closing = True

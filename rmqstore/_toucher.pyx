@@ -1,13 +1,16 @@
-"""Pages faulted in, and disk blocks allocated, ahead of a writer on a native thread.
+"""The next segment made, pages faulted in and disk blocks allocated ahead of a writer, on a
+native thread.
 
 A fresh page costs the writer 10-20 us to fault in, and a Python thread doing it for him
 took the GIL from him between its steps (up to the 5 ms switch interval). The toucher's
 thread (cext/rmq_touch.c) takes no GIL: a job is queued with one C call, and the segments
-it names stay pinned until it is done.
+it names stay pinned until it is done. Making a segment ahead (creating its file, allocating
+and mapping it) took a Python thread the GIL between its steps the same way; the toucher
+makes it too (``make``), so a roll only takes the mapped segment.
 """
 cimport cython
 from libc.stdint cimport int64_t
-from rmqstore._cext cimport rmq_map_t
+from rmqstore._cext cimport rmq_make_t, rmq_map_t
 from rmqstore._segment cimport MappedSegment, pin, reserve_range, unpin
 from rmqstore.errors import InvalidArgumentError, StoreIOError
 
@@ -20,6 +23,7 @@ cdef extern from "rmq_touch.h" nogil:
     int rmq_toucher_init(rmq_toucher *t, rmq_reserve_fn reserve)
     int rmq_toucher_start(rmq_toucher *t, const char *name)
     int64_t rmq_toucher_submit(rmq_toucher *t, rmq_map_t *m, int64_t start, int64_t stop, int reserve)
+    int64_t rmq_toucher_make(rmq_toucher *t, rmq_map_t *m, rmq_make_t *mk, int64_t stop)
     int64_t rmq_toucher_done(rmq_toucher *t)
     void rmq_toucher_stop(rmq_toucher *t)
     void rmq_toucher_destroy(rmq_toucher *t)
@@ -27,8 +31,8 @@ cdef extern from "rmq_touch.h" nogil:
 
 @cython.no_gc_clear   # __dealloc__ unpins what ``held`` holds
 cdef class Toucher:
-    """A native thread named ``name`` that runs ``submit``-ted jobs in order. Thread-safe for
-    one submitter at a time under the GIL (the writer, or the segment preparer); ``close``
+    """A native thread named ``name`` that runs the jobs ``submit`` and ``make`` queue, in
+    order. Thread-safe for one submitter at a time under the GIL (the writer); ``close``
     drops jobs not started, joins the thread and unpins every segment. After ``os.fork``
     the child has no thread: its jobs never run (a forked child writes nothing)."""
     cdef rmq_toucher t
@@ -58,18 +62,33 @@ cdef class Toucher:
         """Queue: (``reserve``) allocate the blocks of ``[0, stop)``, then fault
         ``[start, stop)`` in for writing, only where blocks are allocated, without changing
         a byte (a live writer may be writing there). StoreClosedError if ``seg`` is closed."""
-        cdef int64_t ticket
         if not 0 <= start <= stop:
             raise InvalidArgumentError(f"touch range [{start}, {stop}) is not a range")
+        if self._ready(seg):
+            self._queue(seg, rmq_toucher_submit(&self.t, &seg.m, start, min(stop, seg.m.size), reserve))
+
+    def make(self, MappedSegment seg not None, int64_t stop):
+        """Queue making ``seg`` (one made ahead, ``defer``), then faulting ``[0, stop)`` of it
+        in, only where blocks are allocated. Nothing is queued once closed, nor in a forked
+        child: ``seg.made()`` then makes it in the caller."""
+        if stop < 0:
+            raise InvalidArgumentError(f"touch range [0, {stop}) is not a range")
+        self._queue(seg, rmq_toucher_make(&self.t, &seg.m, &seg.mk, stop) if self._ready(seg) else 0)
+
+    cdef bint _ready(self, MappedSegment seg) except -1:
+        """Let go of finished jobs' segments; whether a job can be queued, ``seg`` pinned for it."""
         self._let_go(rmq_toucher_done(&self.t))
         if not self.t.running:
-            return
+            return False
         pin(seg)
-        ticket = rmq_toucher_submit(&self.t, &seg.m, start, min(stop, seg.m.size), reserve)
+        return True
+
+    cdef _queue(self, MappedSegment seg, int64_t ticket):
         if ticket < 0:
             unpin(seg)
             raise MemoryError("cannot queue a page-touch job")
-        self.held.append((ticket, seg))
+        if ticket > 0:
+            self.held.append((ticket, seg))
 
     cdef _let_go(self, int64_t done):
         cdef Py_ssize_t k = 0

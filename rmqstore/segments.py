@@ -1,9 +1,6 @@
 """SegmentQueue: an ordered run of fixed-size mapped files named by their start offset."""
 import errno
-import logging
 import os
-import threading
-import time
 
 import numpy as np
 
@@ -11,9 +8,7 @@ from rmqstore._segment import MappedSegment, SegmentList, queue_end, queue_find
 from rmqstore._toucher import Toucher
 from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreError
 from rmqstore.files import file_size, list_dir, make_dirs, number_name, only_zeros
-from rmqstore.worker import Worker
 
-log = logging.getLogger(__name__)
 _MAX_OFFSET = (1 << 63) - 1
 
 
@@ -64,12 +59,12 @@ class SegmentQueue(SegmentList):
 
     Thread-safety: one writer appends/rolls (holding the store's write lock); readers call
     ``find`` without locks (the list is replaced, never mutated in place). The next segment
-    is made ahead on a Python thread (``rmq-alloc``: the file's creation and mapping run
-    with the GIL released, only the object's needs it), put in ``premade`` so that the
-    appender's roll swaps pointers in C, and pre-faulted by a native thread (``toucher``,
-    ``rmq-touch``) that never takes the GIL, like RocketMQ's AllocateMappedFileService and
-    warmMappedFile. ``segments``, ``last``, ``file_size``, ``_end`` and ``premade`` are
-    SegmentList's C fields.
+    is put in ``premade`` before it exists and made (its file created, allocated and
+    mapped, then its first pages faulted in) by a native thread (``toucher``, ``rmq-touch``)
+    that never takes the GIL, like RocketMQ's AllocateMappedFileService and warmMappedFile;
+    the appender's roll takes it in C once made (a pointer swap), a roll that comes first
+    makes it itself or waits (MappedSegment.made). ``segments``, ``last``, ``file_size``,
+    ``_end`` and ``premade`` are SegmentList's C fields.
     """
 
     def __init__(self, directory, file_size, readonly=False, file_mode=0o600, dir_mode=0o700,
@@ -82,13 +77,10 @@ class SegmentQueue(SegmentList):
         self.dir_mode = dir_mode
         self.segments = []      # replaced, never changed, as segments come and go; with the newest
         self.last = None        # of them, read per put, key query and get_messages
-        self._lock = threading.Lock()
-        self._alloc = Worker("rmq-alloc") if preallocate and not readonly else None
-        self.toucher = Toucher("rmq-touch") if self._alloc is not None else None
+        self.toucher = Toucher("rmq-touch") if preallocate and not readonly else None
         self.prefault_bytes = prefault_bytes   # of a preallocated segment; -1 = all of it
         self.reserve_ahead = reserve_ahead     # disk blocks allocated ahead of the writer; 0 = whole files
-        self._pending = None   # (offset, Made)
-        self.premade = {}      # offset -> MappedSegment created ahead by make_room (a C field)
+        self.premade = {}      # offset -> MappedSegment made ahead, or by make_room (a C field)
         self._closed = False
         self.flushed_where = 0
         self._end = None       # read-only: where recovery found the data to end
@@ -172,77 +164,66 @@ class SegmentQueue(SegmentList):
         return queue_find(self, offset) if 0 <= offset < 1 << 63 else None
 
     # -- writing ------------------------------------------------------------------------
+    def _new(self, offset, defer=False):
+        return MappedSegment(os.path.join(self.directory, segment_name(offset)), offset, self.file_size,
+                             create=True, mode=self.file_mode, reserve=self.reserve_ahead or -1,
+                             ahead=self.reserve_ahead, readahead=self.readahead, defer=defer)
+
     def _open_new(self, offset):
         make_dirs(self.directory, self.dir_mode)
-        seg = MappedSegment(os.path.join(self.directory, segment_name(offset)), offset, self.file_size,
-                            create=True, mode=self.file_mode, reserve=self.reserve_ahead or -1,
-                            ahead=self.reserve_ahead, readahead=self.readahead)
+        seg = self._new(offset)
         seg.wrote_pos = seg.flushed_pos = 0
         return seg
 
-    def _warm(self, offset, made):
-        """Make the segment at ``offset``, put it in ``premade`` (where the appender's roll
-        takes it in C) and hand it to the future ``made`` (a Python roll takes it there),
-        then have the toucher fault its first pages in. A roll used to wait for the whole
-        prefault: 4-11 ms for 16 MiB, on the first put of a store and on a writer that
-        reaches a segment's end early. The toucher changes no byte, so the writer may
-        already be writing there; one that overtakes it faults its own pages."""
-        with self._lock:   # _prepare records the job under it: wait for that
-            orphan = self._pending is None or self._pending[1] is not made
+    def _take(self, offset):
+        """The segment made ahead at ``offset`` (made here or waited for, see
+        MappedSegment.made), or None: none is there, or making it failed (it is dropped,
+        and the caller's own open says why)."""
+        seg = self.premade.get(offset)
+        if seg is None:
+            return None
         try:
-            if orphan:   # not recorded (an interrupt in _prepare) or dropped (close): make nothing
-                raise StoreClosedError(f"{self.directory}: segment {offset} no longer wanted")
-            seg = self._open_new(offset)
-        except BaseException as e:
-            made.set_exception(e)
-            return
-        with self._lock:   # still wanted: close() deletes what premade holds, or discards the future's
-            if self._pending is not None and self._pending[1] is made:
-                self.premade[offset] = seg
-        made.set_result(seg)
-        want = self.prefault_bytes if self.prefault_bytes >= 0 else self.file_size
-        try:
-            self.toucher.submit(seg, 0, min(want, seg.reserved))   # never a page without its block
-        except StoreError as e:    # closed meanwhile (discarded): only warmth is lost
-            log.debug("%s: prefault skipped: %s", seg.path, e)
+            seg.made()
+        except StoreError:
+            if self.premade.get(offset) is seg:
+                del self.premade[offset]
+            return None
+        return seg
 
     def roll(self, offset=None):
         """Append a new segment at ``offset`` (default: after the last) and return it. Each
-        step leaves the segment where the next roll finds it (``premade``, the pending
-        preallocation, or its file, which creating opens again), so an exception a signal
-        handler raises anywhere in between (KeyboardInterrupt) loses nothing and blocks no
-        later roll."""
+        step leaves the segment where the next roll finds it (``premade``, or its file,
+        which creating opens again), so an exception a signal handler raises anywhere in
+        between (KeyboardInterrupt) loses nothing and blocks no later roll."""
         if self._closed:
             raise StoreClosedError(f"{self.directory}: closed")
         if offset is None:
             offset = self.max_offset if not self.segments else self.segments[-1].base_offset + self.file_size
-        seg = self.premade.get(offset) or self._take_pending(offset) or self._open_new(offset)
+        seg = self._take(offset) or self._open_new(offset)
         self._publish(self.segments + [seg])
         self.premade.pop(offset, None)
-        with self._lock:
-            stale, self._pending = self._pending, None
-        if stale is not None and stale[0] != offset:   # made for a queue since truncated
-            self._discard(stale[1])
         self._prepare(offset + self.file_size)
         return seg
 
     def prepare_first(self):
         """An empty queue that preallocates starts making its first segment now, in the
-        background, so the first append does not wait for a file to be created."""
-        if self.last is None:
+        background, so the first append does not wait for a file to be created. The queue's
+        directory is made for it, never the store's (one removed meanwhile is the open's
+        to report)."""
+        if self.last is None and os.path.isdir(os.path.dirname(self.directory)):
+            make_dirs(self.directory, self.dir_mode)
             self._prepare(0)
 
     def _prepare(self, offset):
-        """Make the segment at ``offset`` in the background, for the next roll to take. The
-        job is queued before it is recorded: a pending future nobody queued (an interrupt
-        in between) was waited for forever by the next roll and by close(); a job queued
-        but not recorded makes nothing (_warm), so it cannot race a roll for the file."""
-        if self._alloc is not None and offset not in self.premade:
-            with self._lock:
-                if not self._closed and self._pending is None:
-                    made = Made()
-                    self._alloc.submit(self._warm, offset, made)
-                    self._pending = (offset, made)
+        """Have the toucher's thread make the segment at ``offset`` for the next roll, then
+        fault its first pages in (a roll used to wait for the whole prefault: 4-11 ms for
+        16 MiB). It is in ``premade`` before it is handed over: an interrupt in between
+        leaves it for the roll to make (MappedSegment.made), never a file nobody knows of."""
+        if self.toucher is not None and not self._closed and offset not in self.premade:
+            seg = self._new(offset, defer=True)
+            self.premade[offset] = seg
+            want = self.prefault_bytes if self.prefault_bytes >= 0 else self.file_size
+            self.toucher.make(seg, want)   # never a page without its block (the thread clamps)
 
     def make_room(self, last, ends):
         """Create now the segments after ``last`` that an append is about to roll into, one
@@ -253,7 +234,7 @@ class SegmentQueue(SegmentList):
         try:
             for k, end in enumerate(ends, 1):
                 base = last.base_offset + k * self.file_size
-                seg = self.premade.get(base) or self._take_pending(base)
+                seg = self._take(base)
                 if seg is None:
                     self.premade[base] = seg = self._open_new(base)
                     made.append(seg)
@@ -285,7 +266,11 @@ class SegmentQueue(SegmentList):
         """Drop everything at and after ``offset``: later files are deleted, newest first (a
         kill meanwhile leaves a run of files, not one with a gap that no open accepts), then
         the one holding it gets its tail zero-filled (when anything but zeros is there).
-        Returns the bytes of old data discarded (0 when only unwritten space followed)."""
+        Segments made ahead past ``offset`` go first: left on disk, a kill would leave a gap
+        before them that no open accepts. Returns the bytes of old data discarded (0 when
+        only unwritten space followed)."""
+        for base in sorted((b for b in self.premade if b > offset), reverse=True):
+            self._discard(self.premade.pop(base))
         after = [self._bytes_after(seg, offset) for seg in self.segments]
         keep = [seg for seg in self.segments if not self._wholly_after(seg, offset)]
         for seg in reversed(self.segments[len(keep):]):
@@ -329,34 +314,15 @@ class SegmentQueue(SegmentList):
         for s in segs:
             self._delete(s)
 
-    def _take_pending(self, offset):
-        """The segment the background preallocation made at ``offset`` (waits), moved to
-        ``premade`` (where the appender can take it without Python code), or None."""
-        pending = self._pending
-        if pending is None or pending[0] != offset:
-            return None
-        seg = _made_or_none(pending[1])
-        if seg is not None:
-            self.premade[offset] = seg
-        with self._lock:
-            if self._pending is pending:
-                self._pending = None
-        return seg
-
     def prepare_next(self):
         """Start making the segment after the last in the background (what roll() does
-        itself), after an append took segments from ``premade`` (the pending one too)."""
-        with self._lock:
-            if self._pending is not None and self._pending[0] <= self.last.base_offset:
-                self._pending = None
+        itself), after an append took segments from ``premade``."""
         self._prepare(self.last.base_offset + self.file_size)
 
-    def _discard(self, future):
-        """Remove an unused preallocated file (it holds no data, so reopening sees none)."""
-        seg = _made_or_none(future)
-        if seg is not None:
-            if self.premade.get(seg.base_offset) is seg:
-                del self.premade[seg.base_offset]
+    def _discard(self, seg):
+        """Remove a segment made ahead and never used (it holds no data, so reopening sees
+        none); one not made yet is dropped, one being made waited for."""
+        if seg.drop():
             self._delete(seg)
 
     def _unused(self, offset):
@@ -374,32 +340,15 @@ class SegmentQueue(SegmentList):
                 pass
 
     def close(self):
-        with self._lock:
-            self._closed = True
-            pending, self._pending = self._pending, None
-        if self._alloc is not None:
-            self._alloc.shutdown()
+        self._closed = True
         if self.toucher is not None:
-            self.toucher.close()
-        if pending is not None and self._unused(pending[0]):
-            self._discard(pending[1])
-        for seg in self.premade.values():   # made for a batch that then failed: no data
+            self.toucher.close()   # the make under way ends first; those queued are dropped below
+        for seg in self.premade.values():   # made ahead, or for a batch that then failed: no data
             if self._unused(seg.base_offset):
-                self._delete(seg)
+                self._discard(seg)
         self.premade = {}
         for seg in self.segments:
             seg.close()
-
-
-def _made_or_none(future):
-    """The segment a background preallocation made (waiting for it), or None if making it
-    failed."""
-    try:
-        seg = future.result()
-    except Exception:
-        return None
-    seg.wrote_pos = seg.flushed_pos = 0
-    return seg
 
 
 SCAN_WINDOW = 16 << 20   # bytes first_nonzero compares before letting go of their pages
@@ -436,34 +385,3 @@ def _has_data(seg, pos, probe=4096):
     """Whether anything but zeros follows ``pos`` within the first ``probe`` bytes."""
     n = min(probe, seg.size - pos)
     return n > 0 and bool(seg.read(pos, n).strip(b"\0"))
-
-
-class Made:
-    """The segment a background job makes, set once by the job and waited for by polling.
-    Not a concurrent.futures.Future: waiting on one takes its lock in Python code, where an
-    exception a signal handler raises (KeyboardInterrupt) can leave the lock held; the job
-    then blocks for good setting its result, and close() waits for the job."""
-
-    __slots__ = ("_segment", "_error", "_done")
-
-    def __init__(self):
-        self._segment = self._error = None
-        self._done = False
-
-    def set_result(self, segment):
-        self._segment = segment
-        self._done = True
-
-    def set_exception(self, error):
-        self._error = error
-        self._done = True
-
-    def done(self):
-        return self._done
-
-    def result(self):
-        while not self._done:
-            time.sleep(0.0002)
-        if self._error is not None:
-            raise self._error
-        return self._segment

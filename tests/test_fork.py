@@ -52,7 +52,7 @@ def writer_scenario(root):
     first = s.put(Message("T", b"parent-0", keys="p0"), queue_id=0)
     s.wait_dispatched()
     next_seg = os.path.join(root, "commitlog", f"{SEG:020d}")
-    s.commitlog.segments._pending[1].result()   # the pre-made next segment exists now
+    s.commitlog.segments.premade[SEG].made()   # the pre-made next segment exists now
 
     def child():
         out = {name: _outcome(call) for name, call in [

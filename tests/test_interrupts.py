@@ -40,14 +40,17 @@ def interrupt(*_):
 
 
 if case.startswith("prepare"):
-    # an interrupt in _prepare once, before it queues the job or after: the next roll and close() go on
-    submit = queue._alloc.submit
-    def cut(*args):
-        queue._alloc.submit = submit
-        if case == "prepare_after":
-            submit(*args)
-        raise KeyboardInterrupt
-    queue._alloc.submit = cut
+    # an interrupt in _prepare once, before it hands the segment to the toucher or after: the
+    # next roll and close() go on
+    class Cut:
+        def __init__(self, toucher):
+            self.toucher = toucher
+        def make(self, *args):
+            queue.toucher = self.toucher
+            if case == "prepare_after":
+                self.toucher.make(*args)
+            raise KeyboardInterrupt
+    queue.toucher = Cut(queue.toucher)
     rounds = 1000
 elif case == "roll":
     # what a batch rolls into it made before writing: a roll() that raises is not reached
@@ -131,12 +134,14 @@ def test_interrupt_deferred_in_a_write_that_then_fails_is_raised(tmp_path):
         store.put(Message("T", b"first"))
         log = store.commitlog
         queue = log.segments
-        queue.make_room, queue.roll = lambda *a: None, full   # the next segment is not made ahead, nor at the roll
+        for base in list(queue.premade):   # the next segment is not made ahead, nor at the roll
+            queue._discard(queue.premade.pop(base))
+        queue.make_room, queue.roll, queue._prepare = lambda *a: None, full, lambda *a: None
         warmer, log._warmer, log._warm_to, log.appender.warm_mark = log._warmer, Warmer(), 0, 0
         try:
             with pytest.raises(KeyboardInterrupt) as e:
                 store.put_batch([Message("T", b"b" * 10_000)] * 40)
         finally:
-            del queue.make_room, queue.roll
+            del queue.make_room, queue.roll, queue._prepare
             log._warmer = warmer
         assert isinstance(e.value.__context__, DiskFullError)

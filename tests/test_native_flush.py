@@ -164,7 +164,7 @@ def test_a_forked_child_has_no_native_thread_and_refuses_writes(tmp_path):
 
 
 def _wait_premade(queue, offset):
-    _until(lambda: offset in queue.premade, f"segment {offset} made ahead")
+    _until(lambda: offset in queue.premade and queue.premade[offset].ready, f"segment {offset} made ahead")
 
 
 def test_the_roll_takes_the_segment_made_ahead_without_python(tmp_path, monkeypatch):
