@@ -1,47 +1,43 @@
 """Build: Cython kernels in rmqstore/ linked with the C mmap layer in cext/.
 
 cext/ is compiled once, into a static library every kernel links. A git checkout translates
-the kernels with Cython; an sdist ships the generated C, so installing one needs no Cython
-(build_backend.py asks for Cython only when there is no PKG-INFO, the mark of an sdist). A
+the kernels with Cython; an sdist ships the generated C, so installing one needs no Cython. A
 kernel whose built module in the source tree is newer than the files it is made from is
 neither translated nor compiled again, so an editable install into a venv that has the build
-(to add an extra, say) compiles nothing.
+(to add an extra, say) compiles nothing; build_backend.py then asks for neither numpy nor
+Cython.
 """
 import glob
 import os
 import shutil
-import sysconfig
 from pathlib import Path
 
-import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
 from setuptools.command.sdist import sdist
 
+from build_backend import FROM_SDIST, KERNELS, built_in_tree, kernel_depends, kernel_source
+
 CEXT = sorted(glob.glob("cext/*.c"))
-CEXT_HEADERS = sorted(glob.glob("cext/*.h"))
-KERNELS = ["_gate", "_segment", "_record", "_message", "_read", "_columns", "_encode", "_rows", "_append", "_cq",
-           "_index_file", "_index", "_index_check", "_verify", "_arrow", "_properties", "_pack", "_consume", "_flusher",
-           "_toucher", "_reput"]
 # -g0: no debug info in release builds (Python's CFLAGS carry -g); it doubled the objects' size
 # and cost a fifth of the compile time. -O2, not -O3: against an -O3 build in the same quiet
 # run (`rmqstore bench --no-peers --messages 1000000`, 3 runs each) no row was slower, and the
 # kernels compile in about half the CPU time (52 s against ~95 s on 2 cores).
 CFLAGS = ["-O2", "-g0", "-std=gnu11", "-Wno-unused-function"]
-FROM_SDIST = Path("PKG-INFO").exists()
 # Kernels are translated and compiled in parallel, one job per usable core.
 JOBS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def kernel(name: str) -> Extension:
-    """One kernel module: its Cython source (or, in an sdist, the C generated from it)."""
+    """One kernel module: its Cython source (or, in an sdist, the C generated from it); numpy's
+    headers are added when it is compiled (BuildExt.run)."""
     return Extension(
         f"rmqstore.{name}",
-        [f"rmqstore/{name}.c" if FROM_SDIST else f"rmqstore/{name}.pyx"],
-        include_dirs=["cext", numpy.get_include()],
+        [kernel_source(name)],
+        include_dirs=["cext"],
         libraries=["rmqcext", "z"],   # cext first: it calls zlib
-        depends=CEXT + CEXT_HEADERS + glob.glob("rmqstore/*.pxd"),
+        depends=kernel_depends(),
         extra_compile_args=CFLAGS,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
@@ -59,14 +55,9 @@ def translate(extensions: list[Extension]) -> None:
         ext.sources = translated.sources
 
 
-def built_in_tree(ext: Extension) -> Path | None:
-    """The kernel's module built in the source tree, if it is newer than every file of the
-    project it is made from."""
-    built = Path(ext.name.replace(".", os.sep) + sysconfig.get_config_var("EXT_SUFFIX"))
-    if not built.exists():
-        return None
-    newest = max(os.path.getmtime(p) for p in [*ext.sources, *ext.depends])
-    return built if os.path.getmtime(built) > newest else None
+def fresh(ext: Extension) -> Path | None:
+    """The extension's module built in the source tree, if nothing it is made from is newer."""
+    return built_in_tree(ext.name.rpartition(".")[2])
 
 
 class BuildClib(build_clib):
@@ -74,7 +65,7 @@ class BuildClib(build_clib):
 
     def run(self) -> None:
         build_ext_cmd = self.get_finalized_command("build_ext")
-        if build_ext_cmd.force or not all(built_in_tree(ext) for ext in self.distribution.ext_modules):
+        if build_ext_cmd.force or not all(fresh(ext) for ext in self.distribution.ext_modules):
             super().run()
 
 
@@ -82,20 +73,25 @@ class BuildExt(build_ext):
     """build_ext that translates with Cython when building (not when pip reads setup.py to ask
     what the build needs, before Cython is there), and reuses a kernel already built in the
     source tree when it is newer than the project's files it is made from: an editable build
-    runs in a fresh temporary directory, with a freshly installed Cython and numpy whose files
-    all look new, where every kernel would otherwise be translated and compiled again."""
+    runs in a fresh temporary directory, where every kernel would otherwise be translated and
+    compiled again."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
         self.parallel = self.parallel or JOBS   # setup(options=...) does not reach an editable build
 
     def run(self) -> None:
-        translate([ext for ext in self.extensions if self.force or built_in_tree(ext) is None])
+        stale = [ext for ext in self.extensions if self.force or fresh(ext) is None]
+        if stale:   # numpy (like Cython) is in the build environment only when there is this work
+            import numpy
+            for ext in stale:
+                ext.include_dirs.append(numpy.get_include())
+        translate(stale)
         self.run_command("build_clib")   # `build` runs it first; `build_ext --inplace` alone does not
         super().run()
 
     def build_extension(self, ext: Extension) -> None:
-        built = None if self.force else built_in_tree(ext)
+        built = None if self.force else fresh(ext)
         target = Path(self.get_ext_fullpath(ext.name))
         if built is not None and built.resolve() != target.resolve():
             target.parent.mkdir(parents=True, exist_ok=True)
