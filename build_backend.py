@@ -4,7 +4,8 @@ A kernel whose module built in the source tree is newer than every file it is ma
 not compiled again, so adding an extra to an editable install (``pip install -e ".[x]"``)
 needs neither numpy's headers nor Cython in its build environment, and pip installs neither.
 An sdist ships the C that Cython generated (it has a PKG-INFO at its root), so building one
-needs numpy's headers and a C compiler but no Cython; a git checkout needs Cython too.
+needs numpy's headers and a C compiler but no Cython; a git checkout needs Cython too (and
+numpy's declarations to translate, as for making an sdist).
 setup.py takes the kernels and their inputs from here.
 """
 import glob
@@ -58,4 +59,4 @@ def get_requires_for_build_editable(config_settings=None):
 
 
 def get_requires_for_build_sdist(config_settings=None):
-    return build_meta.get_requires_for_build_sdist(config_settings) + ([] if FROM_SDIST else CYTHON)
+    return build_meta.get_requires_for_build_sdist(config_settings) + ([] if FROM_SDIST else NUMPY + CYTHON)
