@@ -12,7 +12,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 from rmqstore._layout cimport *
 from rmqstore._message cimport Message, PutResult, text_arg
 from rmqstore._message import queue_id_arg, sys_flag_arg
-from rmqstore._segment cimport MappedSegment, SegmentList, ensure, made, publish
+from rmqstore._segment cimport MappedSegment, SegmentList, announce, ensure, made, publish
 from rmqstore._gate cimport Gate
 from rmqstore._flusher cimport Flusher
 from rmqstore._gate import MISSING, misfit
@@ -530,8 +530,7 @@ cdef class Appender:
         del q.premade[at]
         q.segments = q.segments + [seg]
         q.last = seg
-        if q.flusher is not None:
-            q.flusher.track(seg)
+        announce(q, seg)
         self.rolled = True
         return seg
 

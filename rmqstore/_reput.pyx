@@ -4,11 +4,13 @@ index entries on a thread of its own that never takes the GIL.
 
 ``Reput`` holds what the loop needs as plain C: the commitlog segment it reads, one slot per
 known queue (its topic, queue id, last consume-queue file and the commitlog end of its last
-entry) and the current index file. Everything else (a queue's first file, a full file, a
-new index file, a record that is not valid, a delay level in non-ASCII digits, an unsafe
-topic) is a *request*: the loop stops before that record, publishes its position and waits;
-a Python helper thread (rmqstore.dispatch) dispatches a batch there the Python way, hands
-the new files back (``set_segment``, ``set_queue``, ``set_index``) and resumes it.
+entry) and the current index file. It allocates the disk blocks its files need next
+itself, and moves to the writer's next commitlog segment when the writer offers it at its
+roll (``offer``). Everything else (a queue's first file, a full file, a new index file, a
+record that is not valid, a delay level in non-ASCII digits, an unsafe topic, a failed
+allocation) is a *request*: the loop stops before that record, publishes its position and
+waits; a Python helper thread (rmqstore.dispatch) dispatches a few records there the Python
+way, hands the new files back (``set_segment``, ``set_queue``, ``set_index``) and resumes it.
 
 Every segment the loop writes or reads is pinned by the Python side (pins change with the
 GIL held, while the loop is paused or stopped), so no unmap can happen under it. Entries are
@@ -17,14 +19,14 @@ before its slot before its header (rmq_order.h); a queue offset or commitlog pos
 queue already holds is skipped, as ConsumeQueue.put skips it after recovery."""
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcmp, memcpy, memmove, memset
 from rmqstore._cext cimport rmq_java_hash, rmq_ld32, rmq_ld64
 from rmqstore._cq cimport store_entry
 from rmqstore._index_file cimport keys_of, put_keys
 from rmqstore._layout cimport DispatchRow, REC_BLANK, REC_OK, TRANSACTION_MASK, TRAN_ROLLBACK, gets_cq_entry_c
 from rmqstore._record cimport RecView, find_property, parse_record, tags_code_of
-from rmqstore._cext cimport rmq_wait64
-from rmqstore._segment cimport MappedSegment, pin, unpin
+from rmqstore._cext cimport rmq_map_t, rmq_page_size, rmq_wait64
+from rmqstore._segment cimport MappedSegment, pin, reserve_range, unpin
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
@@ -98,6 +100,8 @@ cdef enum:
     MAX_KEYS = 1 << 15   # index keys one record can hold (a UNIQ_KEY + a KEYS token per 2 property bytes)
     NOTIFY_EVERY = 1024  # records between two wake-ups of wait_dispatched's waiters
     SPINS = 200          # empty polls before waiting for the writer (see run)
+    OFFER_WAIT_MS = 20   # how long the loop at a segment's end waits for the writer's offer of the next
+    OFFERS = 16          # segments offered ahead of the loop it keeps (the oldest is let go past that)
 
 cdef struct Slot:            # one known consume queue
     char *topic              # UTF-8, malloc'd
@@ -106,10 +110,19 @@ cdef struct Slot:            # one known consume queue
     int32_t kind
     char *base               # its last file's mapping (NULL: no file, the first is Python's to make)
     int64_t *wrote           # &that MappedSegment.wrote_pos
-    const int64_t *reserved  # &its rmq_map_t.reserved: blocks allocated
+    rmq_map_t *m             # its mapping (m.reserved: blocks allocated, moved by the loop too)
+    int64_t ahead            # blocks allocated past a write (MappedSegment.ahead; 0: the whole file)
     int64_t size             # file size
     int64_t file_base        # the file's first queue offset × 20
     int64_t max_phy          # commitlog end of the queue's last entry (ConsumeQueue.max_physic_offset)
+
+
+cdef struct Segment:         # a commitlog segment the loop reads
+    char *base
+    const int64_t *wrote          # &its MappedSegment.wrote_pos
+    int *waiting                  # its flag for a waiting reader (rmq_wake.h)
+    int64_t size
+    int64_t file_base
 
 
 cdef inline uint64_t slot_hash(const char *t, int32_t n, int32_t qid) noexcept nogil:
@@ -133,6 +146,9 @@ cdef struct State:           # what the loop's thread reads and writes, apart fr
     int *cl_waiting               # its flag for a waiting reader (rmq_wake.h)
     int64_t cl_size
     int64_t cl_file_base
+    # segments the writer offered after it, oldest first
+    Segment offered[OFFERS]
+    int noffered
     # known queues
     Slot *slots
     Py_ssize_t nslots
@@ -143,7 +159,8 @@ cdef struct State:           # what the loop's thread reads and writes, apart fr
     # the index (index_on: the store has one)
     int index_on
     char *ix_base
-    const int64_t *ix_reserved
+    rmq_map_t *ix_m
+    int64_t ix_ahead
     int32_t ix_slots
     int32_t ix_entries
     int ix_more_files             # more than one index file: a header's end offset is indexed
@@ -166,7 +183,7 @@ cdef class Reput:
     cdef int started                   # a thread was created (and not joined) by process ``pid``
     cdef int pid
     # the Python objects pinned for the loop
-    cdef object cl_seg
+    cdef list cl_segs                  # commitlog segments: the one read and those offered after it
     cdef list queue_segs
     cdef object ix_seg
 
@@ -179,6 +196,7 @@ cdef class Reput:
         pthread_cond_init(&st.changed, NULL)
         st.position, st.index_on, st.ndelays = position, index_on, len(delays)
         self.queue_segs = []
+        self.cl_segs = []
         st.delays = <int64_t *>malloc(max(1, st.ndelays) * sizeof(int64_t))
         st.buf = <char *>malloc(1 << 16)
         st.hashes = <int32_t *>malloc(MAX_KEYS * sizeof(int32_t))
@@ -263,20 +281,60 @@ cdef class Reput:
 
     # -- what Python hands over (loop paused, stopped or not started) -----------------------
     def set_segment(self, MappedSegment seg):
-        """Read the commitlog from ``seg`` (None: none at the position yet); pins it,
-        unpins the one before."""
+        """Read the commitlog from ``seg`` (None: none at the position yet); pins it."""
         cdef State *st = self.s
-        if seg is not None:
-            pin(seg)
-        if self.cl_seg is not None:
-            unpin(<MappedSegment>self.cl_seg)
-        self.cl_seg = seg
         if seg is None:
             st.cl_base = NULL
+        else:
+            self.hold(seg)
+            st.cl_base, st.cl_wrote, st.cl_size, st.cl_file_base = seg.m.base, &seg.wrote_pos, seg.m.size, \
+                seg.base_offset
+            st.cl_waiting = &seg.waiting
+        self.let_go_behind()
+
+    def offer(self, MappedSegment seg not None):
+        """The writer's newest commitlog segment, at its roll (the loop may be running): the
+        loop reads on into it when the one before ends, with no request. Pins it."""
+        cdef State *st = self.s
+        cdef Segment *o
+        if seg.m.base == NULL:
             return
-        st.cl_base, st.cl_wrote, st.cl_size, st.cl_file_base = seg.m.base, &seg.wrote_pos, seg.m.size, \
+        self.hold(seg)
+        pthread_mutex_lock(&st.lock)
+        if st.noffered == OFFERS:   # far ahead of the loop: it asks for the oldest instead
+            memmove(&st.offered[0], &st.offered[1], (OFFERS - 1) * sizeof(Segment))
+            st.noffered -= 1
+        o = &st.offered[st.noffered]
+        o.base, o.wrote, o.waiting, o.size, o.file_base = seg.m.base, &seg.wrote_pos, &seg.waiting, seg.m.size, \
             seg.base_offset
-        st.cl_waiting = &seg.waiting
+        st.noffered += 1
+        pthread_cond_broadcast(&st.changed)
+        pthread_mutex_unlock(&st.lock)
+        self.let_go_behind()
+
+    cdef int hold(self, MappedSegment seg) except -1:
+        if seg not in self.cl_segs:
+            pin(seg)
+            self.cl_segs.append(seg)
+        return 0
+
+    cdef int let_go_behind(self) except -1:
+        """Unpin the commitlog segments the loop has left: wholly before its position and
+        not the one it reads (it never goes back; Python moves it back only while paused)."""
+        cdef State *st = self.s
+        cdef int64_t pos
+        cdef list keep = []
+        cdef MappedSegment seg
+        pthread_mutex_lock(&st.lock)
+        pos = rmq_acq64(&st.position)
+        for seg in self.cl_segs:
+            if seg.base_offset + seg.m.size <= pos and not (st.cl_base != NULL and seg.base_offset == st.cl_file_base):
+                unpin(seg)
+            else:
+                keep.append(seg)
+        pthread_mutex_unlock(&st.lock)
+        self.cl_segs = keep
+        return 0
 
     def set_queue(self, bytes topic not None, int32_t queue_id, int kind, MappedSegment seg, int64_t max_phy):
         """Slot of queue ``topic``/``queue_id`` (made on first call; returns its index):
@@ -299,7 +357,7 @@ cdef class Reput:
         if seg is None or seg.m.readonly:
             sl.base = NULL
         else:
-            sl.base, sl.wrote, sl.reserved, sl.size, sl.file_base = seg.m.base, &seg.wrote_pos, &seg.m.reserved, \
+            sl.base, sl.wrote, sl.m, sl.ahead, sl.size, sl.file_base = seg.m.base, &seg.wrote_pos, &seg.m, seg.ahead, \
                 seg.m.size, seg.base_offset
         return i
 
@@ -316,12 +374,15 @@ cdef class Reput:
         if seg is None or seg.m.readonly:
             st.ix_base = NULL
         else:
-            st.ix_base, st.ix_reserved, st.ix_slots, st.ix_entries = seg.m.base, &seg.m.reserved, slots, entries
+            st.ix_base, st.ix_m, st.ix_ahead, st.ix_slots, st.ix_entries = seg.m.base, &seg.m, seg.ahead, slots, entries
         st.ix_more_files = more_files
 
     def release(self):
         """Unpin every segment (once stopped)."""
-        self.set_segment(None)
+        self.s.cl_base, self.s.noffered = NULL, 0
+        for seg in self.cl_segs:
+            unpin(<MappedSegment>seg)
+        self.cl_segs = []
         self.set_index(None, 0, 0, False)
         for i, seg in enumerate(self.queue_segs):
             if seg is not None:
@@ -500,6 +561,8 @@ cdef int run(State *st, bint follow) noexcept nogil:
         if limit > st.cl_size:
             limit = st.cl_size
         if end >= st.cl_size:
+            if next_segment(st, follow):
+                continue
             r = SEGMENT
             break
         if end >= limit:
@@ -518,6 +581,8 @@ cdef int run(State *st, bint follow) noexcept nogil:
         code = parse_record(st.cl_base + end, limit - end, False, &rv)
         if code == REC_BLANK:
             rmq_rel64(&st.position, st.cl_file_base + st.cl_size)
+            if next_segment(st, follow):
+                continue
             r = SEGMENT
             break
         if code != REC_OK:   # a hole or a bad record: the Python path says what it is
@@ -535,6 +600,59 @@ cdef int run(State *st, bint follow) noexcept nogil:
         return -1
     notify(st)
     return r
+
+
+cdef bint next_segment(State *st, bint follow) noexcept nogil:
+    """At the end of the segment read: move to the one the writer offered after it, waiting
+    up to OFFER_WAIT_MS for the offer when following (the writer fills a segment, then
+    rolls and offers the next). False when there is none: a request."""
+    cdef int64_t want = st.cl_file_base + st.cl_size
+    cdef timespec until
+    cdef Py_ssize_t i
+    cdef bint moved = False
+    pthread_mutex_lock(&st.lock)
+    i = offered_at(st, want)
+    if follow and i < 0:
+        clock_gettime(CLOCK_REALTIME, &until)
+        until.tv_nsec += OFFER_WAIT_MS * 1000000
+        if until.tv_nsec >= 1000000000:
+            until.tv_sec, until.tv_nsec = until.tv_sec + until.tv_nsec // 1000000000, until.tv_nsec % 1000000000
+        while not st.stop and i < 0:
+            if pthread_cond_timedwait(&st.changed, &st.lock, &until) != 0:
+                break
+            i = offered_at(st, want)
+    if i >= 0:
+        st.cl_base, st.cl_wrote, st.cl_waiting = st.offered[i].base, st.offered[i].wrote, st.offered[i].waiting
+        st.cl_size, st.cl_file_base = st.offered[i].size, st.offered[i].file_base
+        st.noffered -= i + 1   # it and those before it (left behind) are done with
+        memmove(&st.offered[0], &st.offered[i + 1], st.noffered * sizeof(Segment))
+        moved = True
+    pthread_mutex_unlock(&st.lock)
+    return moved
+
+
+cdef Py_ssize_t offered_at(State *st, int64_t base) noexcept nogil:
+    """The index of the offered segment starting at ``base``, -1 for none."""
+    cdef Py_ssize_t i
+    for i in range(st.noffered):
+        if st.offered[i].file_base == base:
+            return i
+    return -1
+
+
+cdef bint room(rmq_map_t *m, int64_t end, int64_t ahead) noexcept nogil:
+    """Have the blocks of ``[0, end)`` of a file the loop writes allocated, as
+    MappedSegment's ensure() does (``ahead`` past it, 0: the whole file); False when
+    allocating failed (the Python path meets the failure again and says what it is)."""
+    cdef int64_t ps, stop
+    if end <= m.reserved:
+        return True
+    ps = rmq_page_size()
+    stop = m.size if ahead == 0 else min(m.size, (end + ahead + ps - 1) // ps * ps)
+    if reserve_range(m, m.reserved, stop - m.reserved) != 0:
+        return False
+    m.reserved = stop
+    return True
 
 
 cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noexcept nogil:
@@ -561,8 +679,8 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
         if rv.queue_offset < 0 or rv.queue_offset < cur // 20 or phy + rv.total <= sl.max_phy:
             skip_cq = True
         elif rv.queue_offset != cur // 20 or cur % 20 or sl.wrote[0] + 20 > sl.size \
-                or sl.wrote[0] + 20 > sl.reserved[0]:
-            return PYTHON   # a gap, a full file or blocks to allocate
+                or not room(sl.m, sl.wrote[0] + 20, sl.ahead):
+            return PYTHON   # a gap, a full file or blocks that could not be allocated
     if st.index_on:
         indexed = True
         if st.ix_base != NULL:
@@ -575,9 +693,9 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
             nkeys = keys_of(p, rv.total, &row, st.buf, st.hashes, st.phys, st.tss)
             used = max(1, count) + nkeys
             if nkeys and (st.ix_base == NULL or used > st.ix_entries
-                          or 40 + <int64_t>st.ix_slots * 4 + used * 20 > st.ix_reserved[0]
-                          or (count > 1 and ts < rmq_ld64(st.ix_base))):
-                return PYTHON   # a new file (also for a key stored before this one began), or blocks to allocate
+                          or (count > 1 and ts < rmq_ld64(st.ix_base))
+                          or not room(st.ix_m, 40 + <int64_t>st.ix_slots * 4 + used * 20, st.ix_ahead)):
+                return PYTHON   # a new file (also for a key stored before this one began), or no blocks
     if cq:
         if not skip_cq:
             store_entry(sl.base + sl.wrote[0], phy, rv.total, tags)

@@ -71,6 +71,10 @@ cdef class SegmentList:
     cdef public int64_t file_size
     cdef public dict premade
     cdef public object flusher
+    cdef public object follower
+
+
+cpdef int announce(SegmentList queue, MappedSegment seg) except -1
 
 
 cpdef int64_t queue_end(SegmentList queue) except -1

@@ -423,8 +423,18 @@ cdef class SegmentList:
     newest, or None), ``file_size``, ``_end`` (read-only: where recovery found the
     data to end; None on a writer) and ``premade`` (base offset -> segment that make_room
     created ahead of a batch, for the appender to take and publish in C: see
-    Appender._roll) and ``flusher`` (None, or the native flusher that must track every
-    segment published: _flusher.Flusher.track)."""
+    Appender._roll), ``flusher`` (None, or the native flusher that must track every
+    segment published: _flusher.Flusher.track) and ``follower`` (None, or the native
+    dispatch loop, offered every segment published: _reput.Reput.offer)."""
+
+
+cpdef int announce(SegmentList queue, MappedSegment seg) except -1:
+    """Tell the flusher and the dispatch loop of ``queue``'s newly published last ``seg``."""
+    if queue.flusher is not None:
+        queue.flusher.track(seg)
+    if queue.follower is not None:
+        queue.follower.offer(seg)
+    return 0
 
 
 cpdef int64_t queue_end(SegmentList queue) except -1:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+HELPER_RECORDS = 16  # records the helper dispatches the Python way at a request of the native loop
 IDLE_WAIT = 1.0      # seconds an idle dispatcher waits for the writer's segment to grow, at most
 IDLE_NO_SEGMENT = 0.01   # ... where it has no segment to watch (none yet, or between two)
 WAIT_STEP = 0.05         # wait_dispatched looks for a failure or a stall this often (native loop)
@@ -68,9 +69,10 @@ class Dispatcher:
     The store's own dispatcher (``new_dispatcher``: consume queues, then the index, nothing
     added) runs, once started in the background, on a native thread (rmqstore._reput) that
     never takes the GIL: it appends the entries of known queues to their current files and
-    the keys to the current index file. What it cannot do (a new queue or file, a record
-    that is not valid, blocks to allocate) it hands to the ``rmq-reput-helper`` Python
-    thread, which dispatches one batch there as above and resumes it (docs/dispatch.md)."""
+    the keys to the current index file, allocates their blocks and follows the writer into
+    each segment it rolls to. What it cannot do (a new queue or file, a record that is not
+    valid, blocks it failed to allocate) it hands to the ``rmq-reput-helper`` Python
+    thread, which dispatches a few records there as above and resumes it (docs/dispatch.md)."""
 
     def __init__(self, commitlog: CommitLog, reput_from: int = 0, batch_records: int = 4096,
                  background: bool = True) -> None:
@@ -121,7 +123,9 @@ class Dispatcher:
         with self._run_lock:
             return self._run_once()
 
-    def _run_once(self) -> bool:
+    def _run_once(self, records: int = 0) -> bool:
+        """run_once's batch: ``records`` at most (0: ``batch_records``)."""
+        records = records or self.batch_records
         cl = self.commitlog
         if self.error is not None or self.reput_from >= cl.max_offset:
             return False
@@ -134,12 +138,12 @@ class Dispatcher:
         if seg is None:
             return False
         pos, limit = start - seg.base_offset, seg.wrote_pos   # bytes before limit are all written
-        rows, raw, end, status = _read.scan_dispatch(seg, pos, limit, self.batch_records)
+        rows, raw, end, status = _read.scan_dispatch(seg, pos, limit, records)
         if len(rows):
             self._hand_on(rows, raw)
         if status is Status.BLANK or (status is Status.END and end >= seg.size):
             nxt = seg.base_offset + seg.size
-        elif status is Status.END and (end >= limit or len(rows) == self.batch_records):
+        elif status is Status.END and (end >= limit or len(rows) == records):
             nxt = seg.base_offset + end
         else:   # a bad record, or zeros before the written end (a hole): waiting would never end
             why = "data ends (zeros) before the written end" if status is Status.END else status
@@ -221,6 +225,7 @@ class Dispatcher:
             n = self._attach(*self.native_parts)
             n.set_segment(None)   # its first request: the helper hands it one once there is data
             n.start()
+            self.commitlog.segments.follower = n   # offered every segment the writer rolls to
             self._thread = threading.Thread(target=self._serve, name="rmq-reput-helper", daemon=True)
         else:
             self._thread = threading.Thread(target=self._loop, name="rmq-reput", daemon=True)
@@ -288,9 +293,9 @@ class Dispatcher:
                     continue
                 try:
                     with self._run_lock:
-                        if req == _reput.Request.PYTHON:
+                        if req == _reput.Request.PYTHON:   # a few records: the GIL is the writer's
                             self._pull()
-                            self._run_once()
+                            self._run_once(HELPER_RECORDS)
                         # nothing to read yet (an empty store, the writer's next segment): idle
                         ready = started and (req == _reput.Request.PYTHON
                                              or self.reput_from < self.commitlog.max_offset) and self._push()
@@ -426,6 +431,7 @@ class Dispatcher:
         with self._cond:
             self._cond.notify_all()
         if self._native is not None:
+            self.commitlog.segments.follower = None
             self._native.halt()
         if self._thread is not None:
             self._thread.join()

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from rmqstore._segment import MappedSegment, SegmentList, queue_end, queue_find
+from rmqstore._segment import MappedSegment, SegmentList, announce, queue_end, queue_find
 from rmqstore._toucher import Toucher
 from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreError
 from rmqstore.files import file_size, list_dir, make_dirs, number_name, only_zeros
@@ -145,8 +145,8 @@ class SegmentQueue(SegmentList):
     def _publish(self, segs):
         self.segments = segs
         self.last = segs[-1] if segs else None
-        if segs and self.flusher is not None:
-            self.flusher.track(segs[-1])
+        if segs:
+            announce(self, segs[-1])
 
     # -- lookup -------------------------------------------------------------------------
     @property

@@ -1,6 +1,7 @@
 """The native dispatch loop (rmqstore/_reput.pyx, docs/dispatch.md): the consume queues and
 index it builds, against the reference codec's reading of the commitlog; steady-state
 dispatch without the GIL; its thread joined on close and absent in a forked child."""
+import errno
 import os
 import random
 import subprocess
@@ -134,6 +135,62 @@ def test_steady_state_dispatch_takes_no_gil(tmp_path):
         assert reached == target
         assert [s.max_offset("G", q) for q in range(4)] == [501] * 4
         assert s.query_offsets("G", "k1999") == [s.get_messages("G", 3, 500, 1).messages[0].phy_offset]
+
+
+def test_rolls_and_allocation_take_no_gil(tmp_path):
+    """The loop follows the writer into each commitlog segment it rolls to (offered at the
+    roll) and allocates the blocks of its consume-queue and index files as they fill
+    (``reserve_ahead_bytes``), all while one Python thread holds the GIL throughout: no
+    request waits for the Python helper."""
+    path = tmp_path / "s"
+    with MessageStore(path, _config(commitlog_file_size=256 << 10, consume_queue_entries=100_000,
+                                    index_entries=100_000, reserve_ahead_bytes=64 << 10)) as s:
+        for q in range(4):
+            s.put(Message("G", b"x", keys=f"warm{q}"), queue_id=q)
+        s.wait_dispatched()
+        d = s.dispatcher
+        requests, segments = d._native.requests, len(s.commitlog.segments.segments)
+        cq_blocks = [s.consume_queues.queues[("G", q)].segments.last.reserved for q in range(4)]
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1000)
+        try:
+            msgs = [Message("G", b"y" * 200, keys=f"k{i}") for i in range(8000)]
+            for i, m in enumerate(msgs):
+                s.put(m, queue_id=i % 4)
+            target = s.max_phy_offset
+            deadline = time.perf_counter() + 10
+            while d.reput_from < target and time.perf_counter() < deadline:
+                pass
+            reached = d.reput_from
+        finally:
+            sys.setswitchinterval(old)
+        assert reached == target
+        assert len(s.commitlog.segments.segments) - segments >= 5   # rolled into five new segments or more
+        assert d._native.requests == requests
+        assert [s.max_offset("G", q) for q in range(4)] == [2001] * 4
+        grown = [s.consume_queues.queues[("G", q)].segments.last.reserved for q in range(4)]
+        assert all(g >= 2001 * 20 > c for g, c in zip(grown, cq_blocks, strict=True))
+        assert s.query_offsets("G", "k7999") == [s.get_messages("G", 3, 2000, 1).messages[0].phy_offset]
+
+
+def test_failed_allocation_in_the_loop_loses_nothing(tmp_path):
+    """A consume-queue file's blocks that the loop fails to allocate (ENOSPC once) leave the
+    record to the Python path, which allocates them again: every entry is there, once."""
+    from rmqstore._segment import inject_fault
+    path = tmp_path / "s"
+    with MessageStore(path, _config(consume_queue_entries=100_000, reserve_ahead_bytes=64 << 10)) as s:
+        s.put(Message("G", b"x"), queue_id=0)
+        s.wait_dispatched()
+        inject_fault("fallocate", 1, errno.ENOSPC, "/consumequeue/")
+        try:
+            for i in range(1000):
+                s.put(Message("G", b"y%d" % i), queue_id=0)
+            assert s.wait_dispatched(timeout=30)
+        finally:
+            inject_fault("fallocate", 0, errno.ENOSPC)
+        got = [m for start in range(0, 1001, 32) for m in s.get_messages("G", 0, start, 32).messages]
+        assert [m.body for m in got] == [b"x"] + [b"y%d" % i for i in range(1000)]
+        assert [m.queue_offset for m in got] == list(range(1001))
 
 
 def _threads_named(name):
