@@ -2,6 +2,7 @@
 index it builds, against the reference codec's reading of the commitlog; steady-state
 dispatch without the GIL; its thread joined on close and absent in a forked child."""
 import errno
+import gc
 import os
 import random
 import subprocess
@@ -108,30 +109,42 @@ def test_native_loop_after_reopen_skips_what_the_queues_hold(tmp_path):
         _assert_built_as_expected(s, path)
 
 
+def _put_holding_the_gil(store, messages, seconds):
+    """Put ``messages`` round-robin over queues 0..3 of their topic, then busy-wait until
+    dispatch reaches the end, the GIL held throughout (switch interval 1000 s, no call that
+    releases it): a Python thread cannot move meanwhile. Returns the position reached and
+    the end."""
+    d = store.dispatcher
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1000)
+    try:
+        for i, m in enumerate(messages):
+            store.put(m, queue_id=i % 4)
+        target = store.max_phy_offset
+        deadline = time.perf_counter() + seconds
+        while d.reput_from < target and time.perf_counter() < deadline:
+            pass
+        return d.reput_from, target
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _warm(store):
+    """A first message in each of queues 0..3 of topic G: their files are made."""
+    for q in range(4):
+        store.put(Message("G", b"x", keys=f"warm{q}"), queue_id=q)
+    store.wait_dispatched()
+
+
 def test_steady_state_dispatch_takes_no_gil(tmp_path):
     """Once its queues and files are known, the native loop dispatches while one Python
-    thread holds the GIL throughout: switch interval 1000 s, a busy loop, no call that
-    releases it. A Python reput thread cannot move then."""
+    thread holds the GIL throughout. A Python reput thread cannot move then."""
     path = tmp_path / "s"
     with MessageStore(path, _config(commitlog_file_size=64 << 20, consume_queue_entries=100_000,
                                     index_entries=100_000, reserve_ahead_bytes=0)) as s:
-        for q in range(4):
-            s.put(Message("G", b"x", keys=f"warm{q}"), queue_id=q)
-        s.wait_dispatched()
-        d = s.dispatcher
-        old = sys.getswitchinterval()
-        sys.setswitchinterval(1000)
-        try:
-            msgs = [Message("G", b"y" * 100, keys=f"k{i}", tags="t") for i in range(2000)]
-            for i, m in enumerate(msgs):
-                s.put(m, queue_id=i % 4)
-            target = s.max_phy_offset
-            deadline = time.perf_counter() + 5
-            while d.reput_from < target and time.perf_counter() < deadline:
-                pass
-            reached = d.reput_from
-        finally:
-            sys.setswitchinterval(old)
+        _warm(s)
+        msgs = [Message("G", b"y" * 100, keys=f"k{i}", tags="t") for i in range(2000)]
+        reached, target = _put_holding_the_gil(s, msgs, 5)
         assert reached == target
         assert [s.max_offset("G", q) for q in range(4)] == [501] * 4
         assert s.query_offsets("G", "k1999") == [s.get_messages("G", 3, 500, 1).messages[0].phy_offset]
@@ -145,25 +158,12 @@ def test_rolls_and_allocation_take_no_gil(tmp_path):
     path = tmp_path / "s"
     with MessageStore(path, _config(commitlog_file_size=256 << 10, consume_queue_entries=100_000,
                                     index_entries=100_000, reserve_ahead_bytes=64 << 10)) as s:
-        for q in range(4):
-            s.put(Message("G", b"x", keys=f"warm{q}"), queue_id=q)
-        s.wait_dispatched()
+        _warm(s)
         d = s.dispatcher
         requests, segments = d._native.requests, len(s.commitlog.segments.segments)
         cq_blocks = [s.consume_queues.queues[("G", q)].segments.last.reserved for q in range(4)]
-        old = sys.getswitchinterval()
-        sys.setswitchinterval(1000)
-        try:
-            msgs = [Message("G", b"y" * 200, keys=f"k{i}") for i in range(8000)]
-            for i, m in enumerate(msgs):
-                s.put(m, queue_id=i % 4)
-            target = s.max_phy_offset
-            deadline = time.perf_counter() + 10
-            while d.reput_from < target and time.perf_counter() < deadline:
-                pass
-            reached = d.reput_from
-        finally:
-            sys.setswitchinterval(old)
+        msgs = [Message("G", b"y" * 200, keys=f"k{i}") for i in range(8000)]
+        reached, target = _put_holding_the_gil(s, msgs, 10)
         assert reached == target
         assert len(s.commitlog.segments.segments) - segments >= 5   # rolled into five new segments or more
         assert d._native.requests == requests
@@ -205,6 +205,7 @@ def _threads_named(name):
 
 
 def test_close_joins_the_native_thread(tmp_path):
+    gc.collect()   # a store an earlier test left to the collector joins its thread now, not midway
     before = _threads_named("rmq-reput")
     s = MessageStore(tmp_path / "s", _config())
     s.put(Message("A", b"x"))
