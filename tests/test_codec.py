@@ -310,6 +310,19 @@ def test_java_hash_kernel_matches_reference(s):
     assert _record.java_hash(s.encode()) == ref.java_hash(s)
 
 
+def test_java_hash_ascii_runs_around_other_characters():
+    """The kernel takes 8 ASCII bytes at a time: runs of every length, cut by a multi-byte
+    character (or a byte that is not UTF-8) anywhere, hash as one character at a time does."""
+    text = "the quick brown fox#key-0123456789"
+    for n in range(len(text) + 1):
+        for mid in ("", "é", "标", "🚀"):
+            for cut in range(0, n + 1, 3):
+                s = text[:cut] + mid + text[cut:n]
+                assert _record.java_hash(s) == _record.java_hash(s.encode()) == ref.java_hash(s)
+        raw = text[:n].encode()
+        assert _record.java_hash(raw[:n // 2] + b"\xff" + raw[n // 2:]) == ref.java_hash(text[:n // 2] + "\ufffd" + text[n // 2:n])
+
+
 def test_crc32_body():
     assert _record.crc32_body(b"") == 0
     assert _record.crc32_body(b"123456789") == 0xCBF43926 & 0x7FFFFFFF
