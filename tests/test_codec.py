@@ -319,8 +319,9 @@ def test_java_hash_ascii_runs_around_other_characters():
             for cut in range(0, n + 1, 3):
                 s = text[:cut] + mid + text[cut:n]
                 assert _record.java_hash(s) == _record.java_hash(s.encode()) == ref.java_hash(s)
-        raw = text[:n].encode()
-        assert _record.java_hash(raw[:n // 2] + b"\xff" + raw[n // 2:]) == ref.java_hash(text[:n // 2] + "\ufffd" + text[n // 2:n])
+        half = n // 2
+        bad = text[:half].encode() + b"\xff" + text[half:n].encode()
+        assert _record.java_hash(bad) == ref.java_hash(text[:half] + "\ufffd" + text[half:n])
 
 
 def test_crc32_body():
