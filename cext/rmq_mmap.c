@@ -239,9 +239,18 @@ int rmq_map_close(rmq_map_t *m) {
 int32_t rmq_java_hash(const char *s, size_t n) {
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
     uint32_t h = 0;
+    uint64_t w;
     while (p < end) {
+        /* ASCII 8 bytes at once: h*31^8 + c0*31^7 + ... + c7, the same sum mod 2^32 with a
+         * chain of one multiply instead of eight (keys and tags are mostly ASCII) */
+        while (end - p >= 8 && (memcpy(&w, p, 8), (w & 0x8080808080808080ULL) == 0)) {
+            h = h * 0x94446F01u + p[0] * 0x67E12CDFu + p[1] * 0x34E63B41u + p[2] * 0x1B4D89Fu
+                + p[3] * 0xE1781u + p[4] * 0x745Fu + p[5] * 0x3C1u + p[6] * 0x1Fu + p[7];
+            p += 8;
+        }
+        while (p < end && *p < 0x80) h = 31 * h + *p++;
+        if (p == end) break;
         uint32_t c = *p, need = 0, min = 0;
-        if (c < 0x80) { p++; h = 31 * h + c; continue; }
         if ((c & 0xE0) == 0xC0) { need = 1; c &= 0x1F; min = 0x80; }
         else if ((c & 0xF0) == 0xE0) { need = 2; c &= 0x0F; min = 0x800; }
         else if ((c & 0xF8) == 0xF0) { need = 3; c &= 0x07; min = 0x10000; }

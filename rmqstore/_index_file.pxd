@@ -3,6 +3,7 @@
 from libc.stdint cimport int32_t, int64_t
 from rmqstore._cext cimport rmq_java_hash
 from rmqstore._layout cimport DispatchRow
+from rmqstore._record cimport IndexProps
 from rmqstore._segment cimport MappedSegment
 
 cdef enum:
@@ -29,5 +30,7 @@ cdef int32_t build_hash(const char *topic, Py_ssize_t tlen, const char *key, Py_
 cdef int check_geometry(MappedSegment seg, int64_t slots, int64_t entries) except -1
 cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *buf,
                      int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil
+cdef int64_t keys_at(const char *topic, int32_t tlen, const char *props, const IndexProps *ip, int64_t phy,
+                     int64_t ts, char *buf, int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil
 cdef Py_ssize_t put_keys(char *b, int32_t slots, int32_t entries, const int32_t *hashes, const int64_t *phys,
                          const int64_t *tss, Py_ssize_t i, Py_ssize_t n) noexcept nogil

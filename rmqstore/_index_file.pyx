@@ -19,7 +19,7 @@ cimport numpy as cnp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64, rmq_release, rmq_st32, rmq_st64
 from rmqstore._segment cimport MappedSegment, ensure, unpin
 from rmqstore._layout cimport DispatchRow, IndexEntry, TRANSACTION_MASK, TRAN_ROLLBACK
-from rmqstore._record cimport find_property
+from rmqstore._record cimport IndexProps, index_props
 from rmqstore.errors import CorruptStoreError, InvalidArgumentError, StoreReadOnlyError
 
 cnp.import_array()
@@ -82,29 +82,32 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *
                      int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
     """Index keys of one DISPATCH_DTYPE row: UNIQ_KEY, then every non-empty space-separated
     KEYS token, written to the outputs (``tss`` may be NULL: no timestamps). Returns how many."""
-    cdef int64_t phy = d.phy_offset
-    cdef int32_t sys_flag = d.sys_flag
-    cdef int64_t ts = d.store_timestamp
     cdef int32_t toff = d.topic_off, tlen = d.topic_len
     cdef int32_t poff = d.props_off, plen = d.props_len
-    cdef int32_t voff = 0, vlen = 0, i, j
-    cdef int64_t n = 0
-    if (sys_flag & TRANSACTION_MASK) == TRAN_ROLLBACK:
+    cdef IndexProps ip
+    if (d.sys_flag & TRANSACTION_MASK) == TRAN_ROLLBACK:
         return 0
     if toff < 0 or tlen < 0 or poff < 0 or plen < 0 or toff + tlen > nraw or poff + plen > nraw:
         return 0
-    cdef const char *topic = raw + toff
-    cdef const char *props = raw + poff
-    if find_property(props, plen, b"UNIQ_KEY", 8, &voff, &vlen):
-        hashes[n] = build_hash(topic, tlen, props + voff, vlen, buf)
+    index_props(raw + poff, plen, &ip)
+    return keys_at(raw + toff, tlen, raw + poff, &ip, d.phy_offset, d.store_timestamp, buf, hashes, phys, tss)
+
+
+cdef int64_t keys_at(const char *topic, int32_t tlen, const char *props, const IndexProps *ip, int64_t phy,
+                     int64_t ts, char *buf, int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
+    """keys_of for a record whose properties ``index_props`` found (``ip``)."""
+    cdef int32_t i, j, end
+    cdef int64_t n = 0
+    if ip.uniq_len:
+        hashes[n] = build_hash(topic, tlen, props + ip.uniq_off, ip.uniq_len, buf)
         phys[n] = phy
         if tss != NULL:
             tss[n] = ts
         n += 1
-    if find_property(props, plen, b"KEYS", 4, &voff, &vlen):
-        i = voff
-        while i < voff + vlen:
-            j = token_end(props, i, voff + vlen)
+    if ip.keys_len:
+        i, end = ip.keys_off, ip.keys_off + ip.keys_len
+        while i < end:
+            j = token_end(props, i, end)
             if j > i:
                 hashes[n] = build_hash(topic, tlen, props + i, j - i, buf)
                 phys[n] = phy

@@ -1,5 +1,6 @@
 # One commitlog record as every kernel reads it: the parsed view and its helpers.
 from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.string cimport memchr, memcmp
 from rmqstore._cext cimport rmq_crc32, rmq_java_hash, rmq_ld16, rmq_ld32, rmq_ld64, rmq_prefetch
 from rmqstore._layout cimport *
 
@@ -26,6 +27,14 @@ cdef struct RecView:
     int32_t topic_len
     int32_t props_off
     int32_t props_len
+
+cdef struct IndexProps:   # the properties dispatch reads: offsets into the properties string, length 0 for none
+    int32_t tags_off
+    int32_t tags_len
+    int32_t uniq_off
+    int32_t uniq_len
+    int32_t keys_off
+    int32_t keys_len
 
 cdef str format_host(const char *p, int32_t alen)
 cdef str make_msg_id(const char *host, int32_t alen, int64_t offset)
@@ -138,6 +147,25 @@ cdef inline int at_offset(const char *base, int64_t limit, int64_t pos, int64_t 
     if pos + 36 <= limit and rmq_ld64(base + pos + 28) == offset and code != REC_PLACE:
         return code
     return REC_NOTSTART
+
+
+cdef inline void index_props(const char *p, int32_t n, IndexProps *out) noexcept nogil:
+    """find_property of TAGS, UNIQ_KEY and KEYS in one pass over the pairs (dispatch reads
+    all three of every record): each found with a non-empty value, the last one winning."""
+    cdef int32_t i = 0, j
+    cdef const char *q
+    out.tags_len = out.uniq_len = out.keys_len = 0
+    while i < n:
+        q = <const char *>memchr(p + i, 2, n - i)
+        j = <int32_t>(q - p) if q != NULL else n
+        if j - i > 5 and p[i + 4] == 1:
+            if memcmp(p + i, b"TAGS", 4) == 0:
+                out.tags_off, out.tags_len = i + 5, j - i - 5
+            elif memcmp(p + i, b"KEYS", 4) == 0:
+                out.keys_off, out.keys_len = i + 5, j - i - 5
+        elif j - i > 9 and p[i + 8] == 1 and memcmp(p + i, b"UNIQ_KEY", 8) == 0:
+            out.uniq_off, out.uniq_len = i + 9, j - i - 9
+        i = j + 1
 
 
 cdef inline int64_t tags_code_of(const char *props, int32_t plen) noexcept nogil:

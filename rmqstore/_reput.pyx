@@ -22,9 +22,9 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset
 from rmqstore._cext cimport rmq_java_hash, rmq_ld32, rmq_ld64
 from rmqstore._cq cimport store_entry
-from rmqstore._index_file cimport keys_of, put_keys
-from rmqstore._layout cimport DispatchRow, REC_BLANK, REC_OK, TRANSACTION_MASK, TRAN_ROLLBACK, gets_cq_entry_c
-from rmqstore._record cimport RecView, find_property, parse_record, tags_code_of
+from rmqstore._index_file cimport keys_at, put_keys
+from rmqstore._layout cimport REC_BLANK, REC_OK, TRANSACTION_MASK, TRAN_ROLLBACK, gets_cq_entry_c
+from rmqstore._record cimport IndexProps, RecView, find_property, index_props, parse_record
 from rmqstore._cext cimport rmq_map_t, rmq_page_size, rmq_wait64
 from rmqstore._segment cimport MappedSegment, pin, reserve_range, unpin
 
@@ -106,6 +106,7 @@ cdef enum:
 cdef struct Slot:            # one known consume queue
     char *topic              # UTF-8, malloc'd
     int32_t topic_len
+    uint32_t topic_hash      # rmq_java_hash of the topic
     int32_t queue_id
     int32_t kind
     char *base               # its last file's mapping (NULL: no file, the first is Python's to make)
@@ -125,8 +126,8 @@ cdef struct Segment:         # a commitlog segment the loop reads
     int64_t file_base
 
 
-cdef inline uint64_t slot_hash(const char *t, int32_t n, int32_t qid) noexcept nogil:
-    return (<uint64_t><uint32_t>rmq_java_hash(t, n) * 31 + <uint32_t>qid) * 0x9E3779B97F4A7C15ULL
+cdef inline uint64_t slot_hash(uint32_t topic_hash, int32_t qid) noexcept nogil:
+    return (<uint64_t>topic_hash * 31 + <uint32_t>qid) * 0x9E3779B97F4A7C15ULL
 
 
 cdef struct State:           # what the loop's thread reads and writes, apart from any Python object
@@ -408,6 +409,7 @@ cdef class Reput:
             raise MemoryError()
         memcpy(sl.topic, <const char *>topic, n)
         sl.topic_len, sl.queue_id, sl.max_phy = <int32_t>n, queue_id, -1
+        sl.topic_hash = <uint32_t>rmq_java_hash(sl.topic, n)
         st.nslots += 1
         self.queue_segs.append(None)
         if 2 * st.nslots > st.table_cap:   # rehash every slot into a table twice the size
@@ -501,15 +503,20 @@ cdef class Reput:
 
 
 cdef Py_ssize_t find(State *st, const char *t, int32_t n, int32_t qid) noexcept nogil:
-    """The slot of queue ``t[:n]``/``qid``, -1 for none."""
+    """The slot of queue ``t[:n]``/``qid``, -1 for none. The slot found last is tried
+    first, and its topic's hash reused for another queue of the topic (records of one
+    topic's queues come interleaved)."""
     cdef Py_ssize_t k
     cdef int32_t v
+    cdef uint32_t th
     cdef Slot *sl
-    if st.last < st.nslots:
-        sl = &st.slots[st.last]
-        if sl.queue_id == qid and sl.topic_len == n and memcmp(sl.topic, t, n) == 0:
+    if st.last < st.nslots and st.slots[st.last].topic_len == n and memcmp(st.slots[st.last].topic, t, n) == 0:
+        if st.slots[st.last].queue_id == qid:
             return st.last
-    k = <Py_ssize_t>(slot_hash(t, n, qid) >> 32) & (st.table_cap - 1)
+        th = st.slots[st.last].topic_hash
+    else:
+        th = <uint32_t>rmq_java_hash(t, n)
+    k = <Py_ssize_t>(slot_hash(th, qid) >> 32) & (st.table_cap - 1)
     while True:
         v = st.table[k]
         if v == 0:
@@ -523,7 +530,7 @@ cdef Py_ssize_t find(State *st, const char *t, int32_t n, int32_t qid) noexcept 
 
 cdef void place(State *st, Py_ssize_t i) noexcept nogil:
     cdef Slot *sl = &st.slots[i]
-    cdef Py_ssize_t k = <Py_ssize_t>(slot_hash(sl.topic, sl.topic_len, sl.queue_id) >> 32) & (st.table_cap - 1)
+    cdef Py_ssize_t k = <Py_ssize_t>(slot_hash(sl.topic_hash, sl.queue_id) >> 32) & (st.table_cap - 1)
     while st.table[k]:
         k = (k + 1) & (st.table_cap - 1)
     st.table[k] = <int32_t>(i + 1)
@@ -663,7 +670,9 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
     cdef int64_t tags = 0, cur, nkeys = 0, end_phy, ts = rv.store_ts, used
     cdef int32_t count = 0
     cdef bint cq = gets_cq_entry_c(rv.sys_flag), skip_cq = False, indexed = False
-    cdef DispatchRow row
+    cdef const char *props = p + rv.props_off
+    cdef IndexProps ip
+    index_props(props, rv.props_len, &ip)   # TAGS, UNIQ_KEY and KEYS: one pass for the entry and the keys
     if cq:
         i = find(st, p + rv.topic_off, rv.topic_len, rv.queue_id)
         if i < 0:
@@ -671,8 +680,9 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
         sl = &st.slots[i]
         if sl.kind == KIND_PYTHON or sl.base == NULL:
             return PYTHON
-        tags = tags_code_of(p + rv.props_off, rv.props_len)
-        if sl.kind == KIND_SCHEDULE and not deliver_time(st, p + rv.props_off, rv.props_len, ts, &tags):
+        if ip.tags_len:
+            tags = rmq_java_hash(props + ip.tags_off, ip.tags_len)
+        if sl.kind == KIND_SCHEDULE and not deliver_time(st, props, rv.props_len, ts, &tags):
             return PYTHON
         cur = sl.file_base + sl.wrote[0]
         # ConsumeQueue.put: an entry the queue holds already is skipped (re-dispatch)
@@ -687,10 +697,7 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
             end_phy, count = rmq_ld64(st.ix_base + 24), rmq_ld32(st.ix_base + 36)
             indexed = phy > end_phy if (count > 1 or st.ix_more_files) else phy >= end_phy
         if indexed and (rv.sys_flag & TRANSACTION_MASK) != TRAN_ROLLBACK:
-            row.phy_offset, row.store_timestamp, row.sys_flag = phy, ts, rv.sys_flag
-            row.topic_off, row.topic_len, row.props_off, row.props_len = rv.topic_off, rv.topic_len, \
-                rv.props_off, rv.props_len
-            nkeys = keys_of(p, rv.total, &row, st.buf, st.hashes, st.phys, st.tss)
+            nkeys = keys_at(p + rv.topic_off, rv.topic_len, props, &ip, phy, ts, st.buf, st.hashes, st.phys, st.tss)
             used = max(1, count) + nkeys
             if nkeys and (st.ix_base == NULL or used > st.ix_entries
                           or (count > 1 and ts < rmq_ld64(st.ix_base))

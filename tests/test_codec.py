@@ -310,6 +310,20 @@ def test_java_hash_kernel_matches_reference(s):
     assert _record.java_hash(s.encode()) == ref.java_hash(s)
 
 
+def test_java_hash_ascii_runs_around_other_characters():
+    """The kernel takes 8 ASCII bytes at a time: runs of every length, cut by a multi-byte
+    character (or a byte that is not UTF-8) anywhere, hash as one character at a time does."""
+    text = "the quick brown fox#key-0123456789"
+    for n in range(len(text) + 1):
+        for mid in ("", "é", "标", "🚀"):
+            for cut in range(0, n + 1, 3):
+                s = text[:cut] + mid + text[cut:n]
+                assert _record.java_hash(s) == _record.java_hash(s.encode()) == ref.java_hash(s)
+        half = n // 2
+        bad = text[:half].encode() + b"\xff" + text[half:n].encode()
+        assert _record.java_hash(bad) == ref.java_hash(text[:half] + "\ufffd" + text[half:n])
+
+
 def test_crc32_body():
     assert _record.crc32_body(b"") == 0
     assert _record.crc32_body(b"123456789") == 0xCBF43926 & 0x7FFFFFFF
