@@ -2,6 +2,7 @@
 """A typed view over one fixed-size mapped file (a commitlog, consume-queue or index segment)."""
 from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 from libc.stdint cimport int64_t
 from posix.time cimport nanosleep, timespec
@@ -414,6 +415,53 @@ def fault_point(int op, str path not None):
     err = rmq_fault_hit(op, os.fsencode(path), -1)
     if err:
         raise OSError(err, os.strerror(err), path)
+
+
+def flush_each(list segs, int least_pages=0):
+    """``seg.flush(least_pages)`` of every segment of ``segs``, their msyncs made with the
+    GIL released once for them all: a thread that takes the GIL back from a writer putting
+    in a loop holds that writer up each time. Segments closed meanwhile (retention) are
+    passed over. The first failed msync ends it and raises, as flush does; the segments
+    before it are flushed."""
+    cdef Py_ssize_t n = len(segs), k = 0, i, done = 0
+    cdef int64_t ps = rmq_page_size(), wrote, flushed
+    cdef int rc = 0
+    cdef MappedSegment seg
+    cdef rmq_map_t **maps = <rmq_map_t **>malloc(max(1, n) * sizeof(rmq_map_t *))
+    cdef int64_t *spans = <int64_t *>malloc(max(1, n) * 2 * sizeof(int64_t))
+    cdef list held = []
+    if maps == NULL or spans == NULL:
+        free(maps)
+        free(spans)
+        raise MemoryError()
+    try:
+        for seg in segs:
+            wrote, flushed = seg.wrote_pos, seg.flushed_pos
+            if wrote <= flushed or seg.closing or seg.unmapped or not made(seg):
+                continue
+            if least_pages > 0 and wrote < seg.m.size and (wrote // ps - flushed // ps) < least_pages:
+                continue
+            pin(seg)
+            held.append(seg)
+            maps[k], spans[2 * k], spans[2 * k + 1] = &seg.m, flushed, wrote
+            k += 1
+        with nogil:
+            for i in range(k):
+                rc = rmq_map_sync(maps[i], spans[2 * i], spans[2 * i + 1] - spans[2 * i])
+                if rc:
+                    break
+                done += 1
+        for i in range(done):
+            seg = <MappedSegment>held[i]
+            if spans[2 * i + 1] > seg.flushed_pos:
+                seg.flushed_pos = spans[2 * i + 1]
+        if rc:
+            check(rc, (<MappedSegment>held[done]).path, "msync")
+    finally:
+        for seg in held:
+            unpin(seg)
+        free(maps)
+        free(spans)
 
 
 cdef class SegmentList:

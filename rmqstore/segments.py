@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from rmqstore._segment import MappedSegment, SegmentList, announce, queue_end, queue_find
+from rmqstore._segment import MappedSegment, SegmentList, announce, flush_each, queue_end, queue_find
 from rmqstore._toucher import Toucher
 from rmqstore.errors import CorruptStoreError, StoreClosedError, StoreError
 from rmqstore.files import file_size, list_dir, make_dirs, number_name, only_zeros
@@ -249,13 +249,19 @@ class SegmentQueue(SegmentList):
         """Flush every segment from the one holding ``flushed_where`` (one retention deleted
         meanwhile is passed over); returns whether the flushed position moved. OSError
         propagates (the caller makes the store read-only)."""
+        flush_each(self.unflushed(), least_pages)
+        return self.advance_flushed()
+
+    def unflushed(self):
+        """The segments from the one holding ``flushed_where`` on."""
+        return [seg for seg in self.segments if seg.base_offset + self.file_size > self.flushed_where]
+
+    def advance_flushed(self):
+        """Move ``flushed_where`` past what the segments' own flushed positions cover
+        (after flush_each); returns whether it moved."""
         before = self.flushed_where
-        for seg in self.segments:
-            if seg.base_offset + self.file_size <= self.flushed_where:
-                continue
-            try:
-                seg.flush(least_pages)
-            except StoreClosedError:   # retention deleted it since the list was read: nothing to keep
+        for seg in self.unflushed():
+            if seg.closed:   # retention deleted it since the list was read: nothing to keep
                 continue
             self.flushed_where = seg.base_offset + seg.flushed_pos
             if seg.flushed_pos < seg.wrote_pos:
