@@ -17,7 +17,7 @@ from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
 from setuptools.command.sdist import sdist
 
-from build_backend import FROM_SDIST, KERNELS, built_in_tree, kernel_depends, kernel_source
+from build_backend import FROM_SDIST, MODULES, SHARED, built_in_tree, kernel_depends, kernel_source
 
 CEXT = sorted(glob.glob("cext/*.c"))
 # -g0: no debug info in release builds (Python's CFLAGS carry -g); it doubled the objects' size
@@ -50,7 +50,8 @@ def translate(extensions: list[Extension]) -> None:
         return
     from Cython.Build import cythonize  # asked for by build_backend.py only here
 
-    made = cythonize(extensions, compiler_directives={"language_level": 3, "embedsignature": True}, nthreads=JOBS)
+    made = cythonize(extensions, compiler_directives={"language_level": 3, "embedsignature": True}, nthreads=JOBS,
+                     shared_utility_qualified_name=f"rmqstore.{SHARED}")
     for ext, translated in zip(extensions, made, strict=True):
         ext.sources = translated.sources
 
@@ -87,6 +88,9 @@ class BuildExt(build_ext):
             for ext in stale:
                 ext.include_dirs.append(numpy.get_include())
         translate(stale)
+        # The largest C first, so that the last kernel compiled is a short one and no core waits
+        # long for it (0.3 to 1.4 MB of C).
+        self.extensions.sort(key=lambda ext: -os.path.getsize(ext.sources[0]))
         self.run_command("build_clib")   # `build` runs it first; `build_ext --inplace` alone does not
         super().run()
 
@@ -109,7 +113,7 @@ class TranslatingSdist(sdist):
 
 
 setup(
-    ext_modules=[kernel(name) for name in KERNELS],
+    ext_modules=[kernel(name) for name in MODULES],
     libraries=[("rmqcext", {"sources": CEXT, "include_dirs": ["cext"], "cflags": CFLAGS})],
     cmdclass={"build_clib": BuildClib, "build_ext": BuildExt, "sdist": TranslatingSdist},
 )
