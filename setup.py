@@ -114,6 +114,8 @@ class TranslatingSdist(sdist):
 
 setup(
     ext_modules=[kernel(name) for name in MODULES],
-    libraries=[("rmqcext", {"sources": CEXT, "include_dirs": ["cext"], "cflags": CFLAGS})],
+    # obj_deps: a header changed compiles the C layer again (build_clib looks at sources alone)
+    libraries=[("rmqcext", {"sources": CEXT, "include_dirs": ["cext"], "cflags": CFLAGS,
+                            "obj_deps": {"": sorted(glob.glob("cext/*.h"))}})],
     cmdclass={"build_clib": BuildClib, "build_ext": BuildExt, "sdist": TranslatingSdist},
 )

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "rmq_flush.h"
+#include "rmq_background.h"
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -133,6 +134,7 @@ static void *run(void *arg) {
     int64_t last_thorough = now_ms();
     struct timespec next = deadline_after(f->interval_ms);
     f->tid = (pid_t)syscall(SYS_gettid);
+    if (f->periodic) rmq_background_priority(f->tid);   /* SYNC writers wait for it: not then */
     pthread_mutex_lock(&f->lock);
     while (!f->stop) {
         int64_t least = 0;

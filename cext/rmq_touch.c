@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "rmq_touch.h"
+#include "rmq_background.h"
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -72,6 +73,7 @@ static void run_job(rmq_toucher *t, const rmq_touch_job *j) {
 static void *run(void *arg) {
     rmq_toucher *t = arg;
     t->tid = (pid_t)syscall(SYS_gettid);
+    rmq_background_priority(t->tid);
     pthread_mutex_lock(&t->lock);
     while (!t->stop) {
         if (t->njobs == 0) {

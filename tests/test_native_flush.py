@@ -134,6 +134,25 @@ def test_close_joins_every_native_thread(tmp_path, mode):
     assert set(_threads()) <= before
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_background_threads_run_at_a_lower_priority(tmp_path, mode):
+    """The toucher, and the flusher when nobody waits for it (ASYNC), run at nice +10 (cext/
+    rmq_background.h); a SYNC store's flusher, which writers wait for, and the dispatch
+    loop keep the process's priority."""
+    def nice(tid):
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[16])   # field 19 of proc(5): nice
+    before = set(_threads())
+    with MessageStore(tmp_path / "s", _cfg(mode).with_(warm_mapped_file=True)) as store:
+        store.put(Message("T", b"x"))
+        store.wait_dispatched()
+        got = {name: nice(tid) for tid, name in _threads().items() if tid not in before}
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert got["rmq-touch"] == min(19, base + 10)
+    assert got["rmq-flush"] == (min(19, base + 10) if mode == "async" else base)
+    assert got["rmq-reput"] == base
+
+
 def test_a_forked_child_has_no_native_thread_and_refuses_writes(tmp_path):
     store = MessageStore(tmp_path / "s", _cfg())
     store.put(Message("T", b"parent"))
