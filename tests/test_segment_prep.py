@@ -4,6 +4,7 @@ roll that comes first makes it itself; a failed make is the roll's own open's to
 close drops what was not made and removes what was made and never used."""
 import errno
 import os
+import time
 
 import pytest
 
@@ -19,6 +20,15 @@ def _comm(tid):
         return f.read().strip()
 
 
+def _stalled_open():
+    """The thread id stalled in a segment's open (stall_fault), waited for 60 s at most."""
+    deadline = time.monotonic() + 60
+    while not stalled_thread("open"):
+        assert time.monotonic() < deadline, "no open stalled"
+        os.sched_yield()
+    return stalled_thread("open")
+
+
 def _queue(tmp_path, **kw):
     return SegmentQueue(tmp_path / "commitlog", SIZE, preallocate=True, prefault_bytes=1 << 18, **kw)
 
@@ -29,9 +39,7 @@ def test_the_next_segment_is_made_on_the_native_toucher_thread(tmp_path):
     stall_fault("open", True, name)
     try:
         q.roll(0)                              # hands the segment at SIZE to the toucher
-        while not stalled_thread("open"):      # the make's open, held until let go
-            os.sched_yield()
-        assert _comm(stalled_thread("open")) == "rmq-touch"
+        assert _comm(_stalled_open()) == "rmq-touch"   # the make's open, held until let go
         assert not q.premade[SIZE].ready
     finally:
         stall_fault("open", False)
@@ -89,11 +97,10 @@ def test_close_removes_the_unused_segment_made_ahead_and_keeps_those_in_use(tmp_
 
 def test_a_segment_dropped_before_it_is_made_leaves_no_file(tmp_path):
     q = _queue(tmp_path)
-    q.roll(0)
-    stall_fault("open", True, segment_name(SIZE))
+    stall_fault("open", True, segment_name(SIZE))   # before the roll: the make may start at once
     try:
-        while not stalled_thread("open"):      # the thread is busy making SIZE: queue one more
-            os.sched_yield()
+        q.roll(0)
+        _stalled_open()                        # the thread is busy making SIZE: queue one more
         q._prepare(2 * SIZE)
         later = q.premade[2 * SIZE]
         assert later.drop() is False and not later.ready
