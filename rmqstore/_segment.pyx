@@ -291,11 +291,9 @@ cdef class MappedSegment:
     def flush(self, int least_pages=0):
         """msync ``[flushed_pos, wrote_pos)`` if at least ``least_pages`` dirty pages (or the
         file is full); returns the new flushed position. Errors raise ``OSError``."""
-        cdef int64_t ps = rmq_page_size(), wrote = self.wrote_pos, flushed = self.flushed_pos
+        cdef int64_t wrote = self.wrote_pos, flushed = self.flushed_pos
         cdef int rc
-        if wrote <= flushed:
-            return flushed
-        if least_pages > 0 and wrote < self.m.size and (wrote // ps - flushed // ps) < least_pages:
+        if not flush_due(self, least_pages):
             return flushed
         self.check_range(flushed, wrote - flushed)
         pin(self)
@@ -417,6 +415,15 @@ def fault_point(int op, str path not None):
         raise OSError(err, os.strerror(err), path)
 
 
+cdef bint flush_due(MappedSegment seg, int least_pages) noexcept:
+    """Whether ``seg.flush(least_pages)`` has bytes to msync: some written past the flushed
+    position, at least ``least_pages`` pages of them unless the file is full."""
+    cdef int64_t ps = rmq_page_size(), wrote = seg.wrote_pos, flushed = seg.flushed_pos
+    if wrote <= flushed:
+        return False
+    return not (least_pages > 0 and wrote < seg.m.size and (wrote // ps - flushed // ps) < least_pages)
+
+
 def flush_each(list segs, int least_pages=0):
     """``seg.flush(least_pages)`` of every segment of ``segs``, their msyncs made with the
     GIL released once for them all: a thread that takes the GIL back from a writer putting
@@ -424,7 +431,6 @@ def flush_each(list segs, int least_pages=0):
     passed over. The first failed msync ends it and raises, as flush does; the segments
     before it are flushed."""
     cdef Py_ssize_t n = len(segs), k = 0, i, done = 0
-    cdef int64_t ps = rmq_page_size(), wrote, flushed
     cdef int rc = 0
     cdef MappedSegment seg
     cdef rmq_map_t **maps = <rmq_map_t **>malloc(max(1, n) * sizeof(rmq_map_t *))
@@ -436,14 +442,11 @@ def flush_each(list segs, int least_pages=0):
         raise MemoryError()
     try:
         for seg in segs:
-            wrote, flushed = seg.wrote_pos, seg.flushed_pos
-            if wrote <= flushed or seg.closing or seg.unmapped or not made(seg):
-                continue
-            if least_pages > 0 and wrote < seg.m.size and (wrote // ps - flushed // ps) < least_pages:
+            if seg.closing or seg.unmapped or not made(seg) or not flush_due(seg, least_pages):
                 continue
             pin(seg)
             held.append(seg)
-            maps[k], spans[2 * k], spans[2 * k + 1] = &seg.m, flushed, wrote
+            maps[k], spans[2 * k], spans[2 * k + 1] = &seg.m, seg.flushed_pos, seg.wrote_pos
             k += 1
         with nogil:
             for i in range(k):
