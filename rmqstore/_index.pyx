@@ -28,7 +28,7 @@ from rmqstore._record cimport RecView, find_property
 from rmqstore._message cimport MessageExt, build_ext, ext_in
 from rmqstore._columns cimport Cols, cols_of, fill_at, new_columns, reserve_data, trim
 from rmqstore._read cimport Span, pin_span, prefetch_at, record_at, span_prefetch, span_record, unpin_span
-from rmqstore.errors import InvalidArgumentError, StoreClosedError
+from rmqstore.errors import InvalidArgumentError
 
 cnp.import_array()
 
@@ -413,27 +413,20 @@ cdef class KeyLookup:
 
     def query_by_key(self, topic=MISSING, key=MISSING, max_num=64, begin=0, end=None, *more, **unknown):
         """MessageStore.query_by_key (see its documentation)."""
-        cdef IndexFiles view
         if topic is MISSING or key is MISSING or more or unknown:
             misfit("query_by_key", (topic, key, max_num, begin, end), more, unknown)
-        cdef tuple a = self.checks.run((topic, key, max_num, begin, end), None)
-        cdef long long generation
-        self.gate.enter()
-        try:
-            while True:
-                generation = self.gate.generation
-                try:
-                    view = self.index.view
-                    return view._query(a[0], a[1], a[2], a[3], a[4], self.cap, self.segments.segments)
-                except StoreClosedError:    # a rebuild or retention closed a file under it: run again
-                    if not self.gate.swapped(generation):
-                        raise
-        finally:
-            self.gate.leave()
+        return self.gate.read_logics(query_once, self, self.checks.run((topic, key, max_num, begin, end), None))
 
     def rebind(self, index not None):
         """Query the index service ``index`` from now on (a rebuild's new one)."""
         self.index = index
+
+
+cdef object query_once(object lookup, tuple a):
+    """KeyLookup's query on the index files of now (Gate.read_logics)."""
+    cdef KeyLookup k = <KeyLookup>lookup
+    cdef IndexFiles view = k.index.view
+    return view._query(a[0], a[1], a[2], a[3], a[4], k.cap, k.segments.segments)
 
 
 cdef str limits(object topic, object max_num, object begin, object end, Py_ssize_t cap,
