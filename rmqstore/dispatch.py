@@ -320,18 +320,10 @@ class Dispatcher:
                         ready = started and (req == _reput.Request.PYTHON
                                              or self.reput_from < self.commitlog.max_offset) and self._push()
                         started = True
-                except OSError as e:   # e.g. no room for a new CQ file: retry, skip nothing
-                    if self.stalled is None:
-                        log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
-                    self.stalled = e
-                    n.kick()
-                    backoff = min(1.0, backoff * 2 or 0.01)
-                    self._wake.wait_appended(None, 0, backoff)
-                    self._wake.clear()
+                except OSError as e:
+                    backoff = self._stall(e, backoff, n.kick)
                     continue
-                if self.stalled is not None:
-                    log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
-                    self.stalled = None
+                self._resumed()
                 backoff = 0.0
                 if self.error is not None:
                     n.kick()
@@ -368,27 +360,42 @@ class Dispatcher:
             while not self._stop:
                 try:
                     busy = self.run_once()
-                except OSError as e:   # e.g. no room for a new CQ file: retry the batch, skip nothing
-                    if self.stalled is None:
-                        log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
-                    self.stalled = e
-                    with self._cond:
-                        self._cond.notify_all()
-                    backoff = min(1.0, backoff * 2 or 0.01)
-                    self._wake.wait_appended(None, 0, backoff)
-                    self._wake.clear()
+                except OSError as e:
+                    backoff = self._stall(e, backoff, self._notify)
                     continue
-                if self.stalled is not None:
-                    log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
-                    self.stalled = None
+                self._resumed()
                 backoff = 0.0
                 if not busy:
                     self._idle()
         except BaseException as e:   # a bug: stop rather than skip messages
             log.exception("dispatch failed")
             self.error = e
-            with self._cond:
-                self._cond.notify_all()
+            self._notify()
+
+    def _stall(self, e: OSError, backoff: float, wake: Callable[[], Any]) -> float:
+        """A dispatch step's OSError (e.g. no room for a new CQ file): kept in ``stalled``
+        (logged when the stall begins), the waiters woken by ``wake()``, then a wait of the
+        backoff returned (10 ms, doubled at each retry up to 1 s); the step is retried,
+        nothing skipped."""
+        if self.stalled is None:
+            log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
+        self.stalled = e
+        wake()
+        backoff = min(1.0, backoff * 2 or 0.01)
+        self._wake.wait_appended(None, 0, backoff)
+        self._wake.clear()
+        return backoff
+
+    def _resumed(self) -> None:
+        """A dispatch step went through: any stall is over (logged)."""
+        if self.stalled is not None:
+            log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
+            self.stalled = None
+
+    def _notify(self) -> None:
+        """Wake the threads in wait_dispatched."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _idle(self) -> None:
         """Wait until the writer appends past ``reput_from`` (RocketMQ's reput looks every
@@ -448,8 +455,7 @@ class Dispatcher:
         not reached); a batch being dispatched by a caller is finished first."""
         self._stop = True
         self._wake.set()
-        with self._cond:
-            self._cond.notify_all()
+        self._notify()
         if self._native is not None:
             self.commitlog.segments.follower = None
             self._native.halt()
