@@ -9,7 +9,7 @@ from rmqstore._layout cimport CqEntry
 from rmqstore._segment cimport MappedSegment, queue_end, queue_find
 from rmqstore._read import gather_messages
 from rmqstore.consumer import GetMessageResult, GetMessageStatus, TagFilter, fill_result
-from rmqstore.errors import InvalidArgumentError, StoreClosedError
+from rmqstore.errors import InvalidArgumentError
 from rmqstore.topics import is_safe_dirname
 
 log = logging.getLogger("rmqstore.consumer")
@@ -56,19 +56,7 @@ cdef class QueueReader:
         """MessageStore.get_messages (see its documentation)."""
         if topic is MISSING or queue_id is MISSING or offset is MISSING or more or unknown:
             misfit("get_messages", (topic, queue_id, offset, max_count, tags), more, unknown)
-        cdef tuple a = self.checks.run((topic, queue_id, offset, max_count, tags), None)
-        cdef long long generation
-        self.gate.enter()
-        try:
-            while True:
-                generation = self.gate.generation
-                try:
-                    return self.read(a[0], a[1], a[2], a[3], a[4])
-                except StoreClosedError:    # a rebuild or retention closed a file under it: run again
-                    if not self.gate.swapped(generation):
-                        raise
-        finally:
-            self.gate.leave()
+        return self.gate.read_logics(read_once, self, self.checks.run((topic, queue_id, offset, max_count, tags), None))
 
     def rebind(self, queues not None):
         """Read the consume-queue table ``queues`` from now on (a rebuild's new one)."""
@@ -130,3 +118,8 @@ cdef class QueueReader:
         segs = self.segments
         return gather_messages(segs.segments, seg, pos, count, max_count, self.max_msgs, self.max_bytes,
                                queue_end(segs), segs.file_size, flt.codes, flt.tags)
+
+
+cdef object read_once(object reader, tuple a):
+    """QueueReader.read of get_messages' checked arguments (Gate.read_logics)."""
+    return (<QueueReader>reader).read(a[0], a[1], a[2], a[3], a[4])

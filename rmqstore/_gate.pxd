@@ -1,3 +1,6 @@
+ctypedef object (*LogicsRead)(object reader, tuple args)   # one try of a read (Gate.read_logics)
+
+
 cdef class Gate:
     cdef unsigned long *idents   # the thread of each operation inside (n of cap)
     cdef Py_ssize_t n, cap
@@ -9,6 +12,7 @@ cdef class Gate:
     cpdef enter(self)
     cpdef leave(self)
     cdef bint swapped(self, long long generation) except -1
+    cdef object read_logics(self, LogicsRead read, object reader, tuple args)
 
 
 cdef class ArgChecks:

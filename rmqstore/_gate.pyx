@@ -66,6 +66,23 @@ cdef class Gate:
             pass
         return True
 
+    cdef object read_logics(self, LogicsRead read, object reader, tuple args):
+        """``read(reader, args)``, a read of consume queues or the index, as an operation,
+        run again when a rebuild or retention closed a file under it (swapped). A C
+        function pointer, so a fast path's call makes no Python object for it."""
+        cdef long long generation
+        self.enter()
+        try:
+            while True:
+                generation = self.generation
+                try:
+                    return read(reader, args)
+                except StoreClosedError:
+                    if not self.swapped(generation):
+                        raise
+        finally:
+            self.leave()
+
     def others_running(self):
         """Whether an operation of another thread is still inside."""
         cdef unsigned long me = PyThread_get_thread_ident()

@@ -10,6 +10,7 @@ input."""
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.ref cimport Py_INCREF
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_FromObject
@@ -28,7 +29,7 @@ from rmqstore._record cimport RecView, find_property
 from rmqstore._message cimport MessageExt, build_ext, ext_in
 from rmqstore._columns cimport Cols, cols_of, fill_at, new_columns, reserve_data, trim
 from rmqstore._read cimport Span, pin_span, prefetch_at, record_at, span_prefetch, span_record, unpin_span
-from rmqstore.errors import InvalidArgumentError, StoreClosedError
+from rmqstore.errors import InvalidArgumentError
 
 cnp.import_array()
 
@@ -69,24 +70,36 @@ cdef inline bint time_matched(int64_t begin, int64_t end, int64_t bts, int64_t e
     return (begin < bts and end > ets) or (bts <= begin <= ets) or (bts <= end <= ets)
 
 
-cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
-                            int64_t *out, Py_ssize_t n, bint exact) noexcept nogil:
-    """IndexFile.selectPhyOffset: walk the slot's chain, newest first, appending to
-    ``out[n:]`` the offsets whose hash matches and whose time is in [begin, end]. With
+cdef inline int32_t chain_head(const FileView *f, int32_t h) noexcept nogil:
+    """The newest entry of the chain of the slot of hash ``h`` (0: none)."""
+    return rmq_ld32(f.base + HDR + <int64_t>(h % f.slots) * 4)
+
+
+cdef inline int32_t chain_top(const FileView *f) noexcept nogil:
+    """The highest entry a chain may name: the file's count (== count: being counted, and
+    RocketMQ's reads it too) within the file; 0 when the file holds none (count 1)."""
+    cdef int32_t count = rmq_ld32(f.base + 36)
+    return 0 if count <= 1 else min(count, f.entries - 1)
+
+
+cdef inline int32_t walk_chain(const FileView *f, int32_t idx, int32_t h, int64_t begin, int64_t end, bint exact,
+                               int64_t *out, Py_ssize_t *n, Py_ssize_t max_num, Py_ssize_t *steps) noexcept nogil:
+    """IndexFile.selectPhyOffset from entry ``idx`` on: walk the chain, newest first,
+    appending to ``out[n:]`` (``n`` counted up) the offsets whose hash matches and whose
+    time is in [begin, end], looking at ``steps`` entries at most (counted down). With
     ``exact`` (the caller then checks each record's own store time), every entry whose
     time could be in range (timeDiff is whole seconds, floored), and the chain is walked
-    to its end: after a clock step back its times are not in order."""
+    to its end: after a clock step back its times are not in order. Returns the entry to
+    go on from when ``max_num`` offsets or the steps ran out before the chain, else 0."""
     cdef const char *b = f.base
-    cdef int32_t count = rmq_ld32(b + 36), idx, prev, kh, td
+    cdef int32_t top = chain_top(f), kh, td, prev
     cdef int64_t bts = rmq_ld64(b), t
     cdef const IndexEntry *ents = <const IndexEntry *>(b + HDR + <int64_t>f.slots * 4)
     cdef const IndexEntry *e
-    if count > f.entries:
-        count = f.entries
-    idx = rmq_ld32(b + HDR + <int64_t>(h % f.slots) * 4)
-    if idx <= 0 or idx > count or idx >= f.entries or count <= 1:   # == count: being counted (RocketMQ's too)
-        return n
-    while n < max_num:
+    while 0 < idx <= top:
+        if n[0] >= max_num or steps[0] == 0:
+            return idx
+        steps[0] -= 1
         e = ents + idx
         kh = rmq_ld32(<const char *>&e.key_hash)
         td = rmq_ld32(<const char *>&e.time_diff)
@@ -95,11 +108,20 @@ cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, 
             break
         t = bts + <int64_t>td * 1000
         if kh == h and ((t + 999 >= begin and t <= end) if exact else begin <= t <= end):
-            out[n] = rmq_ld64(<const char *>&e.phy_offset)
-            n += 1
+            out[n[0]] = rmq_ld64(<const char *>&e.phy_offset)
+            n[0] += 1
         if prev <= 0 or prev >= idx or (t < begin and not exact):   # chains only point back: always terminates
             break
         idx = prev
+    return 0
+
+
+cdef Py_ssize_t select_file(FileView *f, int32_t h, int64_t begin, int64_t end, Py_ssize_t max_num,
+                            int64_t *out, Py_ssize_t n, bint exact) noexcept nogil:
+    """IndexFile.selectPhyOffset: walk_chain of ``h``'s slot; returns ``n`` and the offsets
+    it appended."""
+    cdef Py_ssize_t steps = PY_SSIZE_T_MAX
+    walk_chain(f, chain_head(f, h), h, begin, end, exact, out, &n, max_num, &steps)
     return n
 
 
@@ -252,14 +274,14 @@ cdef class IndexFiles:
         entry) to go on from, or (offsets, -1, 0) when the chains end: a page costs what it
         returns (plus the colliding entries between), never the hits before it. An entry
         outside its file's counted entries is an InvalidArgumentError."""
-        cdef Py_ssize_t mn, n = 0, seen = 0, i, tlen, klen
-        cdef int64_t b, e, bts, t
-        cdef int32_t h, idx = entry, count, kh, td, prev
-        cdef const char *base
+        cdef Py_ssize_t mn, n = 0, left = steps, i, k, tlen, klen
+        cdef int64_t b, e
+        cdef int32_t h, idx = entry
         cdef const char *tp
         cdef const char *kp
-        cdef const IndexEntry *ents
-        cdef const IndexEntry *en
+        cdef int64_t stack_out[64]
+        cdef int64_t *out = stack_out
+        cdef FileView *f
         cdef MappedSegment seg
         topic = limits(topic, max_num, begin, end, cap, &mn, &b, &e)
         check_key(key)
@@ -269,44 +291,35 @@ cdef class IndexFiles:
         kp = PyUnicode_AsUTF8AndSize(key, &klen)
         buf = PyBytes_FromStringAndSize(NULL, tlen + klen + 1)
         h = build_hash(tp, tlen, kp, klen, PyBytes_AS_STRING(buf))
-        out = []
-        i = file_no
-        while i < self.n:
-            seg = self.segs[i]
-            if seg.closing or seg.unmapped:
-                i, idx = i + 1, 0
-                continue
-            pin(seg)
-            try:
-                base = self.views[i].base
-                count = min(rmq_ld32(base + 36), self.views[i].entries - 1)
-                bts = rmq_ld64(base)
-                ents = <const IndexEntry *>(base + HDR + <int64_t>self.views[i].slots * 4)
-                if idx == 0:
-                    idx = rmq_ld32(base + HDR + <int64_t>(h % self.views[i].slots) * 4)
-                elif idx > count:
-                    raise InvalidArgumentError(f"no index position {file_no}.{entry}: the file counts {count}")
-                while 0 < idx <= count and count > 1:   # as select_file: count 1 holds none
-                    if n == mn or seen == steps:
-                        return out, i, idx
-                    en = ents + idx
-                    kh = rmq_ld32(<const char *>&en.key_hash)
-                    td = rmq_ld32(<const char *>&en.time_diff)
-                    prev = rmq_ld32(<const char *>&en.prev_index)
-                    seen += 1
-                    if td < 0:
-                        break
-                    t = bts + <int64_t>td * 1000
-                    if kh == h and t + 999 >= b and t <= e:
-                        out.append(rmq_ld64(<const char *>&en.phy_offset))
-                        n += 1
-                    if prev <= 0 or prev >= idx:   # chains only point back: always terminates
-                        break
-                    idx = prev
-            finally:
-                unpin(seg)
-            i, idx = i + 1, 0
-        return out, -1, 0
+        if mn > 64:
+            out = <int64_t *>malloc(mn * sizeof(int64_t))
+            if out == NULL:
+                raise MemoryError()
+        try:
+            i = file_no
+            while i < self.n:
+                seg = self.segs[i]
+                if seg.closing or seg.unmapped:
+                    i, idx = i + 1, 0
+                    continue
+                pin(seg)
+                try:
+                    f = &self.views[i]
+                    if idx == 0:
+                        idx = chain_head(f, h)
+                    elif idx > chain_top(f):
+                        raise InvalidArgumentError(
+                            f"no index position {file_no}.{entry}: the file counts {chain_top(f)}")
+                    idx = walk_chain(f, idx, h, b, e, True, out, &n, mn, &left)
+                finally:
+                    unpin(seg)
+                if idx:
+                    return [out[k] for k in range(n)], i, idx
+                i += 1
+            return [out[k] for k in range(n)], -1, 0
+        finally:
+            if out != stack_out:
+                free(out)
 
     def query(self, topic, key, max_num=64, begin=0, end=None, Py_ssize_t cap=64):
         """Commitlog offsets of the entries whose hash equals ``topic#key``'s, newest
@@ -413,27 +426,20 @@ cdef class KeyLookup:
 
     def query_by_key(self, topic=MISSING, key=MISSING, max_num=64, begin=0, end=None, *more, **unknown):
         """MessageStore.query_by_key (see its documentation)."""
-        cdef IndexFiles view
         if topic is MISSING or key is MISSING or more or unknown:
             misfit("query_by_key", (topic, key, max_num, begin, end), more, unknown)
-        cdef tuple a = self.checks.run((topic, key, max_num, begin, end), None)
-        cdef long long generation
-        self.gate.enter()
-        try:
-            while True:
-                generation = self.gate.generation
-                try:
-                    view = self.index.view
-                    return view._query(a[0], a[1], a[2], a[3], a[4], self.cap, self.segments.segments)
-                except StoreClosedError:    # a rebuild or retention closed a file under it: run again
-                    if not self.gate.swapped(generation):
-                        raise
-        finally:
-            self.gate.leave()
+        return self.gate.read_logics(query_once, self, self.checks.run((topic, key, max_num, begin, end), None))
 
     def rebind(self, index not None):
         """Query the index service ``index`` from now on (a rebuild's new one)."""
         self.index = index
+
+
+cdef object query_once(object lookup, tuple a):
+    """KeyLookup's query on the index files of now (Gate.read_logics)."""
+    cdef KeyLookup k = <KeyLookup>lookup
+    cdef IndexFiles view = k.index.view
+    return view._query(a[0], a[1], a[2], a[3], a[4], k.cap, k.segments.segments)
 
 
 cdef str limits(object topic, object max_num, object begin, object end, Py_ssize_t cap,

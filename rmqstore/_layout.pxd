@@ -66,18 +66,19 @@ cdef enum:
 cdef enum:
     PAGE_SHIFT = 12
 
-# The fixed head of a commitlog record (big-endian: read its fields with rmq_ld32 / rmq_ld64);
-# BORNHOST follows at byte 48.
-cdef packed struct RecHead:
-    int32_t total
-    int32_t magic
-    int32_t body_crc
-    int32_t queue_id
-    int32_t flag
-    int64_t queue_offset
-    int64_t phy_offset
-    int32_t sys_flag
-    int64_t born_ts
+# Where the fields of a commitlog record's fixed head lie (big-endian: read them with
+# rmq_ld32 / rmq_ld64); parse_record decodes them into a RecView.
+cdef enum:
+    AT_TOTAL = 0            # int32 TOTALSIZE
+    AT_MAGIC = 4            # int32 MAGICCODE
+    AT_BODY_CRC = 8         # int32
+    AT_QUEUE_ID = 12        # int32
+    AT_FLAG = 16            # int32
+    AT_QUEUE_OFFSET = 20    # int64
+    AT_PHY_OFFSET = 28      # int64
+    AT_SYS_FLAG = 36        # int32
+    AT_BORN_TS = 40         # int64
+    AT_BORN_HOST = 48       # 4 or 16 address bytes (BORN_V6), then a 4-byte port
 
 # _cq.ENTRY_DTYPE: one consume-queue entry, native order (20 bytes).
 cdef packed struct CqEntry:

@@ -11,7 +11,9 @@ from cpython.object cimport PyObject_GenericSetAttr
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcmp
 from rmqstore._cext cimport rmq_ld32, rmq_ld64
-from rmqstore._layout cimport BORN_V6, C_MAGIC_V1, REC_OK, STORE_V6, TRANSACTION_MASK, WRITABLE_SYS_FLAG, RecHead
+from rmqstore._layout cimport (AT_BODY_CRC, AT_BORN_HOST, AT_BORN_TS, AT_FLAG, AT_MAGIC, AT_PHY_OFFSET,
+                               AT_QUEUE_ID, AT_QUEUE_OFFSET, AT_SYS_FLAG, AT_TOTAL, BORN_V6, C_MAGIC_V1, REC_OK,
+                               STORE_V6, TRANSACTION_MASK, WRITABLE_SYS_FLAG)
 from rmqstore._record cimport RecView, format_host, make_msg_id, parse_properties, parse_record, tags_code_of
 from rmqstore._record import pack_host
 from rmqstore.errors import CorruptRecordError, FrozenObjectError, InvalidArgumentError, InvalidArgumentTypeError
@@ -260,27 +262,27 @@ cdef class MessageExt:
         raise FrozenObjectError(f"MessageExt is immutable (a stored message): cannot delete {name!r}")
 
     @property
-    def phy_offset(self): return rmq_ld64(<const char *>&head(self).phy_offset)
+    def phy_offset(self): return rmq_ld64(rec(self) + AT_PHY_OFFSET)
     @property
-    def commitlog_offset(self): return rmq_ld64(<const char *>&head(self).phy_offset)
+    def commitlog_offset(self): return rmq_ld64(rec(self) + AT_PHY_OFFSET)
     @property
     def store_size(self): return total_of(self)
     @property
-    def magic(self): return rmq_ld32(<const char *>&head(self).magic)
+    def magic(self): return rmq_ld32(rec(self) + AT_MAGIC)
     @property
-    def version(self): return 1 if rmq_ld32(<const char *>&head(self).magic) == C_MAGIC_V1 else 2
+    def version(self): return 1 if rmq_ld32(rec(self) + AT_MAGIC) == C_MAGIC_V1 else 2
     @property
-    def body_crc(self): return rmq_ld32(<const char *>&head(self).body_crc)
+    def body_crc(self): return rmq_ld32(rec(self) + AT_BODY_CRC)
     @property
-    def queue_id(self): return rmq_ld32(<const char *>&head(self).queue_id)
+    def queue_id(self): return rmq_ld32(rec(self) + AT_QUEUE_ID)
     @property
-    def flag(self): return rmq_ld32(<const char *>&head(self).flag)
+    def flag(self): return rmq_ld32(rec(self) + AT_FLAG)
     @property
-    def queue_offset(self): return rmq_ld64(<const char *>&head(self).queue_offset)
+    def queue_offset(self): return rmq_ld64(rec(self) + AT_QUEUE_OFFSET)
     @property
     def sys_flag(self): return sys_flag_of(self)
     @property
-    def born_timestamp(self): return rmq_ld64(<const char *>&head(self).born_ts)
+    def born_timestamp(self): return rmq_ld64(rec(self) + AT_BORN_TS)
     @property
     def store_timestamp(self): return rmq_ld64(rec(self) + self.s.store_off - 8)
     @property
@@ -292,7 +294,7 @@ cdef class MessageExt:
 
     @property
     def born_host(self):
-        return format_host(rec(self) + sizeof(RecHead), 16 if sys_flag_of(self) & BORN_V6 else 4)
+        return format_host(rec(self) + AT_BORN_HOST, 16 if sys_flag_of(self) & BORN_V6 else 4)
 
     @property
     def store_host(self):
@@ -304,7 +306,7 @@ cdef class MessageExt:
 
     @property
     def msg_id(self):
-        return make_msg_id(rec(self) + self.s.store_off, store_len(self), rmq_ld64(<const char *>&head(self).phy_offset))
+        return make_msg_id(rec(self) + self.s.store_off, store_len(self), rmq_ld64(rec(self) + AT_PHY_OFFSET))
 
     @property
     def topic(self):
@@ -371,16 +373,12 @@ cdef class MessageExt:
                 f"phy_offset={self.phy_offset}, size={self.store_size}, msg_id={self.msg_id!r})")
 
 
-cdef inline const RecHead *head(MessageExt m) except NULL:
-    return <const RecHead *>rec(m)
-
-
 cdef inline int32_t total_of(MessageExt m) except? -1:
-    return rmq_ld32(<const char *>&head(m).total)
+    return rmq_ld32(rec(m) + AT_TOTAL)
 
 
 cdef inline int32_t sys_flag_of(MessageExt m) except? -1:
-    return rmq_ld32(<const char *>&head(m).sys_flag)
+    return rmq_ld32(rec(m) + AT_SYS_FLAG)
 
 
 cdef inline int32_t store_len(MessageExt m) except? -1:

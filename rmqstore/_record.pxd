@@ -62,8 +62,8 @@ cdef inline int parse_record(const char *p, int64_t avail, bint check_crc, RecVi
             if p[i] != 0:
                 return REC_SHORT
         return REC_END
-    r.total = rmq_ld32(p)
-    r.magic = rmq_ld32(p + 4)
+    r.total = rmq_ld32(p + AT_TOTAL)
+    r.magic = rmq_ld32(p + AT_MAGIC)
     if r.total == 0:
         return REC_END
     if r.magic == C_BLANK:
@@ -74,16 +74,16 @@ cdef inline int parse_record(const char *p, int64_t avail, bint check_crc, RecVi
         return REC_SIZE if r.total < 0 else REC_SHORT
     if r.total < 91:
         return REC_SIZE
-    r.body_crc = rmq_ld32(p + 8)
-    r.queue_id = rmq_ld32(p + 12)
-    r.flag = rmq_ld32(p + 16)
-    r.queue_offset = rmq_ld64(p + 20)
-    r.phy_offset = rmq_ld64(p + 28)
-    r.sys_flag = rmq_ld32(p + 36)
-    r.born_ts = rmq_ld64(p + 40)
-    r.born_off = 48
+    r.body_crc = rmq_ld32(p + AT_BODY_CRC)
+    r.queue_id = rmq_ld32(p + AT_QUEUE_ID)
+    r.flag = rmq_ld32(p + AT_FLAG)
+    r.queue_offset = rmq_ld64(p + AT_QUEUE_OFFSET)
+    r.phy_offset = rmq_ld64(p + AT_PHY_OFFSET)
+    r.sys_flag = rmq_ld32(p + AT_SYS_FLAG)
+    r.born_ts = rmq_ld64(p + AT_BORN_TS)
+    r.born_off = AT_BORN_HOST
     r.born_len = 16 if r.sys_flag & BORN_V6 else 4
-    pos = 48 + r.born_len + 4
+    pos = AT_BORN_HOST + r.born_len + 4
     r.store_len = 16 if r.sys_flag & STORE_V6 else 4
     # fixed part up to BODYLEN: storeTs 8 + host + port 4 + reconsume 4 + prepared 8 + bodylen 4
     if pos + 8 + r.store_len + 4 + 4 + 8 + 4 > r.total:
@@ -144,7 +144,7 @@ cdef inline int at_offset(const char *base, int64_t limit, int64_t pos, int64_t 
     damaged stays a corrupt one. ``limit`` 0: where data ends is not known."""
     if code == REC_OK or code == REC_BLANK or code == REC_NOSEG or (code == REC_END and pos >= limit):
         return code
-    if pos + 36 <= limit and rmq_ld64(base + pos + 28) == offset and code != REC_PLACE:
+    if pos + AT_PHY_OFFSET + 8 <= limit and rmq_ld64(base + pos + AT_PHY_OFFSET) == offset and code != REC_PLACE:
         return code
     return REC_NOTSTART
 

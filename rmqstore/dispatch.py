@@ -6,7 +6,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, overload
 
 import numpy as np
 
@@ -29,6 +29,35 @@ HELPER_RECORDS = 16  # records the helper dispatches the Python way at a request
 IDLE_WAIT = 1.0      # seconds an idle dispatcher waits for the writer's segment to grow, at most
 IDLE_NO_SEGMENT = 0.01   # ... where it has no segment to watch (none yet, or between two)
 WAIT_STEP = 0.05         # wait_dispatched looks for a failure or a stall this often (native loop)
+
+
+class _NativeOr:
+    """An int attribute that the native loop keeps while it runs and the owner in ``_<name>``
+    otherwise: ``loop`` names the owner's attribute holding the loop (or None), ``field`` the
+    loop's attribute. A set goes to both, so the value survives the loop's detach."""
+
+    def __init__(self, loop: str, field: str, doc: str) -> None:
+        self.loop, self.field, self.__doc__ = loop, field, doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.own = "_" + name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _NativeOr: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> int: ...
+
+    def __get__(self, obj: object, owner: type) -> int | _NativeOr:
+        if obj is None:   # looked up on the class (help, pdoc)
+            return self
+        n = getattr(obj, self.loop)
+        return getattr(obj, self.own) if n is None else getattr(n, self.field)
+
+    def __set__(self, obj: object, value: int) -> None:
+        setattr(obj, self.own, value)
+        n = getattr(obj, self.loop)
+        if n is not None:
+            setattr(n, self.field, value)
 
 
 class DispatchBatch:
@@ -97,17 +126,8 @@ class Dispatcher:
         """Register ``consumer(batch)``; called for every batch after those before it."""
         self.consumers.append(consumer)
 
-    @property
-    def reput_from(self) -> int:
-        """Every record before this commitlog offset is dispatched (retention keeps them)."""
-        n = self._native
-        return self._reput_from if n is None else n.position
-
-    @reput_from.setter
-    def reput_from(self, value: int) -> None:
-        self._reput_from = value
-        if self._native is not None:
-            self._native.position = value
+    reput_from = _NativeOr("_native", "position",
+                           "Every record before this commitlog offset is dispatched (retention keeps them).")
 
     @property
     def native(self) -> bool:
@@ -300,18 +320,10 @@ class Dispatcher:
                         ready = started and (req == _reput.Request.PYTHON
                                              or self.reput_from < self.commitlog.max_offset) and self._push()
                         started = True
-                except OSError as e:   # e.g. no room for a new CQ file: retry, skip nothing
-                    if self.stalled is None:
-                        log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
-                    self.stalled = e
-                    n.kick()
-                    backoff = min(1.0, backoff * 2 or 0.01)
-                    self._wake.wait_appended(None, 0, backoff)
-                    self._wake.clear()
+                except OSError as e:
+                    backoff = self._stall(e, backoff, n.kick)
                     continue
-                if self.stalled is not None:
-                    log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
-                    self.stalled = None
+                self._resumed()
                 backoff = 0.0
                 if self.error is not None:
                     n.kick()
@@ -348,27 +360,42 @@ class Dispatcher:
             while not self._stop:
                 try:
                     busy = self.run_once()
-                except OSError as e:   # e.g. no room for a new CQ file: retry the batch, skip nothing
-                    if self.stalled is None:
-                        log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
-                    self.stalled = e
-                    with self._cond:
-                        self._cond.notify_all()
-                    backoff = min(1.0, backoff * 2 or 0.01)
-                    self._wake.wait_appended(None, 0, backoff)
-                    self._wake.clear()
+                except OSError as e:
+                    backoff = self._stall(e, backoff, self._notify)
                     continue
-                if self.stalled is not None:
-                    log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
-                    self.stalled = None
+                self._resumed()
                 backoff = 0.0
                 if not busy:
                     self._idle()
         except BaseException as e:   # a bug: stop rather than skip messages
             log.exception("dispatch failed")
             self.error = e
-            with self._cond:
-                self._cond.notify_all()
+            self._notify()
+
+    def _stall(self, e: OSError, backoff: float, wake: Callable[[], Any]) -> float:
+        """A dispatch step's OSError (e.g. no room for a new CQ file): kept in ``stalled``
+        (logged when the stall begins), the waiters woken by ``wake()``, then a wait of the
+        backoff returned (10 ms, doubled at each retry up to 1 s); the step is retried,
+        nothing skipped."""
+        if self.stalled is None:
+            log.error("dispatch stalled at commitlog offset %d: %s", self.reput_from, e)
+        self.stalled = e
+        wake()
+        backoff = min(1.0, backoff * 2 or 0.01)
+        self._wake.wait_appended(None, 0, backoff)
+        self._wake.clear()
+        return backoff
+
+    def _resumed(self) -> None:
+        """A dispatch step went through: any stall is over (logged)."""
+        if self.stalled is not None:
+            log.warning("dispatch resumed at commitlog offset %d", self.reput_from)
+            self.stalled = None
+
+    def _notify(self) -> None:
+        """Wake the threads in wait_dispatched."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _idle(self) -> None:
         """Wait until the writer appends past ``reput_from`` (RocketMQ's reput looks every
@@ -428,8 +455,7 @@ class Dispatcher:
         not reached); a batch being dispatched by a caller is finished first."""
         self._stop = True
         self._wake.set()
-        with self._cond:
-            self._cond.notify_all()
+        self._notify()
         if self._native is not None:
             self.commitlog.segments.follower = None
             self._native.halt()
@@ -490,16 +516,7 @@ class ConsumeQueueBuilder:
         self.unsafe_topics: list[int] = []     # commitlog offsets of records skipped for their topic
         self._unsafe = np.zeros(0, np.uint8)   # per topic id of the dispatcher's names: cannot be a dirname
 
-    @property
-    def last_timestamp(self) -> int:
-        n = self.native
-        return self._last_timestamp if n is None else n.cq_timestamp
-
-    @last_timestamp.setter
-    def last_timestamp(self, value: int) -> None:
-        self._last_timestamp = value
-        if self.native is not None:
-            self.native.cq_timestamp = value
+    last_timestamp = _NativeOr("native", "cq_timestamp", "Store time of the newest message given an entry.")
 
     def __call__(self, batch: DispatchBatch) -> None:
         rows, names = batch.rows, batch.topic_names

@@ -67,24 +67,17 @@ def scenario(path, kind, err, waiters):
         store.commit_offset("g", "T", 0, 3)
         store.wait_dispatched()
     inject_fault(op, 1, err, match)
-    if kind == "commitlog":
-        threads = [threading.Thread(target=_put_until_refused, args=(store, f"w{k}", acked, refused))
-                   for k in range(waiters)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    else:
+    if kind != "commitlog":
         try:
             store.flush()
         except StoreReadOnlyError as e:
             out["flush_error"] = type(e.__cause__).__name__ + ":" + str(getattr(e.__cause__, "errno", None))
-        threads = [threading.Thread(target=_put_until_refused, args=(store, f"w{k}", acked, refused))
-                   for k in range(waiters)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    threads = [threading.Thread(target=_put_until_refused, args=(store, f"w{k}", acked, refused))
+               for k in range(waiters)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     out["refused"] = len(refused)
     out["acked_after_fault"] = sum(1 for _, b in acked if not b.startswith("pre-"))
     try:

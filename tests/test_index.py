@@ -559,3 +559,19 @@ def test_query_offsets_page_walks_every_match_newest_first_in_pages(tmp_path, pa
         for bad in ("x", "00000000000000000.1", f"{name}.7", f"{name}.-1", f"{name}.99999999999", f"{name}"):
             with pytest.raises(InvalidArgumentError):
                 s.query_offsets_page("T", "hot", 4, resume=bad)
+
+
+def test_query_offsets_page_reads_files_of_one_entry(tmp_path):
+    """With two entries a file (the first unused), each file holds one key's entry: pages
+    walk them as query_offsets does (the page walk once took such a file for empty)."""
+    cfg = StoreConfig(index_slots=3, index_entries=2, warm_mapped_file=False)
+    with MessageStore(tmp_path / "s", cfg) as s:
+        res = [s.put(Message("T", b"m%d" % i, keys="k")) for i in range(4)]
+        s.wait_dispatched(5)
+        got, token = [], None
+        while True:
+            offsets, token = s.query_offsets_page("T", "k", 3, resume=token)
+            got += offsets
+            if token is None:
+                break
+        assert got == [r.phy_offset for r in reversed(res)] and sorted(got) == s.query_offsets("T", "k", 64)
