@@ -56,7 +56,6 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const timespec *t)
     int pthread_cond_broadcast(pthread_cond_t *c)
     int pthread_setname_np(pthread_t t, const char *name)
-    pthread_t pthread_self()
 
 
 cdef extern from "<unistd.h>" nogil:
@@ -433,6 +432,7 @@ cdef class Reput:
         rc = pthread_create(&self.thread, NULL, thread_main, <void *>self.s)
         if rc:
             raise OSError(rc, "pthread_create failed for the dispatch thread")
+        pthread_setname_np(self.thread, "rmq-reput")   # named by its starter: it is, once start returns
         self.started, self.pid = 1, getpid()
 
     def halt(self):
@@ -744,7 +744,6 @@ cdef void *thread_main(void *arg) noexcept nogil:
     """The rmq-reput thread: run, and at each request pause until Python resumes it."""
     cdef State *st = <State *>arg
     cdef int req
-    pthread_setname_np(pthread_self(), "rmq-reput")
     while True:
         req = run(st, 1)
         pthread_mutex_lock(&st.lock)
