@@ -236,9 +236,10 @@ int rmq_map_close(rmq_map_t *m) {
     return rc;
 }
 
-int32_t rmq_java_hash(const char *s, size_t n) {
+int32_t rmq_java_hash(const char *s, size_t n) { return rmq_java_hash_from(0, s, n); }
+
+int32_t rmq_java_hash_from(uint32_t h, const char *s, size_t n) {
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
-    uint32_t h = 0;
     uint64_t w;
     while (p < end) {
         /* ASCII 8 bytes at once: h*31^8 + c0*31^7 + ... + c7, the same sum mod 2^32 with a

@@ -22,7 +22,7 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset
 from rmqstore._cext cimport rmq_java_hash, rmq_ld32, rmq_ld64
 from rmqstore._cq cimport store_entry
-from rmqstore._index_file cimport keys_at, put_keys
+from rmqstore._index_file cimport keys_at, put_keys, topic_prefix
 from rmqstore._layout cimport REC_BLANK, REC_OK, TRANSACTION_MASK, TRAN_ROLLBACK, gets_cq_entry_c
 from rmqstore._record cimport IndexProps, RecView, find_property, index_props, parse_record
 from rmqstore._cext cimport rmq_map_t, rmq_page_size, rmq_wait64
@@ -169,7 +169,6 @@ cdef struct State:           # what the loop's thread reads and writes, apart fr
     int64_t *delays
     Py_ssize_t ndelays
     # scratch for one record's keys
-    char *buf
     int32_t *hashes
     int64_t *phys
     int64_t *tss
@@ -199,13 +198,12 @@ cdef class Reput:
         self.queue_segs = []
         self.cl_segs = []
         st.delays = <int64_t *>malloc(max(1, st.ndelays) * sizeof(int64_t))
-        st.buf = <char *>malloc(1 << 16)
         st.hashes = <int32_t *>malloc(MAX_KEYS * sizeof(int32_t))
         st.phys = <int64_t *>malloc(MAX_KEYS * sizeof(int64_t))
         st.tss = <int64_t *>malloc(MAX_KEYS * sizeof(int64_t))
         st.table_cap = 64
         st.table = <int32_t *>calloc(st.table_cap, sizeof(int32_t))
-        if not (st.delays and st.buf and st.hashes and st.phys and st.tss and st.table):
+        if not (st.delays and st.hashes and st.phys and st.tss and st.table):
             raise MemoryError()
         for i, d in enumerate(delays):
             st.delays[i] = d
@@ -224,7 +222,6 @@ cdef class Reput:
         free(st.slots)
         free(st.table)
         free(st.delays)
-        free(st.buf)
         free(st.hashes)
         free(st.phys)
         free(st.tss)
@@ -669,6 +666,7 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
     cdef Py_ssize_t i
     cdef int64_t tags = 0, cur, nkeys = 0, end_phy, ts = rv.store_ts, used
     cdef int32_t count = 0
+    cdef uint32_t prefix
     cdef bint cq = gets_cq_entry_c(rv.sys_flag), skip_cq = False, indexed = False
     cdef const char *props = p + rv.props_off
     cdef IndexProps ip
@@ -697,7 +695,8 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
             end_phy, count = rmq_ld64(st.ix_base + 24), rmq_ld32(st.ix_base + 36)
             indexed = phy > end_phy if (count > 1 or st.ix_more_files) else phy >= end_phy
         if indexed and (rv.sys_flag & TRANSACTION_MASK) != TRAN_ROLLBACK:
-            nkeys = keys_at(p + rv.topic_off, rv.topic_len, props, &ip, phy, ts, st.buf, st.hashes, st.phys, st.tss)
+            prefix = <uint32_t>sl.topic_hash * 31 + 35 if sl != NULL else topic_prefix(p + rv.topic_off, rv.topic_len)
+            nkeys = keys_at(prefix, props, &ip, phy, ts, st.hashes, st.phys, st.tss)
             used = max(1, count) + nkeys
             if nkeys and (st.ix_base == NULL or used > st.ix_entries
                           or (count > 1 and ts < rmq_ld64(st.ix_base))
