@@ -107,6 +107,7 @@ cdef struct Slot:            # one known consume queue
     char *topic              # UTF-8, malloc'd
     int32_t topic_len
     uint32_t topic_hash      # rmq_java_hash of the topic
+    int32_t topic_no         # the topic's first slot: slots of one topic share it
     int32_t queue_id
     int32_t kind
     char *base               # its last file's mapping (NULL: no file, the first is Python's to make)
@@ -407,6 +408,12 @@ cdef class Reput:
         memcpy(sl.topic, <const char *>topic, n)
         sl.topic_len, sl.queue_id, sl.max_phy = <int32_t>n, queue_id, -1
         sl.topic_hash = <uint32_t>rmq_java_hash(sl.topic, n)
+        sl.topic_no = <int32_t>st.nslots
+        for i in range(st.nslots):
+            if st.slots[i].topic_hash == sl.topic_hash and st.slots[i].topic_len == n \
+                    and memcmp(st.slots[i].topic, sl.topic, n) == 0:
+                sl.topic_no = st.slots[i].topic_no
+                break
         st.nslots += 1
         self.queue_segs.append(None)
         if 2 * st.nslots > st.table_cap:   # rehash every slot into a table twice the size
@@ -501,16 +508,16 @@ cdef class Reput:
 
 cdef Py_ssize_t find(State *st, const char *t, int32_t n, int32_t qid) noexcept nogil:
     """The slot of queue ``t[:n]``/``qid``, -1 for none. The slot found last is tried
-    first, and its topic's hash reused for another queue of the topic (records of one
-    topic's queues come interleaved)."""
+    first, and its topic's hash and number reused for another queue of the topic (records
+    of one topic's queues come interleaved): the topic is compared once."""
     cdef Py_ssize_t k
-    cdef int32_t v
+    cdef int32_t v, tno = -1
     cdef uint32_t th
     cdef Slot *sl
     if st.last < st.nslots and st.slots[st.last].topic_len == n and memcmp(st.slots[st.last].topic, t, n) == 0:
         if st.slots[st.last].queue_id == qid:
             return st.last
-        th = st.slots[st.last].topic_hash
+        th, tno = st.slots[st.last].topic_hash, st.slots[st.last].topic_no
     else:
         th = <uint32_t>rmq_java_hash(t, n)
     k = <Py_ssize_t>(slot_hash(th, qid) >> 32) & (st.table_cap - 1)
@@ -519,7 +526,8 @@ cdef Py_ssize_t find(State *st, const char *t, int32_t n, int32_t qid) noexcept 
         if v == 0:
             return -1
         sl = &st.slots[v - 1]
-        if sl.queue_id == qid and sl.topic_len == n and memcmp(sl.topic, t, n) == 0:
+        if sl.queue_id == qid and (sl.topic_no == tno if tno >= 0 else
+                                   sl.topic_len == n and memcmp(sl.topic, t, n) == 0):
             st.last = v - 1
             return v - 1
         k = (k + 1) & (st.table_cap - 1)
