@@ -1,6 +1,7 @@
 # The index file's layout and the kernels other modules call: lookups (_index), the check
 # (_index_check), verify's column pass (_verify) and the native dispatch loop (_reput).
 from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.string cimport memchr
 from rmqstore._cext cimport rmq_java_hash, rmq_java_hash_from
 from rmqstore._layout cimport DispatchRow
 from rmqstore._record cimport IndexProps
@@ -35,9 +36,10 @@ cdef inline int32_t topic_key_hash(uint32_t prefix, const char *key, Py_ssize_t 
 
 cdef inline Py_ssize_t token_end(const char *p, Py_ssize_t i, Py_ssize_t end) noexcept nogil:
     """End of the KEYS token starting at ``i`` (the next space, or ``end``)."""
-    while i < end and p[i] != b' ':
-        i += 1
-    return i
+    cdef const char *q = NULL
+    if i < end:
+        q = <const char *>memchr(p + i, b' ', <size_t>(end - i))
+    return end if q == NULL else q - p
 
 
 cdef int32_t build_hash(const char *topic, Py_ssize_t tlen, const char *key, Py_ssize_t klen,
