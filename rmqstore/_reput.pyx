@@ -102,6 +102,7 @@ cdef enum:
     SPINS = 200          # empty polls before waiting for the writer (see run)
     OFFER_WAIT_MS = 20   # how long the loop at a segment's end waits for the writer's offer of the next
     OFFERS = 16          # segments offered ahead of the loop it keeps (the oldest is let go past that)
+    QID_CACHE = 64       # queue ids find remembers a slot for (see find)
 
 cdef struct Slot:            # one known consume queue
     char *topic              # UTF-8, malloc'd
@@ -158,6 +159,7 @@ cdef struct State:           # what the loop's thread reads and writes, apart fr
     int32_t *table                # open addressing: slot index + 1, 0 empty
     Py_ssize_t table_cap
     Py_ssize_t last               # the slot found last (records of one queue come in runs)
+    int32_t by_qid[QID_CACHE]     # slot index + 1 found last for a queue id (mod QID_CACHE), 0 none
     # the index (index_on: the store has one)
     int index_on
     char *ix_base
@@ -509,7 +511,8 @@ cdef class Reput:
 cdef Py_ssize_t find(State *st, const char *t, int32_t n, int32_t qid) noexcept nogil:
     """The slot of queue ``t[:n]``/``qid``, -1 for none. The slot found last is tried
     first, and its topic's hash and number reused for another queue of the topic (records
-    of one topic's queues come interleaved): the topic is compared once."""
+    of one topic's queues come interleaved): the topic is compared once, and the slot found
+    last for the queue id is tried before the table."""
     cdef Py_ssize_t k
     cdef int32_t v, tno = -1
     cdef uint32_t th
@@ -518,6 +521,10 @@ cdef Py_ssize_t find(State *st, const char *t, int32_t n, int32_t qid) noexcept 
         if st.slots[st.last].queue_id == qid:
             return st.last
         th, tno = st.slots[st.last].topic_hash, st.slots[st.last].topic_no
+        v = st.by_qid[<uint32_t>qid % QID_CACHE]
+        if v and st.slots[v - 1].queue_id == qid and st.slots[v - 1].topic_no == tno:
+            st.last = v - 1
+            return v - 1
     else:
         th = <uint32_t>rmq_java_hash(t, n)
     k = <Py_ssize_t>(slot_hash(th, qid) >> 32) & (st.table_cap - 1)
@@ -529,6 +536,7 @@ cdef Py_ssize_t find(State *st, const char *t, int32_t n, int32_t qid) noexcept 
         if sl.queue_id == qid and (sl.topic_no == tno if tno >= 0 else
                                    sl.topic_len == n and memcmp(sl.topic, t, n) == 0):
             st.last = v - 1
+            st.by_qid[<uint32_t>qid % QID_CACHE] = v
             return v - 1
         k = (k + 1) & (st.table_cap - 1)
 
