@@ -236,10 +236,12 @@ int rmq_map_close(rmq_map_t *m) {
     return rc;
 }
 
-int32_t rmq_java_hash(const char *s, size_t n) {
+int32_t rmq_java_hash(const char *s, size_t n) { return rmq_java_hash_from(0, s, n); }
+
+int32_t rmq_java_hash_from(uint32_t h, const char *s, size_t n) {
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
-    uint32_t h = 0;
     uint64_t w;
+    uint32_t u;
     while (p < end) {
         /* ASCII 8 bytes at once: h*31^8 + c0*31^7 + ... + c7, the same sum mod 2^32 with a
          * chain of one multiply instead of eight (keys and tags are mostly ASCII) */
@@ -247,6 +249,10 @@ int32_t rmq_java_hash(const char *s, size_t n) {
             h = h * 0x94446F01u + p[0] * 0x67E12CDFu + p[1] * 0x34E63B41u + p[2] * 0x1B4D89Fu
                 + p[3] * 0xE1781u + p[4] * 0x745Fu + p[5] * 0x3C1u + p[6] * 0x1Fu + p[7];
             p += 8;
+        }
+        if (end - p >= 4 && (memcpy(&u, p, 4), (u & 0x80808080u) == 0)) {   /* 4 more (a short tag) */
+            h = h * 0xE1781u + p[0] * 0x745Fu + p[1] * 0x3C1u + p[2] * 0x1Fu + p[3];
+            p += 4;
         }
         while (p < end && *p < 0x80) h = 31 * h + *p++;
         if (p == end) break;

@@ -63,5 +63,9 @@ int64_t rmq_page_size(void);
 /* Java String.hashCode() of UTF-8 bytes taken as UTF-16 code units (surrogate pairs
  * for non-BMP characters, U+FFFD for malformed input, as Java's decoder does). */
 int32_t rmq_java_hash(const char *s, size_t n);
+/* The same hash continued from `h`, the hash of bytes before `s` that end in an ASCII
+ * character (a malformed sequence never reads past one): the hash of `prefix + s` from
+ * the prefix's hash, without joining the two. */
+int32_t rmq_java_hash_from(uint32_t h, const char *s, size_t n);
 
 #endif

@@ -44,6 +44,7 @@ cdef extern from "rmq_mmap.h" nogil:
     int rmq_map_close(rmq_map_t *m)
     int64_t rmq_page_size()
     int32_t rmq_java_hash(const char *s, size_t n)
+    int32_t rmq_java_hash_from(uint32_t h, const char *s, size_t n)
 
 cdef extern from "rmq_touch.h" nogil:
     int RMQ_MAKE_QUEUED

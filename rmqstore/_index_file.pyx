@@ -12,7 +12,7 @@ File layout (big-endian)::
 Lookups are in _index, the consistency check in _index_check. Every value read from a file
 is untrusted: slot values and prevIndex are checked against indexCount and the capacity."""
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 import numpy as np
 cimport numpy as cnp
@@ -78,7 +78,7 @@ cdef int32_t build_hash(const char *topic, Py_ssize_t tlen, const char *key, Py_
 
 # ---------------------------------------------------------------------------- key extraction
 
-cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *buf,
+cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d,
                      int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
     """Index keys of one DISPATCH_DTYPE row: UNIQ_KEY, then every non-empty space-separated
     KEYS token, written to the outputs (``tss`` may be NULL: no timestamps). Returns how many."""
@@ -90,16 +90,17 @@ cdef int64_t keys_of(const char *raw, int64_t nraw, const DispatchRow *d, char *
     if toff < 0 or tlen < 0 or poff < 0 or plen < 0 or toff + tlen > nraw or poff + plen > nraw:
         return 0
     index_props(raw + poff, plen, &ip)
-    return keys_at(raw + toff, tlen, raw + poff, &ip, d.phy_offset, d.store_timestamp, buf, hashes, phys, tss)
+    return keys_at(topic_prefix(raw + toff, tlen), raw + poff, &ip, d.phy_offset, d.store_timestamp, hashes, phys, tss)
 
 
-cdef int64_t keys_at(const char *topic, int32_t tlen, const char *props, const IndexProps *ip, int64_t phy,
-                     int64_t ts, char *buf, int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
-    """keys_of for a record whose properties ``index_props`` found (``ip``)."""
+cdef int64_t keys_at(uint32_t prefix, const char *props, const IndexProps *ip, int64_t phy,
+                     int64_t ts, int32_t *hashes, int64_t *phys, int64_t *tss) noexcept nogil:
+    """keys_of for a record of the topic whose topic_prefix is ``prefix`` and whose properties
+    ``index_props`` found (``ip``)."""
     cdef int32_t i, j, end
     cdef int64_t n = 0
     if ip.uniq_len:
-        hashes[n] = build_hash(topic, tlen, props + ip.uniq_off, ip.uniq_len, buf)
+        hashes[n] = topic_key_hash(prefix, props + ip.uniq_off, ip.uniq_len)
         phys[n] = phy
         if tss != NULL:
             tss[n] = ts
@@ -109,7 +110,7 @@ cdef int64_t keys_at(const char *topic, int32_t tlen, const char *props, const I
         while i < end:
             j = token_end(props, i, end)
             if j > i:
-                hashes[n] = build_hash(topic, tlen, props + i, j - i, buf)
+                hashes[n] = topic_key_hash(prefix, props + i, j - i)
                 phys[n] = phy
                 if tss != NULL:
                     tss[n] = ts
@@ -148,15 +149,9 @@ def extract_keys(const uint8_t[:] raw not None, cnp.ndarray rows not None):
     cdef int32_t *ho = <int32_t *>cnp.PyArray_DATA(hashes)
     cdef int64_t *po = <int64_t *>cnp.PyArray_DATA(phys)
     cdef int64_t *to = <int64_t *>cnp.PyArray_DATA(tss)
-    cdef char *buf = <char *>malloc(nraw + 1)
-    if buf == NULL:
-        raise MemoryError()
-    try:
-        with nogil:
-            for i in range(nrows):
-                k += keys_of(base, nraw, rp + i, buf, ho + k, po + k, to + k)
-    finally:
-        free(buf)
+    with nogil:
+        for i in range(nrows):
+            k += keys_of(base, nraw, rp + i, ho + k, po + k, to + k)
     return hashes[:k], phys[:k], tss[:k], newest
 
 

@@ -22,7 +22,7 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset
 from rmqstore._cext cimport rmq_java_hash, rmq_ld32, rmq_ld64
 from rmqstore._cq cimport store_entry
-from rmqstore._index_file cimport keys_at, put_keys
+from rmqstore._index_file cimport keys_at, put_keys, topic_prefix
 from rmqstore._layout cimport REC_BLANK, REC_OK, TRANSACTION_MASK, TRAN_ROLLBACK, gets_cq_entry_c
 from rmqstore._record cimport IndexProps, RecView, find_property, index_props, parse_record
 from rmqstore._cext cimport rmq_map_t, rmq_page_size, rmq_wait64
@@ -101,11 +101,13 @@ cdef enum:
     SPINS = 200          # empty polls before waiting for the writer (see run)
     OFFER_WAIT_MS = 20   # how long the loop at a segment's end waits for the writer's offer of the next
     OFFERS = 16          # segments offered ahead of the loop it keeps (the oldest is let go past that)
+    QID_CACHE = 64       # queue ids find remembers a slot for (see find)
 
 cdef struct Slot:            # one known consume queue
     char *topic              # UTF-8, malloc'd
     int32_t topic_len
     uint32_t topic_hash      # rmq_java_hash of the topic
+    int32_t topic_no         # the topic's first slot: slots of one topic share it
     int32_t queue_id
     int32_t kind
     char *base               # its last file's mapping (NULL: no file, the first is Python's to make)
@@ -156,6 +158,7 @@ cdef struct State:           # what the loop's thread reads and writes, apart fr
     int32_t *table                # open addressing: slot index + 1, 0 empty
     Py_ssize_t table_cap
     Py_ssize_t last               # the slot found last (records of one queue come in runs)
+    int32_t by_qid[QID_CACHE]     # slot index + 1 found last for a queue id (mod QID_CACHE), 0 none
     # the index (index_on: the store has one)
     int index_on
     char *ix_base
@@ -168,7 +171,6 @@ cdef struct State:           # what the loop's thread reads and writes, apart fr
     int64_t *delays
     Py_ssize_t ndelays
     # scratch for one record's keys
-    char *buf
     int32_t *hashes
     int64_t *phys
     int64_t *tss
@@ -198,13 +200,12 @@ cdef class Reput:
         self.queue_segs = []
         self.cl_segs = []
         st.delays = <int64_t *>malloc(max(1, st.ndelays) * sizeof(int64_t))
-        st.buf = <char *>malloc(1 << 16)
         st.hashes = <int32_t *>malloc(MAX_KEYS * sizeof(int32_t))
         st.phys = <int64_t *>malloc(MAX_KEYS * sizeof(int64_t))
         st.tss = <int64_t *>malloc(MAX_KEYS * sizeof(int64_t))
         st.table_cap = 64
         st.table = <int32_t *>calloc(st.table_cap, sizeof(int32_t))
-        if not (st.delays and st.buf and st.hashes and st.phys and st.tss and st.table):
+        if not (st.delays and st.hashes and st.phys and st.tss and st.table):
             raise MemoryError()
         for i, d in enumerate(delays):
             st.delays[i] = d
@@ -223,7 +224,6 @@ cdef class Reput:
         free(st.slots)
         free(st.table)
         free(st.delays)
-        free(st.buf)
         free(st.hashes)
         free(st.phys)
         free(st.tss)
@@ -409,6 +409,12 @@ cdef class Reput:
         memcpy(sl.topic, <const char *>topic, n)
         sl.topic_len, sl.queue_id, sl.max_phy = <int32_t>n, queue_id, -1
         sl.topic_hash = <uint32_t>rmq_java_hash(sl.topic, n)
+        sl.topic_no = <int32_t>st.nslots
+        for i in range(st.nslots):
+            if st.slots[i].topic_hash == sl.topic_hash and st.slots[i].topic_len == n \
+                    and memcmp(st.slots[i].topic, sl.topic, n) == 0:
+                sl.topic_no = st.slots[i].topic_no
+                break
         st.nslots += 1
         self.queue_segs.append(None)
         if 2 * st.nslots > st.table_cap:   # rehash every slot into a table twice the size
@@ -504,16 +510,21 @@ cdef class Reput:
 
 cdef Py_ssize_t find(State *st, const char *t, int32_t n, int32_t qid) noexcept nogil:
     """The slot of queue ``t[:n]``/``qid``, -1 for none. The slot found last is tried
-    first, and its topic's hash reused for another queue of the topic (records of one
-    topic's queues come interleaved)."""
+    first, and its topic's hash and number reused for another queue of the topic (records
+    of one topic's queues come interleaved): the topic is compared once, and the slot found
+    last for the queue id is tried before the table."""
     cdef Py_ssize_t k
-    cdef int32_t v
+    cdef int32_t v, tno = -1
     cdef uint32_t th
     cdef Slot *sl
     if st.last < st.nslots and st.slots[st.last].topic_len == n and memcmp(st.slots[st.last].topic, t, n) == 0:
         if st.slots[st.last].queue_id == qid:
             return st.last
-        th = st.slots[st.last].topic_hash
+        th, tno = st.slots[st.last].topic_hash, st.slots[st.last].topic_no
+        v = st.by_qid[<uint32_t>qid % QID_CACHE]
+        if v and st.slots[v - 1].queue_id == qid and st.slots[v - 1].topic_no == tno:
+            st.last = v - 1
+            return v - 1
     else:
         th = <uint32_t>rmq_java_hash(t, n)
     k = <Py_ssize_t>(slot_hash(th, qid) >> 32) & (st.table_cap - 1)
@@ -522,8 +533,10 @@ cdef Py_ssize_t find(State *st, const char *t, int32_t n, int32_t qid) noexcept 
         if v == 0:
             return -1
         sl = &st.slots[v - 1]
-        if sl.queue_id == qid and sl.topic_len == n and memcmp(sl.topic, t, n) == 0:
+        if sl.queue_id == qid and (sl.topic_no == tno if tno >= 0 else
+                                   sl.topic_len == n and memcmp(sl.topic, t, n) == 0):
             st.last = v - 1
+            st.by_qid[<uint32_t>qid % QID_CACHE] = v
             return v - 1
         k = (k + 1) & (st.table_cap - 1)
 
@@ -669,6 +682,7 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
     cdef Py_ssize_t i
     cdef int64_t tags = 0, cur, nkeys = 0, end_phy, ts = rv.store_ts, used
     cdef int32_t count = 0
+    cdef uint32_t prefix
     cdef bint cq = gets_cq_entry_c(rv.sys_flag), skip_cq = False, indexed = False
     cdef const char *props = p + rv.props_off
     cdef IndexProps ip
@@ -697,7 +711,8 @@ cdef int dispatch(State *st, const char *p, int64_t phy, const RecView *rv) noex
             end_phy, count = rmq_ld64(st.ix_base + 24), rmq_ld32(st.ix_base + 36)
             indexed = phy > end_phy if (count > 1 or st.ix_more_files) else phy >= end_phy
         if indexed and (rv.sys_flag & TRANSACTION_MASK) != TRAN_ROLLBACK:
-            nkeys = keys_at(p + rv.topic_off, rv.topic_len, props, &ip, phy, ts, st.buf, st.hashes, st.phys, st.tss)
+            prefix = <uint32_t>sl.topic_hash * 31 + 35 if sl != NULL else topic_prefix(p + rv.topic_off, rv.topic_len)
+            nkeys = keys_at(prefix, props, &ip, phy, ts, st.hashes, st.phys, st.tss)
             used = max(1, count) + nkeys
             if nkeys and (st.ix_base == NULL or used > st.ix_entries
                           or (count > 1 and ts < rmq_ld64(st.ix_base))

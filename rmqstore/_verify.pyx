@@ -6,7 +6,7 @@ its arrays (megabytes: unmapping them takes a while) are freed with the GIL rele
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp
 import numpy as np
 cimport numpy as cnp
@@ -89,12 +89,12 @@ cdef inline void put_row(Columns *c, const char *p, const RecView *r, int64_t ph
     c.rows += 1
 
 
-cdef inline int64_t put_keys(Columns *c, const char *p, const RecView *r, int64_t phy, char *buf) noexcept nogil:
-    """The record's index keys at ``c.keys`` on (``buf`` holds its size in bytes); how many."""
+cdef inline int64_t put_keys(Columns *c, const char *p, const RecView *r, int64_t phy) noexcept nogil:
+    """The record's index keys at ``c.keys`` on; how many."""
     cdef DispatchRow d
     d.phy_offset, d.sys_flag, d.store_timestamp = phy, r.sys_flag, r.store_ts
     d.topic_off, d.topic_len, d.props_off, d.props_len = r.topic_off, r.topic_len, r.props_off, r.props_len
-    return keys_of(p, r.total, &d, buf, <int32_t *>c.data[KEY_HASH] + c.keys, <int64_t *>c.data[KEY_PHY] + c.keys,
+    return keys_of(p, r.total, &d, <int32_t *>c.data[KEY_HASH] + c.keys, <int64_t *>c.data[KEY_PHY] + c.keys,
                    NULL)
 
 
@@ -155,10 +155,7 @@ def segment_columns(MappedSegment seg not None, int64_t end, Py_ssize_t count, d
     cdef RecView r
     cdef int64_t pos = 0, limit, phy, held = 0
     cdef int32_t topic
-    cdef char *buf = NULL
-    cdef char *grown
-    cdef int64_t buf_cap = 0
-    cdef bint more = True, oom = False
+    cdef bint more = True
     cdef const char *p
     count = max(count, 16)
     cols = {name: empty(count, dtype) for name, dtype in ROW_COLUMNS}
@@ -186,21 +183,13 @@ def segment_columns(MappedSegment seg not None, int64_t end, Py_ssize_t count, d
                             topic = new_topic(p + r.topic_off, r.topic_len, numbers, names)
                         remember_topic(&seen, p + r.topic_off, r.topic_len, topic)
                     if with_keys:
-                        if r.total + 1 > buf_cap:
-                            grown = <char *>realloc(buf, r.total + 1)
-                            if grown == NULL:
-                                oom = True
-                                break
-                            buf, buf_cap = grown, r.total + 1
-                        c.keys += put_keys(&c, p, &r, phy, buf)
+                        c.keys += put_keys(&c, p, &r, phy)
                     put_row(&c, p, &r, phy, topic)
                     pos += r.total
                     if let_go:
                         held = let_go_behind(seg, held, pos, False)
                 if let_go:
                     held = let_go_behind(seg, held, pos, True)
-            if oom:
-                raise MemoryError()
             if more:
                 if c.rows == c.row_cap:
                     c.row_cap *= 2
@@ -210,7 +199,6 @@ def segment_columns(MappedSegment seg not None, int64_t end, Py_ssize_t count, d
                     _grow(cols, KEY_COLUMNS, c.keys, c.key_cap)
     finally:
         unpin(seg)
-        free(buf)
     for name, _ in ROW_COLUMNS:
         cols[name] = cols[name][:c.rows]
     for name, _ in KEY_COLUMNS:

@@ -311,7 +311,7 @@ def test_java_hash_kernel_matches_reference(s):
 
 
 def test_java_hash_ascii_runs_around_other_characters():
-    """The kernel takes 8 ASCII bytes at a time: runs of every length, cut by a multi-byte
+    """The kernel takes 8 ASCII bytes at a time, then 4: runs of every length, cut by a multi-byte
     character (or a byte that is not UTF-8) anywhere, hash as one character at a time does."""
     text = "the quick brown fox#key-0123456789"
     for n in range(len(text) + 1):

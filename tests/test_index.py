@@ -497,6 +497,27 @@ def test_extract_keys_gives_the_newest_store_time_of_the_rows():
     assert _index_file.extract_keys(b"", rows[:0])[3] == 0
 
 
+@pytest.mark.parametrize("topic,key", [(b"T", b"k1"), ("t\u00e9\U0001f600".encode(), "\u00e9k".encode()),
+                                       (b"t\xe4", b"\x80k"), (b"t\xf0\x9f", b"\x98\x80")])
+def test_extract_keys_hashes_topic_and_key_as_one_string(topic, key):
+    """A key's hash continues from its topic's (``topic#`` is not copied before the key): the
+    same as the hash of the joined string, also where the topic ends in a cut UTF-8 sequence
+    or the key starts with continuation bytes (each is U+FFFD alone, never joined across '#')."""
+    import numpy as np
+
+    from rmqstore import _index_file
+    from rmqstore._read import DISPATCH_DTYPE
+
+    from reference_codec import java_hash
+    props = b"UNIQ_KEY\x01" + key + b"\x02KEYS\x01" + key + b" x"
+    raw = topic + props
+    rows = np.zeros(1, DISPATCH_DTYPE)
+    rows["topic_len"], rows["props_off"], rows["props_len"] = len(topic), len(topic), len(props)
+    hashes = _index_file.extract_keys(raw, rows)[0]
+    want = [abs(java_hash((topic + b"#" + k).decode("utf-8", "replace"))) for k in (key, key, b"x")]
+    assert hashes.tolist() == want
+
+
 def test_query_keys_reuses_copies_only_once_no_message_holds_them(tmp_path):
     """query_keys copies records into shared chunks it reuses once their messages are
     gone. Messages kept from one call stay intact through later calls over other keys,
