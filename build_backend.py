@@ -39,19 +39,6 @@ def kernel_depends() -> list[str]:
     return sorted(glob.glob("cext/*.c")) + sorted(glob.glob("cext/*.h")) + sorted(glob.glob("rmqstore/*.pxd"))
 
 
-def translate_kernel(name: str, source: str) -> str:
-    """Translates one kernel with Cython, if its C is older than what it is made from, and
-    names the C (the shared module's C is generated, not translated). Runs in a worker
-    process of setup.py's, so that kernels are compiled while others are still translated."""
-    from Cython.Build import cythonize  # asked for only where there is translation to do
-    from setuptools import Extension
-
-    made, = cythonize([Extension(name, [source], include_dirs=["cext"])],
-                      compiler_directives={"language_level": 3, "embedsignature": True},
-                      shared_utility_qualified_name=f"rmqstore.{SHARED}")
-    return made.sources[0]
-
-
 def built_in_tree(name: str) -> Path | None:
     """The kernel's module built in the source tree, if it is newer than every file of the
     project it is made from."""

@@ -10,7 +10,6 @@ Cython.
 import glob
 import os
 import shutil
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -18,7 +17,7 @@ from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
 from setuptools.command.sdist import sdist
 
-from build_backend import FROM_SDIST, MODULES, built_in_tree, kernel_depends, kernel_source, translate_kernel
+from build_backend import FROM_SDIST, MODULES, SHARED, built_in_tree, kernel_depends, kernel_source
 
 CEXT = sorted(glob.glob("cext/*.c"))
 # -g0: no debug info in release builds (Python's CFLAGS carry -g); it doubled the objects' size
@@ -44,25 +43,17 @@ def kernel(name: str) -> Extension:
     )
 
 
-def translate(extensions: list[Extension], cython: Executor) -> dict[str, Future]:
-    """Starts Cython's translation of each kernel (those whose C is older than their .pyx and
-    .pxd files) in the worker processes of ``cython``; a future per kernel names its C. An
-    sdist's kernels are built from the C it ships: nothing is started."""
-    if FROM_SDIST:
-        return {}
-    return {ext.name: cython.submit(translate_kernel, ext.name, ext.sources[0]) for ext in extensions}
+def translate(extensions: list[Extension]) -> None:
+    """Points the kernels at their C, Cython translating each .pyx whose C is stale (a git
+    checkout); an sdist's kernels are built from the C it ships."""
+    if FROM_SDIST or not extensions:
+        return
+    from Cython.Build import cythonize  # asked for by build_backend.py only here
 
-
-def point_at_c(ext: Extension, translations: dict[str, Future]) -> None:
-    """Builds ``ext`` from its C, once the translation started for it is done."""
-    if ext.name in translations:
-        ext.sources = [translations[ext.name].result()]
-
-
-def source_size(ext: Extension) -> int:
-    """The size of the file the kernel is made from (0 for the shared module's C not yet made)."""
-    path = Path(ext.sources[0])
-    return path.stat().st_size if path.exists() else 0
+    made = cythonize(extensions, compiler_directives={"language_level": 3, "embedsignature": True}, nthreads=JOBS,
+                     shared_utility_qualified_name=f"rmqstore.{SHARED}")
+    for ext, translated in zip(extensions, made, strict=True):
+        ext.sources = translated.sources
 
 
 def fresh(ext: Extension) -> Path | None:
@@ -84,10 +75,7 @@ class BuildExt(build_ext):
     what the build needs, before Cython is there), and reuses a kernel already built in the
     source tree when it is newer than the project's files it is made from: an editable build
     runs in a fresh temporary directory, where every kernel would otherwise be translated and
-    compiled again. Cython translates the stale kernels in JOBS worker processes, started
-    before the C layer compiles, and each kernel is compiled as soon as its C is there, so
-    translating and compiling overlap (translating all first left cores idle at the end of
-    each phase)."""
+    compiled again."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
@@ -99,14 +87,12 @@ class BuildExt(build_ext):
             import numpy
             for ext in stale:
                 ext.include_dirs.append(numpy.get_include())
-        # The largest first, so that the last kernel compiled is a short one and no core waits
-        # long for it (5 to 38 KB of Cython, 0.3 to 1.4 MB of C).
-        self.extensions.sort(key=lambda ext: -source_size(ext))
-        stale.sort(key=lambda ext: -source_size(ext))
-        with ProcessPoolExecutor(JOBS) as cython:   # no process starts unless a kernel is stale
-            self.translations = translate(stale, cython)   # goes on while the C layer compiles
-            self.run_command("build_clib")   # `build` runs it first; `build_ext --inplace` alone does not
-            super().run()
+        translate(stale)
+        # The largest C first, so that the last kernel compiled is a short one and no core waits
+        # long for it (0.3 to 1.4 MB of C).
+        self.extensions.sort(key=lambda ext: -os.path.getsize(ext.sources[0]))
+        self.run_command("build_clib")   # `build` runs it first; `build_ext --inplace` alone does not
+        super().run()
 
     def build_extension(self, ext: Extension) -> None:
         built = None if self.force else fresh(ext)
@@ -115,7 +101,6 @@ class BuildExt(build_ext):
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(built, target)
             return
-        point_at_c(ext, self.translations)
         super().build_extension(ext)
 
 
@@ -123,10 +108,7 @@ class TranslatingSdist(sdist):
     """An sdist carries the generated C, so installing it needs no Cython."""
 
     def run(self) -> None:
-        with ProcessPoolExecutor(JOBS) as cython:
-            translations = translate(self.distribution.ext_modules, cython)
-            for ext in self.distribution.ext_modules:
-                point_at_c(ext, translations)
+        translate(self.distribution.ext_modules)
         super().run()
 
 
